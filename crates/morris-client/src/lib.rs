@@ -1,0 +1,267 @@
+//! The morris client library: everything a mount needs, protocol-neutral.
+//!
+//! Front ends (FUSE, NFS) translate their calls into [`Client`] methods and map
+//! [`Error`] codes to errno / NFS status once, at their boundary. All
+//! file-system logic lives here:
+//!
+//! * `pool`: one connection per server, reconnect, lease renewal;
+//! * `leases`: the client's lease cache and recall handling;
+//! * `fs`: namespace operations and their write ordering;
+//! * `io`: reads with readahead, write-behind, fsync.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+pub use morris_proto::{
+    DirEntry, ErrorCode, FileId, FileKind, Handle, Inode, SetAttr, Timestamp, VolumeDescriptor,
+    ROOT_ID,
+};
+
+/// A client-library error: a protocol error class plus context.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {message}", code.describe())]
+pub struct Error {
+    /// The class; front ends map it to errno or NFS status.
+    pub code: ErrorCode,
+    /// Context for logs.
+    pub message: String,
+}
+
+impl Error {
+    /// Builds an error.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Error {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// Result type of the client library.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Who is asking, for permission checks and ownership of new files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// User id.
+    pub uid: u32,
+    /// Primary group id.
+    pub gid: u32,
+    /// Supplementary groups.
+    pub groups: Vec<u32>,
+    /// Enforce permission checks in the library. FUSE mounts with
+    /// `default_permissions` let the kernel check and pass `false`; the NFS
+    /// gateway passes `true`.
+    pub check: bool,
+}
+
+impl Caller {
+    /// The superuser, unchecked (admin tools, tests).
+    pub fn root() -> Self {
+        Caller {
+            uid: 0,
+            gid: 0,
+            groups: vec![],
+            check: false,
+        }
+    }
+}
+
+/// Told when another client's change makes something this client handed out stale.
+/// The FUSE front end turns these into kernel cache invalidations.
+pub trait Invalidator: Send + Sync + 'static {
+    /// The attributes and data of `id` may have changed.
+    fn inode(&self, id: FileId);
+    /// The entry `name` of directory `dir` may have changed.
+    fn entry(&self, dir: FileId, name: &[u8]);
+}
+
+/// Tunables of a client.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Name shown in server logs and `status`.
+    pub name: String,
+    /// Largest readahead window per open file, in bytes.
+    pub readahead_max: u64,
+    /// Most bytes of writes in flight (written but not acknowledged) per client.
+    pub write_behind: u64,
+    /// Most leases kept cached before the least recently used are released.
+    pub max_cached_leases: usize,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            name: "morris-client".into(),
+            readahead_max: 64 << 20,
+            write_behind: 64 << 20,
+            max_cached_leases: 100_000,
+        }
+    }
+}
+
+/// How `rename` treats an existing target (Linux `renameat2` flags).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RenameFlags {
+    /// Fail with `Exists` if the target exists.
+    pub noreplace: bool,
+    /// Swap source and target atomically (not supported: `NotSupported`).
+    pub exchange: bool,
+}
+
+/// Volume capacity for statfs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsStat {
+    /// Bytes in all servers' file systems.
+    pub total: u64,
+    /// Bytes free in all of them.
+    pub free: u64,
+    /// Inodes in use.
+    pub files: u64,
+    /// Stripe unit (preferred I/O size).
+    pub block_size: u32,
+}
+
+/// Counters for `stats` and benchmarks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    /// Requests sent, by name.
+    pub requests: Vec<(String, u64)>,
+    /// Leases held now.
+    pub leases: u64,
+    /// Recalls received.
+    pub recalls: u64,
+}
+
+/// A connection to a volume; one per mount or gateway. Cheap to share (`Arc`).
+pub struct Client {
+    _private: (),
+}
+
+#[allow(unused_variables)]
+impl Client {
+    /// Connects to the volume through any one of its servers (`host:port`).
+    pub async fn connect(addr: &str, config: ClientConfig) -> Result<Arc<Client>> {
+        todo!()
+    }
+    /// The volume descriptor.
+    pub fn descriptor(&self) -> &VolumeDescriptor {
+        todo!()
+    }
+    /// Registers the front end's invalidation sink.
+    pub fn set_invalidator(&self, inv: Arc<dyn Invalidator>) {
+        todo!()
+    }
+    /// Attributes of `id` (cached while the read lease is held).
+    pub async fn getattr(&self, id: FileId) -> Result<Inode> {
+        todo!()
+    }
+    /// Looks `name` up in `dir`.
+    pub async fn lookup(&self, dir: FileId, name: &[u8]) -> Result<Inode> {
+        todo!()
+    }
+    /// Checks `mask` (R_OK=4, W_OK=2, X_OK=1) for `caller` on `id`.
+    pub async fn access(&self, id: FileId, mask: u32, caller: &Caller) -> Result<()> {
+        todo!()
+    }
+    /// Changes attributes; a size change truncates or extends the file.
+    pub async fn setattr(&self, id: FileId, set: SetAttr, caller: &Caller) -> Result<Inode> {
+        todo!()
+    }
+    /// Creates a non-directory, non-symlink object (`File`, `Fifo`, `Socket`,
+    /// devices). `exclusive`: fail with `Exists` if the name exists (else the
+    /// existing file is returned, as O_CREAT without O_EXCL).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn create(
+        &self,
+        dir: FileId,
+        name: &[u8],
+        kind: FileKind,
+        mode: u32,
+        rdev: u32,
+        exclusive: bool,
+        caller: &Caller,
+    ) -> Result<Inode> {
+        todo!()
+    }
+    /// Creates a directory.
+    pub async fn mkdir(&self, dir: FileId, name: &[u8], mode: u32, caller: &Caller) -> Result<Inode> {
+        todo!()
+    }
+    /// Creates a symlink.
+    pub async fn symlink(&self, dir: FileId, name: &[u8], target: &[u8], caller: &Caller) -> Result<Inode> {
+        todo!()
+    }
+    /// Adds a hard link to `id` as `new_dir/new_name`.
+    pub async fn link(&self, id: FileId, new_dir: FileId, new_name: &[u8], caller: &Caller) -> Result<Inode> {
+        todo!()
+    }
+    /// Removes a non-directory entry.
+    pub async fn unlink(&self, dir: FileId, name: &[u8], caller: &Caller) -> Result<()> {
+        todo!()
+    }
+    /// Removes an empty directory.
+    pub async fn rmdir(&self, dir: FileId, name: &[u8], caller: &Caller) -> Result<()> {
+        todo!()
+    }
+    /// Renames `dir/name` to `new_dir/new_name`, replacing a compatible target.
+    pub async fn rename(
+        &self,
+        dir: FileId,
+        name: &[u8],
+        new_dir: FileId,
+        new_name: &[u8],
+        flags: RenameFlags,
+        caller: &Caller,
+    ) -> Result<()> {
+        todo!()
+    }
+    /// A symlink's target.
+    pub async fn readlink(&self, id: FileId) -> Result<Vec<u8>> {
+        todo!()
+    }
+    /// Lists entries after `cookie` (0: from the start); returns them and
+    /// whether the listing is complete. Continuing from a cookie costs the same
+    /// wherever it is in the directory.
+    pub async fn readdir(&self, dir: FileId, cookie: u64, max: u32) -> Result<(Vec<DirEntry>, bool)> {
+        todo!()
+    }
+    /// Opens `id`; `write` takes the write lease, `truncate` empties the file.
+    /// Returns an open-file number for read/write/flush/fsync/release.
+    pub async fn open(&self, id: FileId, write: bool, truncate: bool) -> Result<u64> {
+        todo!()
+    }
+    /// Reads up to `size` bytes at `offset` (short only at end of file).
+    pub async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes> {
+        todo!()
+    }
+    /// Writes `data` at `offset`; returns the count written. Errors of earlier
+    /// write-behind may surface here, at `flush` or at `fsync`.
+    pub async fn write(&self, fh: u64, offset: u64, data: Bytes) -> Result<u32> {
+        todo!()
+    }
+    /// Waits for this open file's writes and stores its size and times (close).
+    pub async fn flush(&self, fh: u64) -> Result<()> {
+        todo!()
+    }
+    /// Like flush, and makes data (and, unless `datasync`, metadata) durable.
+    pub async fn fsync(&self, fh: u64, datasync: bool) -> Result<()> {
+        todo!()
+    }
+    /// Closes an open file.
+    pub async fn release(&self, fh: u64) -> Result<()> {
+        todo!()
+    }
+    /// Volume capacity.
+    pub async fn statfs(&self) -> Result<FsStat> {
+        todo!()
+    }
+    /// Client counters.
+    pub fn stats(&self) -> ClientStats {
+        todo!()
+    }
+    /// Writes back everything and releases all leases.
+    pub async fn shutdown(&self) {
+        todo!()
+    }
+}

@@ -1,0 +1,97 @@
+//! Errors that cross the wire.
+
+use serde::{Deserialize, Serialize};
+
+/// A protocol-level error class. Front ends map these to errno or NFS status
+/// once, at their boundary; nothing below them needs to know about either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorCode {
+    /// No such file, directory entry or inode.
+    NotFound,
+    /// The name already exists.
+    Exists,
+    /// A directory was required.
+    NotDir,
+    /// The operation is not allowed on a directory.
+    IsDir,
+    /// The directory is not empty.
+    NotEmpty,
+    /// Permission denied by mode bits.
+    Access,
+    /// Operation not permitted (ownership rules).
+    Perm,
+    /// Malformed or out-of-range argument.
+    Invalid,
+    /// A name is longer than 255 bytes.
+    NameTooLong,
+    /// The server's disk is full.
+    NoSpace,
+    /// The file handle names a file that no longer exists (generation mismatch).
+    Stale,
+    /// The connection names another volume, or the server is not formatted.
+    WrongVolume,
+    /// The server is in its lease grace period after a restart; retry shortly.
+    Grace,
+    /// The caller does not hold the lease the operation requires.
+    NoLease,
+    /// The file would exceed the largest supported size.
+    FileTooBig,
+    /// Too many hard links.
+    TooManyLinks,
+    /// Operation not supported.
+    NotSupported,
+    /// A frame could not be decoded or was out of protocol.
+    Protocol,
+    /// The server could not reach its disk or store.
+    Io,
+    /// The peer is unreachable or the connection was lost.
+    Unavailable,
+}
+
+impl ErrorCode {
+    /// A short human-readable description.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ErrorCode::NotFound => "not found",
+            ErrorCode::Exists => "already exists",
+            ErrorCode::NotDir => "not a directory",
+            ErrorCode::IsDir => "is a directory",
+            ErrorCode::NotEmpty => "directory not empty",
+            ErrorCode::Access => "permission denied",
+            ErrorCode::Perm => "operation not permitted",
+            ErrorCode::Invalid => "invalid argument",
+            ErrorCode::NameTooLong => "name too long",
+            ErrorCode::NoSpace => "no space left on server",
+            ErrorCode::Stale => "stale file handle",
+            ErrorCode::WrongVolume => "wrong volume",
+            ErrorCode::Grace => "server in lease grace period",
+            ErrorCode::NoLease => "lease not held",
+            ErrorCode::FileTooBig => "file too big",
+            ErrorCode::TooManyLinks => "too many links",
+            ErrorCode::NotSupported => "not supported",
+            ErrorCode::Protocol => "protocol error",
+            ErrorCode::Io => "I/O error",
+            ErrorCode::Unavailable => "server unavailable",
+        }
+    }
+}
+
+/// An error reply: a class plus a message for logs and users.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{}: {message}", code.describe())]
+pub struct WireError {
+    /// The error class.
+    pub code: ErrorCode,
+    /// Detail for humans; never parsed.
+    pub message: String,
+}
+
+impl WireError {
+    /// Builds an error of class `code` with a message.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        WireError {
+            code,
+            message: message.into(),
+        }
+    }
+}

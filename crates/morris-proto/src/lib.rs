@@ -1,0 +1,27 @@
+//! The morris wire protocol.
+//!
+//! This crate is the bottom of the workspace: the stripe server and the client
+//! library both depend on it and on nothing of each other. It holds
+//!
+//! * [`types`]: the values that cross the wire (file handles, inodes, attributes,
+//!   the volume descriptor);
+//! * [`messages`]: every request, reply and server push, with the rules each
+//!   one obeys (which lease it takes, what it orders);
+//! * [`frame`]: the length-framed binary encoding, whose decoder never panics;
+//! * [`net`]: a multiplexed RPC connection on tokio (many requests in flight,
+//!   server pushes on the same socket) and the server-side accept loop;
+//! * [`layout`]: where a block lives (`(file id + index) mod k`), as pure functions.
+
+pub mod error;
+pub mod frame;
+pub mod layout;
+pub mod messages;
+pub mod net;
+pub mod types;
+
+pub use error::{ErrorCode, WireError};
+pub use messages::{Push, Reply, Request};
+pub use types::*;
+
+/// Version of the wire protocol; a `Hello` with another version is refused.
+pub const PROTOCOL_VERSION: u32 = 1;

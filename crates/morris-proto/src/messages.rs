@@ -1,0 +1,359 @@
+//! Every request, reply and server push of the morris protocol.
+//!
+//! # Sessions and leases
+//!
+//! A connection starts with [`Request::Hello`], which names the volume (refused
+//! with `WrongVolume` on mismatch) and a `client_id` chosen at random by the
+//! client. Leases belong to the client id, not to the socket, so a client may
+//! reconnect and keep them. **Any** request from a client renews all of its
+//! leases on that server; a client with no traffic sends [`Request::Renew`]
+//! every `lease_ms / 3`. A client silent for `lease_ms` loses every lease it
+//! held on that server.
+//!
+//! Locks are multi-reader/single-writer leases on inodes, kept by the server
+//! that owns the inode (`id mod k`). While a client holds a read lease on an
+//! inode it may cache the inode, its data and (for a directory) its entries.
+//! While it holds the write lease it is the only client that may change them.
+//! To grant a conflicting lease the server pushes [`Push::Recall`] to each
+//! holder and waits until the holder sends [`Request::Release`], or until the
+//! holder has been silent for `lease_ms`, or `lease_ms` after the recall,
+//! whichever comes first. A client that asks for a write lease while holding
+//! the read lease gives up its read lease at that moment (so two upgrading
+//! readers cannot deadlock). Waiting writers are served before later readers.
+//!
+//! Server restart loses the lease table; for `lease_ms` after it starts a
+//! server answers every lease-taking request with `Grace`, so that leases
+//! granted by its previous life have run out before new ones conflict with
+//! them. A server's `epoch` (in the `Hello` reply) changes on every start; a
+//! client that sees a new epoch drops every lease it held there.
+//!
+//! Which requests take a lease implicitly is written on each one below. Data
+//! requests (`Read`, `Write`, `Truncate`, `DeleteData`, `Sync`) take none:
+//! the stripe servers trust clients to hold the inode's lease at its owner.
+//!
+//! # Ordering (crash consistency)
+//!
+//! Every metadata request is committed to the server's store before it is
+//! answered, so an answered request survives `kill -9` of the server. The
+//! client orders multi-server operations so that a crash at any point leaves
+//! no entry pointing to nothing: inode (and data) before the entry that names
+//! it; entry removal before inode removal.
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::types::{
+    Attr, DirEntry, FileId, FileKind, Handle, Inode, ServerStats, SetAttr, VolumeDescriptor,
+};
+
+/// The kind of lease a recall wants to make room for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LeaseMode {
+    /// Shared: many clients may hold it.
+    Read,
+    /// Exclusive: one client, and no readers.
+    Write,
+}
+
+/// A request from a client (or admin tool) to a stripe server.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Request {
+    /// Opens a session. `volume: None` is for admin tools (format, status) and
+    /// takes no leases. Answered by [`Reply::Hello`].
+    Hello {
+        /// The volume this client expects; `WrongVolume` if the server has another.
+        volume: Option<Uuid>,
+        /// Random id that owns this client's leases.
+        client_id: u64,
+        /// Free-form name for logs and `status` (e.g. `mount@host:/mnt`).
+        client_name: String,
+        /// Must equal [`crate::PROTOCOL_VERSION`].
+        version: u32,
+    },
+    /// Writes the volume descriptor and this server's index. Refused with
+    /// `WrongVolume` if the server already belongs to a different volume; a
+    /// repeat with the same descriptor is a no-op. The server that owns
+    /// [`crate::ROOT_ID`] creates the root directory (mode 0o755, uid/gid 0).
+    Format {
+        /// The descriptor.
+        descriptor: VolumeDescriptor,
+        /// This server's position in `descriptor.servers`.
+        index: u32,
+    },
+    /// Counters for `morris status`. Answered by [`Reply::Status`].
+    Status,
+    /// Capacity of this server's disk. Answered by [`Reply::Statfs`].
+    Statfs,
+    /// Keeps this client's leases alive. Answered by [`Reply::Ok`].
+    Renew,
+    /// Takes the read lease on `ino` (paper: `acquire_read`) and returns the inode.
+    AcquireRead {
+        /// The inode.
+        ino: Handle,
+    },
+    /// Takes the write lease on `ino` (paper: `acquire_write`) and returns the inode.
+    AcquireWrite {
+        /// The inode.
+        ino: Handle,
+    },
+    /// Gives up whatever lease this client holds on `ino` (paper: `unlock`).
+    /// Answered by [`Reply::Ok`] even if none was held.
+    Release {
+        /// The inode.
+        ino: FileId,
+    },
+    /// Reads an inode without taking a lease (fsck, admin). [`Reply::Inode`].
+    GetInode {
+        /// The inode.
+        ino: FileId,
+    },
+    /// Allocates a new file id owned by this server, stores the inode, and
+    /// grants the caller the write lease on it. Directories start with nlink 2
+    /// and `parent` as given. [`Reply::Inode`].
+    CreateInode {
+        /// Parent directory (recorded for directories).
+        parent: FileId,
+        /// Initial attributes (nlink is set by the server: 1, or 2 for a directory).
+        attr: Attr,
+        /// Symlink target.
+        target: Option<Vec<u8>>,
+    },
+    /// Changes attributes; takes the write lease implicitly. ctime becomes now
+    /// unless given. [`Reply::Inode`].
+    SetAttr {
+        /// The inode.
+        ino: Handle,
+        /// The changes.
+        set: SetAttr,
+    },
+    /// Removes an inode; takes the write lease implicitly; a directory must be
+    /// empty (`NotEmpty`). Data blocks are removed separately by `DeleteData`
+    /// to every server. [`Reply::Ok`].
+    DeleteInode {
+        /// The inode.
+        ino: Handle,
+    },
+    /// Looks a name up in a directory; takes the read lease on the directory
+    /// implicitly. [`Reply::Entry`] (`None` when absent).
+    Lookup {
+        /// The directory.
+        dir: Handle,
+        /// The name.
+        name: Vec<u8>,
+    },
+    /// Lists entries with cookie > `cookie`, in cookie order, at most `max`;
+    /// takes the read lease on the directory implicitly. [`Reply::Entries`].
+    ReadDir {
+        /// The directory.
+        dir: Handle,
+        /// Continue after this cookie (0: from the start).
+        cookie: u64,
+        /// Most entries to return (the server may return fewer).
+        max: u32,
+    },
+    /// Adds `name → child` to `dir`, updating the directory's mtime, ctime,
+    /// size and (for a directory child) nlink in the same transaction; takes the
+    /// write lease on `dir` implicitly. If `name` exists it is replaced only when
+    /// its child is `replace`, else `Exists`. [`Reply::Removed`] with the
+    /// replaced entry.
+    Link {
+        /// The directory.
+        dir: Handle,
+        /// The new name.
+        name: Vec<u8>,
+        /// What it names.
+        child: Handle,
+        /// The child's kind (cached in the entry).
+        kind: FileKind,
+        /// Id of an existing entry's child that may be replaced.
+        replace: Option<FileId>,
+    },
+    /// Removes `name` from `dir` (if `expect` is given, only if it names that
+    /// child, else `NotFound`), updating mtime/ctime/size/nlink; write lease
+    /// implicit. Does not touch the child's inode. [`Reply::Removed`].
+    Unlink {
+        /// The directory.
+        dir: Handle,
+        /// The name.
+        name: Vec<u8>,
+        /// The child the entry must name.
+        expect: Option<FileId>,
+    },
+    /// Renames within one directory atomically; `to` may exist only if it names
+    /// `replace`. Write lease implicit. [`Reply::Removed`] with the replaced entry.
+    Rename {
+        /// The directory.
+        dir: Handle,
+        /// Old name.
+        from: Vec<u8>,
+        /// New name.
+        to: Vec<u8>,
+        /// Id of the existing `to` entry's child that may be replaced.
+        replace: Option<FileId>,
+    },
+    /// Reads `len` bytes at `offset` inside block `index` (>= 1) of file `id`.
+    /// Answered by [`Reply::Data`] with the bytes as payload; the payload is
+    /// shorter than `len` where the block ends before, and the missing tail
+    /// reads as zeros.
+    Read {
+        /// The file.
+        id: FileId,
+        /// The block index (1-based; 0 is the inode).
+        index: u64,
+        /// Offset within the block.
+        offset: u32,
+        /// Bytes wanted; `offset + len` must not pass the stripe unit.
+        len: u32,
+    },
+    /// Writes the payload at `offset` inside block `index` of file `id`;
+    /// `sync` makes the server flush it to stable storage before answering.
+    /// [`Reply::Ok`]. The payload must not pass the end of the block.
+    Write {
+        /// The file.
+        id: FileId,
+        /// The block index (1-based).
+        index: u64,
+        /// Offset within the block.
+        offset: u32,
+        /// Flush to stable storage before answering.
+        sync: bool,
+    },
+    /// Frees this server's part of file `id` beyond `size` bytes. [`Reply::Ok`].
+    Truncate {
+        /// The file.
+        id: FileId,
+        /// The new size.
+        size: u64,
+    },
+    /// Removes every block of file `id` held by this server. [`Reply::Ok`].
+    DeleteData {
+        /// The file.
+        id: FileId,
+    },
+    /// Flushes file `id`'s blocks (or, with `None`, everything) and the
+    /// metadata store to stable storage. [`Reply::Ok`].
+    Sync {
+        /// The file, or all.
+        id: Option<FileId>,
+    },
+    /// Lists inodes with id > `after`, ascending, at most `max`. [`Reply::Inodes`].
+    ScanInodes {
+        /// Continue after this id (0: from the start).
+        after: FileId,
+        /// Most to return.
+        max: u32,
+    },
+    /// Lists directory entries after `(dir, cookie)`, ascending. [`Reply::ScanEntries`].
+    ScanEntries {
+        /// Continue after this directory ...
+        after_dir: FileId,
+        /// ... and this cookie within it.
+        after_cookie: u64,
+        /// Most to return.
+        max: u32,
+    },
+    /// Lists files that have blocks here with id > `after`. [`Reply::DataFiles`].
+    ScanData {
+        /// Continue after this id.
+        after: FileId,
+        /// Most to return.
+        max: u32,
+    },
+}
+
+impl Request {
+    /// The request's name, for counters and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Request::Hello { .. } => "Hello",
+            Request::Format { .. } => "Format",
+            Request::Status => "Status",
+            Request::Statfs => "Statfs",
+            Request::Renew => "Renew",
+            Request::AcquireRead { .. } => "AcquireRead",
+            Request::AcquireWrite { .. } => "AcquireWrite",
+            Request::Release { .. } => "Release",
+            Request::GetInode { .. } => "GetInode",
+            Request::CreateInode { .. } => "CreateInode",
+            Request::SetAttr { .. } => "SetAttr",
+            Request::DeleteInode { .. } => "DeleteInode",
+            Request::Lookup { .. } => "Lookup",
+            Request::ReadDir { .. } => "ReadDir",
+            Request::Link { .. } => "Link",
+            Request::Unlink { .. } => "Unlink",
+            Request::Rename { .. } => "Rename",
+            Request::Read { .. } => "Read",
+            Request::Write { .. } => "Write",
+            Request::Truncate { .. } => "Truncate",
+            Request::DeleteData { .. } => "DeleteData",
+            Request::Sync { .. } => "Sync",
+            Request::ScanInodes { .. } => "ScanInodes",
+            Request::ScanEntries { .. } => "ScanEntries",
+            Request::ScanData { .. } => "ScanData",
+        }
+    }
+}
+
+/// A successful answer. Errors travel as [`crate::WireError`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Reply {
+    /// Done; nothing to return.
+    Ok,
+    /// Answer to `Hello`.
+    Hello {
+        /// This server's index, if formatted.
+        index: Option<u32>,
+        /// Random per process start; a change means the lease table was lost.
+        epoch: u64,
+        /// The volume descriptor, if formatted.
+        descriptor: Option<VolumeDescriptor>,
+        /// Lease duration in milliseconds.
+        lease_ms: u32,
+    },
+    /// Answer to `Status`.
+    Status(ServerStats),
+    /// Answer to `Statfs`.
+    Statfs {
+        /// Bytes on the data directory's file system.
+        total: u64,
+        /// Bytes free there.
+        free: u64,
+        /// Inodes stored on this server.
+        files: u64,
+    },
+    /// An inode.
+    Inode(Inode),
+    /// Answer to `Lookup`.
+    Entry(Option<DirEntry>),
+    /// Answer to `ReadDir`.
+    Entries {
+        /// The entries, in cookie order.
+        entries: Vec<DirEntry>,
+        /// No entries follow the last one.
+        eof: bool,
+    },
+    /// Answer to `Link`, `Unlink`, `Rename`: the entry that was removed or replaced.
+    Removed(Option<DirEntry>),
+    /// Answer to `Read`; the bytes are the frame's payload.
+    Data,
+    /// Answer to `ScanInodes`.
+    Inodes(Vec<Inode>),
+    /// Answer to `ScanEntries`: (directory id, entry).
+    ScanEntries(Vec<(FileId, DirEntry)>),
+    /// Answer to `ScanData`: (file id, bytes allocated here).
+    DataFiles(Vec<(FileId, u64)>),
+}
+
+/// A message the server sends unasked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Push {
+    /// Give back your lease on `ino`: another client wants `want`. The client
+    /// stops using the lease at once, finishes what is in flight, writes back
+    /// what it changed, invalidates its caches, and sends `Release`.
+    Recall {
+        /// The inode.
+        ino: FileId,
+        /// What the other client asked for.
+        want: LeaseMode,
+    },
+}

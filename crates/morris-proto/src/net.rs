@@ -1,0 +1,378 @@
+//! A multiplexed RPC connection over TCP.
+//!
+//! One socket carries many requests at once, each tagged with an id; replies
+//! come back in any order. The server may push [`Push`] frames on the same
+//! socket. Payloads travel as `Bytes`: the receiver's payload is a slice of the
+//! frame buffer, the sender's is written straight from the caller's buffer.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use parking_lot::Mutex;
+use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
+use tracing::{debug, warn};
+
+use crate::error::{ErrorCode, WireError};
+use crate::frame::{
+    decode_frame, decode_push, decode_request, decode_response, encode_frame_head, FrameKind,
+    MAX_FRAME,
+};
+use crate::messages::{Push, Reply, Request};
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RpcError {
+    /// The server answered with an error.
+    #[error("{0}")]
+    Remote(#[from] WireError),
+    /// The connection is closed or was lost before the answer came.
+    #[error("connection to {0} lost")]
+    Disconnected(String),
+    /// The connection could not be made.
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        /// The address.
+        addr: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The request could not be encoded (too large).
+    #[error("cannot encode request: {0}")]
+    Encode(String),
+}
+
+impl RpcError {
+    /// The protocol error class this failure maps to.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            RpcError::Remote(e) => e.code,
+            RpcError::Disconnected(_) | RpcError::Connect { .. } => ErrorCode::Unavailable,
+            RpcError::Encode(_) => ErrorCode::Invalid,
+        }
+    }
+}
+
+struct OutFrame {
+    head: Bytes,
+    payload: Bytes,
+}
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<(Reply, Bytes), RpcError>>>>>;
+
+/// The client end of a connection.
+pub struct RpcClient {
+    addr: String,
+    tx: mpsc::Sender<OutFrame>,
+    pending: Pending,
+    next_id: AtomicU64,
+    closed: Arc<AtomicBool>,
+}
+
+/// How many frames may wait for the socket before senders block.
+const OUT_QUEUE: usize = 1024;
+
+impl RpcClient {
+    /// Connects to `addr`; pushes from the server go to `pushes`.
+    pub async fn connect(
+        addr: &str,
+        pushes: Option<mpsc::UnboundedSender<Push>>,
+    ) -> Result<Self, RpcError> {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|source| RpcError::Connect {
+                addr: addr.to_string(),
+                source,
+            })?;
+        let _ = stream.set_nodelay(true);
+        let (rd, wr) = stream.into_split();
+        let (tx, rx) = mpsc::channel::<OutFrame>(OUT_QUEUE);
+        let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+        let closed = Arc::new(AtomicBool::new(false));
+        tokio::spawn(write_loop(wr, rx, closed.clone()));
+        let reader_pending = pending.clone();
+        let reader_closed = closed.clone();
+        let reader_addr = addr.to_string();
+        tokio::spawn(async move {
+            let mut frames = FramedRead::new(rd, codec());
+            while let Some(item) = frames.next().await {
+                let body = match item {
+                    Ok(b) => b.freeze(),
+                    Err(e) => {
+                        warn!(addr = %reader_addr, error = %e, "bad frame from server; closing");
+                        break;
+                    }
+                };
+                let frame = match decode_frame(body) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        warn!(addr = %reader_addr, error = %e, "undecodable frame from server; closing");
+                        break;
+                    }
+                };
+                match frame.kind {
+                    FrameKind::Response => {
+                        let waiter = reader_pending.lock().remove(&frame.id);
+                        let Some(waiter) = waiter else { continue };
+                        let result = match decode_response(&frame.header) {
+                            Ok(Ok(reply)) => Ok((reply, frame.payload)),
+                            Ok(Err(e)) => Err(RpcError::Remote(e)),
+                            Err(e) => Err(RpcError::Remote(WireError::new(
+                                ErrorCode::Protocol,
+                                e.to_string(),
+                            ))),
+                        };
+                        let _ = waiter.send(result);
+                    }
+                    FrameKind::Push => match decode_push(&frame.header) {
+                        Ok(p) => {
+                            if let Some(tx) = &pushes {
+                                let _ = tx.send(p);
+                            }
+                        }
+                        Err(e) => warn!(addr = %reader_addr, error = %e, "undecodable push"),
+                    },
+                    FrameKind::Request => {
+                        warn!(addr = %reader_addr, "server sent a request frame; ignored")
+                    }
+                }
+            }
+            reader_closed.store(true, Ordering::SeqCst);
+            let waiters: Vec<_> = reader_pending.lock().drain().collect();
+            for (_, w) in waiters {
+                let _ = w.send(Err(RpcError::Disconnected(reader_addr.clone())));
+            }
+        });
+        Ok(RpcClient {
+            addr: addr.to_string(),
+            tx,
+            pending,
+            next_id: AtomicU64::new(1),
+            closed,
+        })
+    }
+
+    /// The address this client connected to.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// True once the connection is gone; every later call fails.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Sends `req` with `payload` and waits for the answer.
+    pub async fn call(&self, req: &Request, payload: Bytes) -> Result<(Reply, Bytes), RpcError> {
+        if self.is_closed() {
+            return Err(RpcError::Disconnected(self.addr.clone()));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let head = encode_frame_head(FrameKind::Request, id, req, payload.len())
+            .map_err(|e| RpcError::Encode(e.to_string()))?;
+        let (wtx, wrx) = oneshot::channel();
+        self.pending.lock().insert(id, wtx);
+        // Registered before sending, so a reply cannot race past us; and checked
+        // again so a reader that closed in between does not leave us waiting.
+        if self.is_closed() {
+            self.pending.lock().remove(&id);
+            return Err(RpcError::Disconnected(self.addr.clone()));
+        }
+        if self.tx.send(OutFrame { head, payload }).await.is_err() {
+            self.pending.lock().remove(&id);
+            return Err(RpcError::Disconnected(self.addr.clone()));
+        }
+        match wrx.await {
+            Ok(r) => r,
+            Err(_) => Err(RpcError::Disconnected(self.addr.clone())),
+        }
+    }
+}
+
+impl Drop for RpcClient {
+    fn drop(&mut self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+}
+
+fn codec() -> LengthDelimitedCodec {
+    LengthDelimitedCodec::builder()
+        .length_field_length(4)
+        .max_frame_length(MAX_FRAME)
+        .new_codec()
+}
+
+async fn write_loop(wr: OwnedWriteHalf, mut rx: mpsc::Receiver<OutFrame>, closed: Arc<AtomicBool>) {
+    let mut w = BufWriter::with_capacity(256 << 10, wr);
+    'outer: while let Some(mut f) = rx.recv().await {
+        loop {
+            if w.write_all(&f.head).await.is_err() {
+                break 'outer;
+            }
+            if !f.payload.is_empty() && w.write_all(&f.payload).await.is_err() {
+                break 'outer;
+            }
+            match rx.try_recv() {
+                Ok(next) => f = next,
+                Err(_) => break,
+            }
+        }
+        if w.flush().await.is_err() {
+            break;
+        }
+    }
+    closed.store(true, Ordering::SeqCst);
+    let _ = w.shutdown().await;
+}
+
+/// The server end of one connection, handed to the [`Service`] with every request.
+pub struct Conn {
+    /// Unique per connection within the process.
+    pub id: u64,
+    /// The peer's address.
+    pub peer: SocketAddr,
+    tx: mpsc::Sender<OutFrame>,
+}
+
+impl Conn {
+    /// Pushes a message to this client. Returns false if the connection is gone
+    /// or its queue is full (the push is dropped; lease expiry covers the loss).
+    pub fn push(&self, msg: &Push) -> bool {
+        match encode_frame_head(FrameKind::Push, 0, msg, 0) {
+            Ok(head) => self
+                .tx
+                .try_send(OutFrame {
+                    head,
+                    payload: Bytes::new(),
+                })
+                .is_ok(),
+            Err(_) => false,
+        }
+    }
+
+    /// True while the connection's writer is alive.
+    pub fn is_open(&self) -> bool {
+        !self.tx.is_closed()
+    }
+}
+
+/// A future returned by a [`Service`].
+pub type ServiceFuture = Pin<Box<dyn Future<Output = (Result<Reply, WireError>, Bytes)> + Send>>;
+
+/// What a server does with requests.
+pub trait Service: Send + Sync + 'static {
+    /// Handles one request; many run at once, even on one connection.
+    fn call(self: Arc<Self>, conn: Arc<Conn>, req: Request, payload: Bytes) -> ServiceFuture;
+    /// Told when a connection closes.
+    fn disconnected(&self, _conn: &Conn) {}
+}
+
+/// Most requests one connection may have in progress on the server.
+pub const MAX_IN_FLIGHT_PER_CONN: usize = 256;
+
+/// Accepts connections forever, serving each with `svc`.
+pub async fn serve<S: Service>(listener: TcpListener, svc: Arc<S>) -> std::io::Result<()> {
+    let next = AtomicU64::new(1);
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                warn!(error = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let id = next.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(serve_connection(stream, peer, id, svc.clone()));
+    }
+}
+
+/// Serves one connection until it closes.
+pub async fn serve_connection<S: Service>(
+    stream: TcpStream,
+    peer: SocketAddr,
+    id: u64,
+    svc: Arc<S>,
+) {
+    let _ = stream.set_nodelay(true);
+    let (rd, wr) = stream.into_split();
+    let (tx, rx) = mpsc::channel::<OutFrame>(OUT_QUEUE);
+    let closed = Arc::new(AtomicBool::new(false));
+    let writer = tokio::spawn(write_loop(wr, rx, closed));
+    let conn = Arc::new(Conn { id, peer, tx });
+    let limit = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONN));
+    let mut frames = FramedRead::new(rd, codec());
+    debug!(%peer, conn = id, "connection opened");
+    while let Some(item) = frames.next().await {
+        let body = match item {
+            Ok(b) => b.freeze(),
+            Err(e) => {
+                warn!(%peer, error = %e, "bad frame; closing connection");
+                break;
+            }
+        };
+        let frame = match decode_frame(body) {
+            Ok(f) => f,
+            Err(e) => {
+                warn!(%peer, error = %e, "undecodable frame; closing connection");
+                break;
+            }
+        };
+        if frame.kind != FrameKind::Request {
+            warn!(%peer, "client sent a non-request frame; closing connection");
+            break;
+        }
+        let Ok(permit) = limit.clone().acquire_owned().await else {
+            break;
+        };
+        let conn2 = conn.clone();
+        let svc2 = svc.clone();
+        tokio::spawn(async move {
+            let (result, payload) = match decode_request(&frame.header) {
+                Ok(req) => svc2.call(conn2.clone(), req, frame.payload).await,
+                Err(e) => (
+                    Err(WireError::new(ErrorCode::Protocol, e.to_string())),
+                    Bytes::new(),
+                ),
+            };
+            let head = match encode_frame_head(FrameKind::Response, frame.id, &result, payload.len())
+            {
+                Ok(h) => h,
+                Err(e) => {
+                    let err: Result<Reply, WireError> =
+                        Err(WireError::new(ErrorCode::Io, format!("cannot encode reply: {e}")));
+                    match encode_frame_head(FrameKind::Response, frame.id, &err, 0) {
+                        Ok(h) => {
+                            let _ = conn2
+                                .tx
+                                .send(OutFrame {
+                                    head: h,
+                                    payload: Bytes::new(),
+                                })
+                                .await;
+                        }
+                        Err(_) => warn!("cannot encode an error reply"),
+                    }
+                    drop(permit);
+                    return;
+                }
+            };
+            let _ = conn2.tx.send(OutFrame { head, payload }).await;
+            drop(permit);
+        });
+    }
+    svc.disconnected(&conn);
+    drop(conn);
+    let _ = writer.await;
+    debug!(%peer, conn = id, "connection closed");
+}

@@ -1,0 +1,281 @@
+//! Values that cross the wire.
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// A 64-bit file id. Ids are never reused; see [`crate::layout::allocate_id`].
+pub type FileId = u64;
+
+/// The file id of the volume's root directory.
+pub const ROOT_ID: FileId = 1;
+
+/// Longest directory entry name, in bytes.
+pub const MAX_NAME_LEN: usize = 255;
+
+/// Longest symlink target, in bytes.
+pub const MAX_SYMLINK_LEN: usize = 4095;
+
+/// Largest file size supported: 16 TiB (the issue asks for at least 1 TiB).
+pub const MAX_FILE_SIZE: u64 = 1 << 44;
+
+/// A file handle: a file id plus the generation it was created with.
+///
+/// A handle whose generation does not match the stored inode is stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Handle {
+    /// The file id.
+    pub id: FileId,
+    /// The generation number given at creation.
+    pub gen: u32,
+}
+
+/// What kind of object an inode describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FileKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link; its target is stored in the inode.
+    Symlink,
+    /// A named pipe.
+    Fifo,
+    /// A unix socket.
+    Socket,
+    /// A character device (rdev in the attributes).
+    CharDev,
+    /// A block device (rdev in the attributes).
+    BlockDev,
+}
+
+/// Seconds and nanoseconds since the unix epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+pub struct Timestamp {
+    /// Whole seconds since the epoch (may be negative).
+    pub secs: i64,
+    /// Nanoseconds, below 1e9.
+    pub nanos: u32,
+}
+
+impl Timestamp {
+    /// The current wall-clock time.
+    pub fn now() -> Self {
+        match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+            Ok(d) => Timestamp {
+                secs: d.as_secs() as i64,
+                nanos: d.subsec_nanos(),
+            },
+            Err(e) => {
+                let d = e.duration();
+                Timestamp {
+                    secs: -(d.as_secs() as i64),
+                    nanos: 0,
+                }
+            }
+        }
+    }
+
+    /// Converts to a `SystemTime`.
+    pub fn to_system_time(self) -> std::time::SystemTime {
+        let base = std::time::UNIX_EPOCH;
+        if self.secs >= 0 {
+            base + std::time::Duration::new(self.secs as u64, self.nanos.min(999_999_999))
+        } else {
+            base - std::time::Duration::from_secs(self.secs.unsigned_abs())
+                + std::time::Duration::from_nanos(u64::from(self.nanos.min(999_999_999)))
+        }
+    }
+
+    /// Converts from a `SystemTime`.
+    pub fn from_system_time(t: std::time::SystemTime) -> Self {
+        match t.duration_since(std::time::UNIX_EPOCH) {
+            Ok(d) => Timestamp {
+                secs: d.as_secs() as i64,
+                nanos: d.subsec_nanos(),
+            },
+            Err(e) => {
+                let d = e.duration();
+                let mut secs = -(d.as_secs() as i64);
+                let mut nanos = 0;
+                if d.subsec_nanos() > 0 {
+                    secs -= 1;
+                    nanos = 1_000_000_000 - d.subsec_nanos();
+                }
+                Timestamp { secs, nanos }
+            }
+        }
+    }
+}
+
+/// The attributes stored in an inode.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attr {
+    /// The object's kind.
+    pub kind: FileKind,
+    /// Permission bits including setuid/setgid/sticky (`0o7777` mask).
+    pub mode: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Number of directory entries naming this inode (directories: 2 + subdirectories).
+    pub nlink: u32,
+    /// Size in bytes (files: content length; directories: entry count; symlinks: target length).
+    pub size: u64,
+    /// Access time. Not maintained on reads (as in the MORRIS paper); set by utimens.
+    pub atime: Timestamp,
+    /// Last content modification.
+    pub mtime: Timestamp,
+    /// Last inode change.
+    pub ctime: Timestamp,
+    /// Device number for character and block devices.
+    pub rdev: u32,
+}
+
+/// An inode: the "block 0" of a file, kept by the file's owning server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inode {
+    /// The file id.
+    pub id: FileId,
+    /// Generation given at creation.
+    pub gen: u32,
+    /// For directories, the id of the parent directory (the root is its own parent);
+    /// 0 for other kinds.
+    pub parent: FileId,
+    /// Attributes.
+    pub attr: Attr,
+    /// Symlink target, for symlinks.
+    pub target: Option<Vec<u8>>,
+}
+
+impl Inode {
+    /// This inode's handle.
+    pub fn handle(&self) -> Handle {
+        Handle {
+            id: self.id,
+            gen: self.gen,
+        }
+    }
+}
+
+/// A partial attribute update: fields left `None` are unchanged.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAttr {
+    /// New permission bits.
+    pub mode: Option<u32>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New size (files only; the server also frees nothing: data truncation is a
+    /// separate `Truncate` to every server).
+    pub size: Option<u64>,
+    /// New access time.
+    pub atime: Option<Timestamp>,
+    /// New modification time.
+    pub mtime: Option<Timestamp>,
+    /// New change time (the server sets ctime to now on any change unless given).
+    pub ctime: Option<Timestamp>,
+    /// New link count.
+    pub nlink: Option<u32>,
+    /// New parent (directories moved between directories).
+    pub parent: Option<FileId>,
+}
+
+/// A directory entry as listed by `ReadDir`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    /// The entry name (no `/`, no NUL, 1..=255 bytes).
+    pub name: Vec<u8>,
+    /// The child's handle.
+    pub child: Handle,
+    /// The child's kind, cached in the entry.
+    pub kind: FileKind,
+    /// Position of this entry; listing again from this cookie continues after it.
+    /// Cookies are stable for the life of the entry and never 0.
+    pub cookie: u64,
+}
+
+/// The volume descriptor written to every server by `morris format`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeDescriptor {
+    /// Volume identity; every connection names it.
+    pub uuid: Uuid,
+    /// Ordered server addresses (`host:port`); index `i` is server `i` of the layout.
+    pub servers: Vec<String>,
+    /// Stripe unit in bytes: a power of two from 4 KiB to 64 MiB.
+    pub stripe_unit: u32,
+    /// Copies of every block (1 = no redundancy; more is the mirroring issue's work).
+    pub replicas: u8,
+    /// When the volume was formatted.
+    pub created: Timestamp,
+}
+
+/// Smallest allowed stripe unit.
+pub const MIN_STRIPE_UNIT: u32 = 4 << 10;
+/// Largest allowed stripe unit.
+pub const MAX_STRIPE_UNIT: u32 = 64 << 20;
+/// Default stripe unit (see docs/benchmarks.md for the measurement behind it).
+pub const DEFAULT_STRIPE_UNIT: u32 = 1 << 20;
+
+impl VolumeDescriptor {
+    /// Checks the descriptor's invariants; returns a message for humans on failure.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.servers.is_empty() {
+            return Err("a volume needs at least one server".into());
+        }
+        if self.servers.len() > 4096 {
+            return Err("at most 4096 servers".into());
+        }
+        if !self.stripe_unit.is_power_of_two()
+            || self.stripe_unit < MIN_STRIPE_UNIT
+            || self.stripe_unit > MAX_STRIPE_UNIT
+        {
+            return Err(format!(
+                "stripe unit {} is not a power of two from 4 KiB to 64 MiB",
+                self.stripe_unit
+            ));
+        }
+        if self.replicas == 0 || usize::from(self.replicas) > self.servers.len() {
+            return Err(format!(
+                "replicas {} must be between 1 and the number of servers ({})",
+                self.replicas,
+                self.servers.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Per-server counters reported by `Status`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerStats {
+    /// This server's index in the volume, if formatted.
+    pub index: Option<u32>,
+    /// The volume, if formatted.
+    pub volume: Option<Uuid>,
+    /// Inodes stored here.
+    pub inodes: u64,
+    /// Directory entries stored here.
+    pub entries: u64,
+    /// Files with data blocks stored here.
+    pub data_files: u64,
+    /// Bytes of block data stored here (allocated on disk).
+    pub data_bytes: u64,
+    /// Leases currently granted by this server.
+    pub leases: u64,
+    /// Client sessions connected.
+    pub sessions: u64,
+    /// Requests served since start, in total.
+    pub requests: u64,
+    /// Requests served since start, by request name (`"Read"`, `"AcquireRead"`, ...).
+    pub requests_by_op: Vec<(String, u64)>,
+    /// Lease recalls sent since start.
+    pub recalls: u64,
+    /// Seconds since the server process started.
+    pub uptime_secs: u64,
+    /// Bytes free on the data directory's file system.
+    pub disk_free: u64,
+    /// Total bytes of the data directory's file system.
+    pub disk_total: u64,
+}
