@@ -7,15 +7,28 @@
 //! * `pool`: one connection per server, reconnect, lease renewal;
 //! * `leases`: the client's lease cache and recall handling;
 //! * `fs`: namespace operations and their write ordering;
-//! * `io`: reads with readahead, write-behind, fsync.
+//! * `io`: reads with readahead, writes, flush, fsync;
+//! * `perm`: POSIX permission checks for front ends that need them.
 
+mod fs;
+mod io;
+mod leases;
+pub mod perm;
+mod pool;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use morris_proto::layout::Layout;
+use morris_proto::Push;
 pub use morris_proto::{
     DirEntry, ErrorCode, FileId, FileKind, Handle, Inode, SetAttr, Timestamp, VolumeDescriptor,
     ROOT_ID,
 };
+use parking_lot::Mutex;
+use tokio::sync::mpsc;
 
 /// A client-library error: a protocol error class plus context.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -135,39 +148,117 @@ pub struct ClientStats {
 
 /// A connection to a volume; one per mount or gateway. Cheap to share (`Arc`).
 pub struct Client {
-    _private: (),
+    pub(crate) pool: Arc<pool::Pool>,
+    pub(crate) leases: Arc<leases::Leases>,
+    pub(crate) layout: Layout,
+    desc: VolumeDescriptor,
+    pub(crate) config: ClientConfig,
+    pub(crate) files: Mutex<HashMap<u64, Arc<io::OpenFile>>>,
+    pub(crate) next_fh: AtomicU64,
+    pub(crate) opens: Mutex<HashMap<FileId, usize>>,
+    pub(crate) orphans: Mutex<HashSet<FileId>>,
+    pub(crate) next_server: AtomicU32,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
-#[allow(unused_variables)]
 impl Client {
     /// Connects to the volume through any one of its servers (`host:port`).
     pub async fn connect(addr: &str, config: ClientConfig) -> Result<Arc<Client>> {
-        todo!()
+        let (desc, lease_ms) = pool::probe(addr).await?;
+        desc.validate()
+            .map_err(|m| Error::new(ErrorCode::WrongVolume, m))?;
+        let (push_tx, mut push_rx) = mpsc::unbounded_channel::<(u32, Push)>();
+        let pool = Arc::new(pool::Pool::new(
+            &desc,
+            lease_ms,
+            config.name.clone(),
+            push_tx,
+        ));
+        let layout = Layout::new(
+            desc.servers.len() as u32,
+            desc.stripe_unit,
+            u32::from(desc.replicas),
+        );
+        let leases = leases::Leases::new(pool.clone(), layout, config.max_cached_leases);
+        let weak = Arc::downgrade(&leases);
+        pool.set_epoch_hook(Box::new(move |i| {
+            if let Some(l) = weak.upgrade() {
+                l.drop_server(i);
+            }
+        }));
+        let client = Arc::new(Client {
+            pool: pool.clone(),
+            leases: leases.clone(),
+            layout,
+            desc,
+            config,
+            files: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            opens: Mutex::new(HashMap::new()),
+            orphans: Mutex::new(HashSet::new()),
+            next_server: AtomicU32::new(rand::random::<u32>()),
+            tasks: Mutex::new(Vec::new()),
+        });
+        let weak = Arc::downgrade(&leases);
+        let pushes = tokio::spawn(async move {
+            while let Some((from, push)) = push_rx.recv().await {
+                let Some(l) = weak.upgrade() else { break };
+                match push {
+                    Push::Recall { ino, want } => l.on_recall(from, ino, want),
+                }
+            }
+        });
+        let weak_pool = Arc::downgrade(&pool);
+        let period = pool.lease() / 4;
+        let renew = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                let Some(p) = weak_pool.upgrade() else { break };
+                p.renew_quiet().await;
+            }
+        });
+        client.tasks.lock().extend([pushes, renew]);
+        // The root's generation, so that every later call can name it.
+        let root = client
+            .call_owner(ROOT_ID, morris_proto::Request::GetInode { ino: ROOT_ID })
+            .await?;
+        match root {
+            morris_proto::Reply::Inode(i) => leases.learn(i.handle()),
+            other => return Err(pool::unexpected(&other)),
+        }
+        Ok(client)
     }
+
     /// The volume descriptor.
     pub fn descriptor(&self) -> &VolumeDescriptor {
-        todo!()
+        &self.desc
     }
+
     /// Registers the front end's invalidation sink.
     pub fn set_invalidator(&self, inv: Arc<dyn Invalidator>) {
-        todo!()
+        self.leases.set_invalidator(inv);
     }
+
     /// Attributes of `id` (cached while the read lease is held).
     pub async fn getattr(&self, id: FileId) -> Result<Inode> {
-        todo!()
+        self.do_getattr(id).await
     }
-    /// Looks `name` up in `dir`.
+
+    /// Looks `name` up in `dir` (`.` and `..` included).
     pub async fn lookup(&self, dir: FileId, name: &[u8]) -> Result<Inode> {
-        todo!()
+        self.do_lookup(dir, name).await
     }
+
     /// Checks `mask` (R_OK=4, W_OK=2, X_OK=1) for `caller` on `id`.
     pub async fn access(&self, id: FileId, mask: u32, caller: &Caller) -> Result<()> {
-        todo!()
+        self.do_access(id, mask, caller).await
     }
+
     /// Changes attributes; a size change truncates or extends the file.
     pub async fn setattr(&self, id: FileId, set: SetAttr, caller: &Caller) -> Result<Inode> {
-        todo!()
+        self.do_setattr(id, set, caller).await
     }
+
     /// Creates a non-directory, non-symlink object (`File`, `Fifo`, `Socket`,
     /// devices). `exclusive`: fail with `Exists` if the name exists (else the
     /// existing file is returned, as O_CREAT without O_EXCL).
@@ -182,28 +273,53 @@ impl Client {
         exclusive: bool,
         caller: &Caller,
     ) -> Result<Inode> {
-        todo!()
+        self.do_create(dir, name, kind, mode, rdev, exclusive, caller)
+            .await
     }
+
     /// Creates a directory.
-    pub async fn mkdir(&self, dir: FileId, name: &[u8], mode: u32, caller: &Caller) -> Result<Inode> {
-        todo!()
+    pub async fn mkdir(
+        &self,
+        dir: FileId,
+        name: &[u8],
+        mode: u32,
+        caller: &Caller,
+    ) -> Result<Inode> {
+        self.do_mkdir(dir, name, mode, caller).await
     }
+
     /// Creates a symlink.
-    pub async fn symlink(&self, dir: FileId, name: &[u8], target: &[u8], caller: &Caller) -> Result<Inode> {
-        todo!()
+    pub async fn symlink(
+        &self,
+        dir: FileId,
+        name: &[u8],
+        target: &[u8],
+        caller: &Caller,
+    ) -> Result<Inode> {
+        self.do_symlink(dir, name, target, caller).await
     }
+
     /// Adds a hard link to `id` as `new_dir/new_name`.
-    pub async fn link(&self, id: FileId, new_dir: FileId, new_name: &[u8], caller: &Caller) -> Result<Inode> {
-        todo!()
+    pub async fn link(
+        &self,
+        id: FileId,
+        new_dir: FileId,
+        new_name: &[u8],
+        caller: &Caller,
+    ) -> Result<Inode> {
+        self.do_link(id, new_dir, new_name, caller).await
     }
+
     /// Removes a non-directory entry.
     pub async fn unlink(&self, dir: FileId, name: &[u8], caller: &Caller) -> Result<()> {
-        todo!()
+        self.do_remove(dir, name, false, caller).await
     }
+
     /// Removes an empty directory.
     pub async fn rmdir(&self, dir: FileId, name: &[u8], caller: &Caller) -> Result<()> {
-        todo!()
+        self.do_remove(dir, name, true, caller).await
     }
+
     /// Renames `dir/name` to `new_dir/new_name`, replacing a compatible target.
     pub async fn rename(
         &self,
@@ -214,54 +330,82 @@ impl Client {
         flags: RenameFlags,
         caller: &Caller,
     ) -> Result<()> {
-        todo!()
+        self.do_rename(dir, name, new_dir, new_name, flags, caller)
+            .await
     }
+
     /// A symlink's target.
     pub async fn readlink(&self, id: FileId) -> Result<Vec<u8>> {
-        todo!()
+        self.do_readlink(id).await
     }
+
     /// Lists entries after `cookie` (0: from the start); returns them and
     /// whether the listing is complete. Continuing from a cookie costs the same
     /// wherever it is in the directory.
-    pub async fn readdir(&self, dir: FileId, cookie: u64, max: u32) -> Result<(Vec<DirEntry>, bool)> {
-        todo!()
+    pub async fn readdir(
+        &self,
+        dir: FileId,
+        cookie: u64,
+        max: u32,
+    ) -> Result<(Vec<DirEntry>, bool)> {
+        self.do_readdir(dir, cookie, max).await
     }
+
     /// Opens `id`; `write` takes the write lease, `truncate` empties the file.
     /// Returns an open-file number for read/write/flush/fsync/release.
     pub async fn open(&self, id: FileId, write: bool, truncate: bool) -> Result<u64> {
-        todo!()
+        self.do_open(id, write, truncate).await
     }
+
     /// Reads up to `size` bytes at `offset` (short only at end of file).
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes> {
-        todo!()
+        self.do_read(fh, offset, size).await
     }
-    /// Writes `data` at `offset`; returns the count written. Errors of earlier
-    /// write-behind may surface here, at `flush` or at `fsync`.
+
+    /// Writes `data` at `offset`; returns the count written once every
+    /// server holding a part of it has it.
     pub async fn write(&self, fh: u64, offset: u64, data: Bytes) -> Result<u32> {
-        todo!()
+        self.do_write(fh, offset, data).await
     }
-    /// Waits for this open file's writes and stores its size and times (close).
+
+    /// Stores this open file's size and times at the inode's owner (close).
+    /// When it returns, the data survives `kill -9` of every server.
     pub async fn flush(&self, fh: u64) -> Result<()> {
-        todo!()
+        self.do_flush(fh).await
     }
-    /// Like flush, and makes data (and, unless `datasync`, metadata) durable.
+
+    /// Like flush, and makes data (and, unless `datasync`, metadata) durable on disk.
     pub async fn fsync(&self, fh: u64, datasync: bool) -> Result<()> {
-        todo!()
+        self.do_fsync(fh, datasync).await
     }
+
     /// Closes an open file.
     pub async fn release(&self, fh: u64) -> Result<()> {
-        todo!()
+        self.do_release(fh).await
     }
+
     /// Volume capacity.
     pub async fn statfs(&self) -> Result<FsStat> {
-        todo!()
+        self.do_statfs().await
     }
+
     /// Client counters.
     pub fn stats(&self) -> ClientStats {
-        todo!()
+        ClientStats {
+            requests: self.pool.counters(),
+            leases: self.leases.held(),
+            recalls: self.leases.recalls.load(Ordering::Relaxed),
+        }
     }
+
     /// Writes back everything and releases all leases.
     pub async fn shutdown(&self) {
-        todo!()
+        for e in self.leases.dirty_entries() {
+            let _ = self.leases.write_back(&e).await;
+        }
+        self.leases.release_all().await;
+        for t in self.tasks.lock().drain(..) {
+            t.abort();
+        }
     }
 }

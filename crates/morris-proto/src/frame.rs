@@ -189,18 +189,27 @@ mod tests {
 
     #[test]
     fn rejects_garbage_without_panicking() {
-        assert!(matches!(decode_frame(Bytes::new()), Err(FrameError::Short(0))));
+        assert!(matches!(
+            decode_frame(Bytes::new()),
+            Err(FrameError::Short(0))
+        ));
         let mut b = BytesMut::new();
         b.put_u8(9);
         b.put_u64(1);
         b.put_u32(0);
-        assert!(matches!(decode_frame(b.freeze()), Err(FrameError::UnknownKind(9))));
+        assert!(matches!(
+            decode_frame(b.freeze()),
+            Err(FrameError::UnknownKind(9))
+        ));
         let mut b = BytesMut::new();
         b.put_u8(0);
         b.put_u64(1);
         b.put_u32(1000);
         b.put_slice(&[0; 10]);
-        assert!(matches!(decode_frame(b.freeze()), Err(FrameError::BadHeaderLen(1000))));
+        assert!(matches!(
+            decode_frame(b.freeze()),
+            Err(FrameError::BadHeaderLen(1000))
+        ));
         // An unknown opcode: a variant index far past the enum.
         assert!(decode_request(&[200, 1]).is_err());
         // A truncated header.

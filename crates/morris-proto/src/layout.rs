@@ -84,7 +84,7 @@ impl Layout {
         let k = self.k();
         let u = u64::from(self.unit);
         let last = (size - 1) / u + 1; // last block index holding data
-        // Indices i with (id + i) mod k == server, i.e. i ≡ r (mod k).
+                                       // Indices i with (id + i) mod k == server, i.e. i ≡ r (mod k).
         let r = (u64::from(server) % k + k - id % k) % k;
         // Largest i <= last with i ≡ r (mod k).
         let back = (last % k + k - r) % k;

@@ -345,28 +345,30 @@ pub async fn serve_connection<S: Service>(
                     Bytes::new(),
                 ),
             };
-            let head = match encode_frame_head(FrameKind::Response, frame.id, &result, payload.len())
-            {
-                Ok(h) => h,
-                Err(e) => {
-                    let err: Result<Reply, WireError> =
-                        Err(WireError::new(ErrorCode::Io, format!("cannot encode reply: {e}")));
-                    match encode_frame_head(FrameKind::Response, frame.id, &err, 0) {
-                        Ok(h) => {
-                            let _ = conn2
-                                .tx
-                                .send(OutFrame {
-                                    head: h,
-                                    payload: Bytes::new(),
-                                })
-                                .await;
+            let head =
+                match encode_frame_head(FrameKind::Response, frame.id, &result, payload.len()) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        let err: Result<Reply, WireError> = Err(WireError::new(
+                            ErrorCode::Io,
+                            format!("cannot encode reply: {e}"),
+                        ));
+                        match encode_frame_head(FrameKind::Response, frame.id, &err, 0) {
+                            Ok(h) => {
+                                let _ = conn2
+                                    .tx
+                                    .send(OutFrame {
+                                        head: h,
+                                        payload: Bytes::new(),
+                                    })
+                                    .await;
+                            }
+                            Err(_) => warn!("cannot encode an error reply"),
                         }
-                        Err(_) => warn!("cannot encode an error reply"),
+                        drop(permit);
+                        return;
                     }
-                    drop(permit);
-                    return;
-                }
-            };
+                };
             let _ = conn2.tx.send(OutFrame { head, payload }).await;
             drop(permit);
         });

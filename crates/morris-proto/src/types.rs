@@ -49,7 +49,9 @@ pub enum FileKind {
 }
 
 /// Seconds and nanoseconds since the unix epoch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 pub struct Timestamp {
     /// Whole seconds since the epoch (may be negative).
     pub secs: i64,

@@ -1,0 +1,883 @@
+//! Namespace operations and their write ordering.
+//!
+//! Ordering rules (MORRIS §3.1), so that a server killed at any point never
+//! leaves an entry pointing to nothing:
+//! * adding: the new inode is committed (`CreateInode`, or the `nlink` bump of
+//!   a hard link) before the entry that names it (`Link`);
+//! * removing: the entry goes first (`Unlink`), then the inode, then the data;
+//! * moving between directories: the new entry first, then the old one is removed.
+//!
+//! Every operation that changes several inodes takes their write leases in
+//! ascending id order ([`Leases::lock_many`]), the paper's fixed lock order.
+
+use bytes::Bytes;
+use morris_proto::{
+    Attr, DirEntry, ErrorCode, FileId, FileKind, Handle, Inode, Reply, Request, SetAttr, Timestamp,
+    MAX_NAME_LEN, MAX_SYMLINK_LEN, ROOT_ID,
+};
+
+use crate::leases::{pick, LeaseGuard, Mode};
+use crate::perm::{check_access, check_delete, check_setattr, W_OK, X_OK};
+use crate::pool::unexpected;
+use crate::{Caller, Client, Error, FsStat, RenameFlags, Result};
+
+/// How often a namespace operation restarts when another client changed the
+/// directory between its lookup and its locking.
+const RETRIES: usize = 8;
+
+/// Checks a directory entry name.
+pub(crate) fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name == b"." || name == b".." {
+        return Err(Error::new(ErrorCode::Invalid, "empty, '.' or '..' name"));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(Error::new(
+            ErrorCode::NameTooLong,
+            format!("name of {} bytes exceeds {MAX_NAME_LEN}", name.len()),
+        ));
+    }
+    if name.iter().any(|&b| b == b'/' || b == 0) {
+        return Err(Error::new(ErrorCode::Invalid, "name contains '/' or NUL"));
+    }
+    Ok(())
+}
+
+fn inode_reply(r: Reply) -> Result<Inode> {
+    match r {
+        Reply::Inode(i) => Ok(i),
+        other => Err(unexpected(&other)),
+    }
+}
+
+impl Client {
+    pub(crate) async fn call(&self, server: u32, req: Request) -> Result<Reply> {
+        Ok(self.pool.call(server, req, Bytes::new()).await?.0)
+    }
+
+    pub(crate) async fn call_owner(&self, id: FileId, req: Request) -> Result<Reply> {
+        self.call(self.layout.inode_server(id), req).await
+    }
+
+    /// A use of the lease on directory `dir`.
+    async fn dir_guard(&self, dir: FileId, mode: Mode) -> Result<LeaseGuard> {
+        let h = self.leases.handle(dir)?;
+        let g = self.leases.get(h, mode).await?;
+        if g.inode().attr.kind != FileKind::Dir {
+            return Err(Error::new(
+                ErrorCode::NotDir,
+                format!("{dir} is not a directory"),
+            ));
+        }
+        Ok(g)
+    }
+
+    /// Looks `name` up under a lease on the directory, using the entry cache.
+    async fn entry_in(&self, g: &LeaseGuard, name: &[u8]) -> Result<Option<DirEntry>> {
+        if let Some(hit) = g.entry.state.lock().names.get(name) {
+            return Ok(hit.clone());
+        }
+        let r = self
+            .call(
+                g.entry.owner,
+                Request::Lookup {
+                    dir: g.handle(),
+                    name: name.to_vec(),
+                },
+            )
+            .await?;
+        let Reply::Entry(e) = r else {
+            return Err(unexpected(&r));
+        };
+        if let Some(e) = &e {
+            self.leases.learn(e.child);
+        }
+        g.entry.state.lock().names.insert(name.to_vec(), e.clone());
+        Ok(e)
+    }
+
+    /// The inode under `g`, refetched if the server changed it behind our copy.
+    async fn fresh(&self, g: &LeaseGuard) -> Result<Inode> {
+        let (valid, h) = {
+            let st = g.entry.state.lock();
+            (st.attr_valid, st.inode.handle())
+        };
+        if valid {
+            return Ok(g.inode());
+        }
+        // We hold the lease, so this answers at once with the current inode.
+        let req = match g.entry.mode {
+            Mode::Read => Request::AcquireRead { ino: h },
+            Mode::Write => Request::AcquireWrite { ino: h },
+        };
+        let mut inode = inode_reply(self.call(g.entry.owner, req).await?)?;
+        let mut st = g.entry.state.lock();
+        if st.dirty {
+            // Local size/mtime not yet stored win over the server's copy.
+            inode.attr.size = st.inode.attr.size;
+            inode.attr.mtime = st.inode.attr.mtime;
+            inode.attr.ctime = st.inode.attr.ctime;
+        }
+        st.inode = inode.clone();
+        st.attr_valid = true;
+        Ok(inode)
+    }
+
+    /// Attributes of `id`.
+    pub(crate) async fn do_getattr(&self, id: FileId) -> Result<Inode> {
+        let h = self.leases.handle(id)?;
+        let g = self.leases.get(h, Mode::Read).await?;
+        self.fresh(&g).await
+    }
+
+    pub(crate) async fn do_lookup(&self, dir: FileId, name: &[u8]) -> Result<Inode> {
+        if name == b"." {
+            return self.do_getattr(dir).await;
+        }
+        if name == b".." {
+            let d = self.do_getattr(dir).await?;
+            let parent = if dir == ROOT_ID { ROOT_ID } else { d.parent };
+            if parent == 0 {
+                return Err(Error::new(ErrorCode::NotDir, "not a directory"));
+            }
+            if self.leases.handle(parent).is_err() {
+                // A parent we never looked up: its generation comes with GetInode.
+                let p = inode_reply(
+                    self.call_owner(parent, Request::GetInode { ino: parent })
+                        .await?,
+                )?;
+                self.leases.learn(p.handle());
+            }
+            return self.do_getattr(parent).await;
+        }
+        check_name(name)?;
+        for _ in 0..RETRIES {
+            let entry = {
+                let g = self.dir_guard(dir, Mode::Read).await?;
+                self.entry_in(&g, name).await?
+            };
+            let Some(e) = entry else {
+                return Err(Error::new(ErrorCode::NotFound, "no such entry"));
+            };
+            match self.leases.get(e.child, Mode::Read).await {
+                Ok(g) => return self.fresh(&g).await,
+                // The entry changed under us (removed, replaced): look again.
+                Err(err) if err.code == ErrorCode::Stale || err.code == ErrorCode::NotFound => {
+                    self.leases.attr_changed(dir);
+                    continue;
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        Err(Error::new(
+            ErrorCode::Unavailable,
+            "directory keeps changing",
+        ))
+    }
+
+    pub(crate) async fn do_access(&self, id: FileId, mask: u32, caller: &Caller) -> Result<()> {
+        let i = self.do_getattr(id).await?;
+        check_access(&i, caller, mask)
+    }
+
+    fn pick_server(&self) -> u32 {
+        let n = self
+            .next_server
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        n % self.layout.servers
+    }
+
+    fn new_attr(kind: FileKind, mode: u32, rdev: u32, dir: &Inode, c: &Caller) -> Attr {
+        let now = Timestamp::now();
+        let mut mode = mode & 0o7777;
+        let gid = if dir.attr.mode & 0o2000 != 0 {
+            if kind == FileKind::Dir {
+                mode |= 0o2000;
+            }
+            dir.attr.gid
+        } else {
+            c.gid
+        };
+        Attr {
+            kind,
+            mode,
+            uid: c.uid,
+            gid,
+            nlink: 1,
+            size: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            rdev,
+        }
+    }
+
+    /// Creates an inode and then the entry naming it (inode first: ordering rule).
+    async fn make(
+        &self,
+        dir: FileId,
+        name: &[u8],
+        mut attr_of: impl FnMut(&Inode) -> Attr,
+        target: Option<Vec<u8>>,
+        exclusive: bool,
+        caller: &Caller,
+    ) -> Result<Inode> {
+        check_name(name)?;
+        let g = self.dir_guard(dir, Mode::Write).await?;
+        let dir_inode = g.inode();
+        check_access(&dir_inode, caller, W_OK | X_OK)?;
+        if let Some(e) = self.entry_in(&g, name).await? {
+            if exclusive {
+                return Err(Error::new(ErrorCode::Exists, "name exists"));
+            }
+            drop(g);
+            return self.do_getattr(e.child.id).await;
+        }
+        let attr = attr_of(&dir_inode);
+        let kind = attr.kind;
+        let server = self.pick_server();
+        let inode = inode_reply(
+            self.call(
+                server,
+                Request::CreateInode {
+                    parent: dir,
+                    attr,
+                    target,
+                },
+            )
+            .await?,
+        )?;
+        self.leases.install_granted(Mode::Write, inode.clone());
+        let linked = self
+            .call(
+                g.entry.owner,
+                Request::Link {
+                    dir: g.handle(),
+                    name: name.to_vec(),
+                    child: inode.handle(),
+                    kind,
+                    replace: None,
+                },
+            )
+            .await;
+        if let Err(e) = linked {
+            // Nothing names the new inode; remove it (fsck would otherwise).
+            let _ = self
+                .call(
+                    server,
+                    Request::DeleteInode {
+                        ino: inode.handle(),
+                    },
+                )
+                .await;
+            self.leases.forget(inode.id);
+            return Err(e);
+        }
+        {
+            let mut st = g.entry.state.lock();
+            st.names.insert(
+                name.to_vec(),
+                Some(DirEntry {
+                    name: name.to_vec(),
+                    child: inode.handle(),
+                    kind,
+                    cookie: 0,
+                }),
+            );
+            st.attr_valid = false;
+        }
+        Ok(inode)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn do_create(
+        &self,
+        dir: FileId,
+        name: &[u8],
+        kind: FileKind,
+        mode: u32,
+        rdev: u32,
+        exclusive: bool,
+        caller: &Caller,
+    ) -> Result<Inode> {
+        if matches!(kind, FileKind::Dir | FileKind::Symlink) {
+            return Err(Error::new(ErrorCode::Invalid, "use mkdir or symlink"));
+        }
+        let i = self
+            .make(
+                dir,
+                name,
+                |d| Self::new_attr(kind, mode, rdev, d, caller),
+                None,
+                exclusive,
+                caller,
+            )
+            .await?;
+        if i.attr.kind == FileKind::Dir {
+            return Err(Error::new(ErrorCode::IsDir, "name is a directory"));
+        }
+        Ok(i)
+    }
+
+    pub(crate) async fn do_mkdir(
+        &self,
+        dir: FileId,
+        name: &[u8],
+        mode: u32,
+        caller: &Caller,
+    ) -> Result<Inode> {
+        self.make(
+            dir,
+            name,
+            |d| Self::new_attr(FileKind::Dir, mode, 0, d, caller),
+            None,
+            true,
+            caller,
+        )
+        .await
+    }
+
+    pub(crate) async fn do_symlink(
+        &self,
+        dir: FileId,
+        name: &[u8],
+        target: &[u8],
+        caller: &Caller,
+    ) -> Result<Inode> {
+        if target.is_empty() || target.len() > MAX_SYMLINK_LEN || target.contains(&0) {
+            return Err(Error::new(ErrorCode::Invalid, "bad symlink target"));
+        }
+        let len = target.len() as u64;
+        self.make(
+            dir,
+            name,
+            |d| {
+                let mut a = Self::new_attr(FileKind::Symlink, 0o777, 0, d, caller);
+                a.size = len;
+                a
+            },
+            Some(target.to_vec()),
+            true,
+            caller,
+        )
+        .await
+    }
+
+    pub(crate) async fn do_link(
+        &self,
+        id: FileId,
+        new_dir: FileId,
+        new_name: &[u8],
+        caller: &Caller,
+    ) -> Result<Inode> {
+        check_name(new_name)?;
+        let child = self.leases.handle(id)?;
+        let dir = self.leases.handle(new_dir)?;
+        let gs = self.leases.lock_many(&[dir, child]).await?;
+        let dg = pick(&gs, new_dir)?;
+        let cg = pick(&gs, id)?;
+        let d = dg.inode();
+        if d.attr.kind != FileKind::Dir {
+            return Err(Error::new(ErrorCode::NotDir, "target is not a directory"));
+        }
+        let c = self.fresh(cg).await?;
+        if c.attr.kind == FileKind::Dir {
+            return Err(Error::new(ErrorCode::Perm, "hard link to a directory"));
+        }
+        if c.attr.nlink >= 65_000 {
+            return Err(Error::new(ErrorCode::TooManyLinks, "too many links"));
+        }
+        check_access(&d, caller, W_OK | X_OK)?;
+        if self.entry_in(dg, new_name).await?.is_some() {
+            return Err(Error::new(ErrorCode::Exists, "name exists"));
+        }
+        // Count the link before the entry exists (adding: inode first).
+        let bumped = self
+            .set_inode(
+                cg,
+                SetAttr {
+                    nlink: Some(c.attr.nlink + 1),
+                    ctime: Some(Timestamp::now()),
+                    ..SetAttr::default()
+                },
+            )
+            .await?;
+        let r = self
+            .call(
+                dg.entry.owner,
+                Request::Link {
+                    dir,
+                    name: new_name.to_vec(),
+                    child,
+                    kind: c.attr.kind,
+                    replace: None,
+                },
+            )
+            .await;
+        if let Err(e) = r {
+            let _ = self
+                .set_inode(
+                    cg,
+                    SetAttr {
+                        nlink: Some(c.attr.nlink),
+                        ..SetAttr::default()
+                    },
+                )
+                .await;
+            return Err(e);
+        }
+        let mut st = dg.entry.state.lock();
+        st.names.insert(
+            new_name.to_vec(),
+            Some(DirEntry {
+                name: new_name.to_vec(),
+                child,
+                kind: c.attr.kind,
+                cookie: 0,
+            }),
+        );
+        st.attr_valid = false;
+        Ok(bumped)
+    }
+
+    /// SetAttr under a held write lease; merges unsaved local size/mtime.
+    async fn set_inode(&self, g: &LeaseGuard, mut set: SetAttr) -> Result<Inode> {
+        let h = {
+            let st = g.entry.state.lock();
+            if st.dirty {
+                set.size.get_or_insert(st.inode.attr.size);
+                set.mtime.get_or_insert(st.inode.attr.mtime);
+            }
+            st.inode.handle()
+        };
+        let inode = inode_reply(
+            self.call(g.entry.owner, Request::SetAttr { ino: h, set })
+                .await?,
+        )?;
+        let mut st = g.entry.state.lock();
+        st.inode = inode.clone();
+        st.dirty = false;
+        st.attr_valid = true;
+        Ok(inode)
+    }
+
+    /// One directory entry of `child` is gone: count it down, or remove the
+    /// inode and then its data when none is left (unless open here: then at
+    /// the last close).
+    async fn drop_link(&self, cg: &LeaseGuard) -> Result<()> {
+        let c = self.fresh(cg).await?;
+        let last = c.attr.kind == FileKind::Dir || c.attr.nlink <= 1;
+        if !last {
+            self.set_inode(
+                cg,
+                SetAttr {
+                    nlink: Some(c.attr.nlink - 1),
+                    ctime: Some(Timestamp::now()),
+                    ..SetAttr::default()
+                },
+            )
+            .await?;
+            return Ok(());
+        }
+        if self.mark_orphan_if_open(c.id) {
+            self.set_inode(
+                cg,
+                SetAttr {
+                    nlink: Some(0),
+                    ctime: Some(Timestamp::now()),
+                    ..SetAttr::default()
+                },
+            )
+            .await?;
+            return Ok(());
+        }
+        self.delete_file(c.handle(), c.attr.kind).await
+    }
+
+    /// Removes an inode, then its data on every server.
+    pub(crate) async fn delete_file(&self, h: Handle, kind: FileKind) -> Result<()> {
+        self.call_owner(h.id, Request::DeleteInode { ino: h })
+            .await?;
+        self.leases.forget(h.id);
+        if kind == FileKind::File {
+            let calls =
+                (0..self.layout.servers).map(|s| self.call(s, Request::DeleteData { id: h.id }));
+            for r in futures::future::join_all(calls).await {
+                // Leftover data is garbage that fsck reclaims; the file is gone.
+                if let Err(e) = r {
+                    tracing::warn!(id = h.id, error = %e, "could not delete data");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn is_empty_dir(&self, g: &LeaseGuard) -> Result<bool> {
+        let r = self
+            .call(
+                g.entry.owner,
+                Request::ReadDir {
+                    dir: g.handle(),
+                    cookie: 0,
+                    max: 1,
+                },
+            )
+            .await?;
+        match r {
+            Reply::Entries { entries, .. } => Ok(entries.is_empty()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Looks `name` up in `dir` under a short read lease use.
+    async fn peek(&self, dir: FileId, name: &[u8]) -> Result<Option<DirEntry>> {
+        let g = self.dir_guard(dir, Mode::Read).await?;
+        self.entry_in(&g, name).await
+    }
+
+    /// Removes an entry (`want_dir`: rmdir semantics).
+    pub(crate) async fn do_remove(
+        &self,
+        dir: FileId,
+        name: &[u8],
+        want_dir: bool,
+        caller: &Caller,
+    ) -> Result<()> {
+        if want_dir && name == b".." {
+            return Err(Error::new(ErrorCode::NotEmpty, "'..'"));
+        }
+        check_name(name)?;
+        let dh = self.leases.handle(dir)?;
+        for _ in 0..RETRIES {
+            let Some(e) = self.peek(dir, name).await? else {
+                return Err(Error::new(ErrorCode::NotFound, "no such entry"));
+            };
+            match (want_dir, e.kind == FileKind::Dir) {
+                (true, false) => return Err(Error::new(ErrorCode::NotDir, "not a directory")),
+                (false, true) => return Err(Error::new(ErrorCode::IsDir, "is a directory")),
+                _ => {}
+            }
+            let gs = match self.leases.lock_many(&[dh, e.child]).await {
+                Ok(gs) => gs,
+                Err(err) if err.code == ErrorCode::Stale => continue,
+                Err(err) => return Err(err),
+            };
+            let dg = pick(&gs, dir)?;
+            let cg = pick(&gs, e.child.id)?;
+            // Re-check under the write lease: another client may have changed it.
+            match self.entry_in(dg, name).await? {
+                Some(now) if now.child == e.child => {}
+                _ => continue,
+            }
+            check_delete(&dg.inode(), &cg.inode(), caller)?;
+            if want_dir && !self.is_empty_dir(cg).await? {
+                return Err(Error::new(ErrorCode::NotEmpty, "directory not empty"));
+            }
+            // Removing: the entry first.
+            self.call(
+                dg.entry.owner,
+                Request::Unlink {
+                    dir: dh,
+                    name: name.to_vec(),
+                    expect: Some(e.child.id),
+                },
+            )
+            .await?;
+            {
+                let mut st = dg.entry.state.lock();
+                st.names.insert(name.to_vec(), None);
+                st.attr_valid = false;
+            }
+            if let Some(inv) = self.leases.invalidator() {
+                inv.entry(dir, name);
+            }
+            return self.drop_link(cg).await;
+        }
+        Err(Error::new(
+            ErrorCode::Unavailable,
+            "directory keeps changing",
+        ))
+    }
+
+    pub(crate) async fn do_rename(
+        &self,
+        sdir: FileId,
+        sname: &[u8],
+        ddir: FileId,
+        dname: &[u8],
+        flags: RenameFlags,
+        caller: &Caller,
+    ) -> Result<()> {
+        if flags.exchange {
+            return Err(Error::new(ErrorCode::NotSupported, "RENAME_EXCHANGE"));
+        }
+        check_name(sname)?;
+        check_name(dname)?;
+        if sdir == ddir && sname == dname {
+            return Ok(());
+        }
+        let sh = self.leases.handle(sdir)?;
+        let dh = self.leases.handle(ddir)?;
+        for _ in 0..RETRIES {
+            let Some(s) = self.peek(sdir, sname).await? else {
+                return Err(Error::new(ErrorCode::NotFound, "no such entry"));
+            };
+            let d = self.peek(ddir, dname).await?;
+            if let Some(d) = &d {
+                if d.child == s.child {
+                    return Ok(()); // both names are links to one file: nothing to do
+                }
+                if flags.noreplace {
+                    return Err(Error::new(ErrorCode::Exists, "target exists"));
+                }
+                match (s.kind == FileKind::Dir, d.kind == FileKind::Dir) {
+                    (true, false) => {
+                        return Err(Error::new(ErrorCode::NotDir, "target is not a directory"))
+                    }
+                    (false, true) => {
+                        return Err(Error::new(ErrorCode::IsDir, "target is a directory"))
+                    }
+                    _ => {}
+                }
+            }
+            let moving_dir = s.kind == FileKind::Dir && sdir != ddir;
+            if moving_dir && (ddir == s.child.id || self.is_ancestor(s.child.id, ddir).await?) {
+                return Err(Error::new(
+                    ErrorCode::Invalid,
+                    "cannot move a directory into itself",
+                ));
+            }
+            let mut hs = vec![sh, dh];
+            if moving_dir {
+                hs.push(s.child);
+            }
+            if let Some(d) = &d {
+                hs.push(d.child);
+            }
+            let gs = match self.leases.lock_many(&hs).await {
+                Ok(gs) => gs,
+                Err(err) if err.code == ErrorCode::Stale => continue,
+                Err(err) => return Err(err),
+            };
+            let sg = pick(&gs, sdir)?;
+            let dg = pick(&gs, ddir)?;
+            if dg.inode().attr.kind != FileKind::Dir {
+                return Err(Error::new(ErrorCode::NotDir, "target directory"));
+            }
+            // Re-check both names under the write leases.
+            let s_now = self.entry_in(sg, sname).await?;
+            let d_now = self.entry_in(dg, dname).await?;
+            if s_now.as_ref().map(|e| e.child) != Some(s.child)
+                || d_now.as_ref().map(|e| e.child) != d.as_ref().map(|e| e.child)
+            {
+                continue;
+            }
+            let s_inode = self.do_getattr_nolease(s.child).await?;
+            check_delete(&sg.inode(), &s_inode, caller)?;
+            check_access(&dg.inode(), caller, W_OK | X_OK)?;
+            if let Some(d) = &d {
+                let tg = pick(&gs, d.child.id)?;
+                check_delete(&dg.inode(), &tg.inode(), caller)?;
+                if d.kind == FileKind::Dir && !self.is_empty_dir(tg).await? {
+                    return Err(Error::new(
+                        ErrorCode::NotEmpty,
+                        "target directory not empty",
+                    ));
+                }
+            }
+            let replace = d.as_ref().map(|e| e.child.id);
+            if sdir == ddir {
+                self.call(
+                    sg.entry.owner,
+                    Request::Rename {
+                        dir: sh,
+                        from: sname.to_vec(),
+                        to: dname.to_vec(),
+                        replace,
+                    },
+                )
+                .await?;
+            } else {
+                // Moving between directories: add the new entry, then remove the old.
+                self.call(
+                    dg.entry.owner,
+                    Request::Link {
+                        dir: dh,
+                        name: dname.to_vec(),
+                        child: s.child,
+                        kind: s.kind,
+                        replace,
+                    },
+                )
+                .await?;
+                self.call(
+                    sg.entry.owner,
+                    Request::Unlink {
+                        dir: sh,
+                        name: sname.to_vec(),
+                        expect: Some(s.child.id),
+                    },
+                )
+                .await?;
+                if moving_dir {
+                    let cg = pick(&gs, s.child.id)?;
+                    self.set_inode(
+                        cg,
+                        SetAttr {
+                            parent: Some(ddir),
+                            ctime: Some(Timestamp::now()),
+                            ..SetAttr::default()
+                        },
+                    )
+                    .await?;
+                }
+            }
+            for (g, n, e) in [(sg, sname, None), (dg, dname, Some(s.clone()))] {
+                let mut st = g.entry.state.lock();
+                st.names.insert(
+                    n.to_vec(),
+                    e.map(|mut e| {
+                        e.name = n.to_vec();
+                        e
+                    }),
+                );
+                st.attr_valid = false;
+            }
+            if let Some(inv) = self.leases.invalidator() {
+                inv.entry(sdir, sname);
+                inv.entry(ddir, dname);
+            }
+            if let Some(d) = &d {
+                let tg = pick(&gs, d.child.id)?;
+                self.drop_link(tg).await?;
+            }
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorCode::Unavailable,
+            "directories keep changing",
+        ))
+    }
+
+    /// Inode without taking a lease (only for checks that tolerate a race).
+    async fn do_getattr_nolease(&self, h: Handle) -> Result<Inode> {
+        let i = inode_reply(
+            self.call_owner(h.id, Request::GetInode { ino: h.id })
+                .await?,
+        )?;
+        if i.gen != h.gen {
+            return Err(Error::new(ErrorCode::Stale, "replaced"));
+        }
+        Ok(i)
+    }
+
+    /// True if `dir` is `anc` or below it. Walks parent pointers without leases:
+    /// a concurrent move elsewhere can race this check (as in many distributed
+    /// file systems without a global rename lock).
+    async fn is_ancestor(&self, anc: FileId, mut dir: FileId) -> Result<bool> {
+        for _ in 0..4096 {
+            if dir == anc {
+                return Ok(true);
+            }
+            if dir == ROOT_ID || dir == 0 {
+                return Ok(false);
+            }
+            let i = inode_reply(self.call_owner(dir, Request::GetInode { ino: dir }).await?)?;
+            dir = i.parent;
+        }
+        Err(Error::new(ErrorCode::Invalid, "directory tree too deep"))
+    }
+
+    pub(crate) async fn do_setattr(
+        &self,
+        id: FileId,
+        set: SetAttr,
+        caller: &Caller,
+    ) -> Result<Inode> {
+        let h = self.leases.handle(id)?;
+        let g = self.leases.get(h, Mode::Write).await?;
+        let cur = self.fresh(&g).await?;
+        let mut set = check_setattr(&cur, &set, caller)?;
+        if let Some(size) = set.size {
+            match cur.attr.kind {
+                FileKind::File => {}
+                FileKind::Dir => return Err(Error::new(ErrorCode::IsDir, "truncate a directory")),
+                _ => return Err(Error::new(ErrorCode::Invalid, "truncate a special file")),
+            }
+            if size > morris_proto::MAX_FILE_SIZE {
+                return Err(Error::new(ErrorCode::FileTooBig, "size too large"));
+            }
+            if size < cur.attr.size {
+                // Free the data beyond the new end on every server first.
+                let calls =
+                    (0..self.layout.servers).map(|s| self.call(s, Request::Truncate { id, size }));
+                for r in futures::future::join_all(calls).await {
+                    r?;
+                }
+                g.entry.state.lock().local_writes += 1;
+            }
+            if set.mtime.is_none() {
+                set.mtime = Some(Timestamp::now());
+            }
+            // Our own size wins over the unsaved one.
+            g.entry.state.lock().inode.attr.size = size;
+        }
+        self.set_inode(&g, set).await
+    }
+
+    pub(crate) async fn do_readlink(&self, id: FileId) -> Result<Vec<u8>> {
+        let i = self.do_getattr(id).await?;
+        match (i.attr.kind, i.target) {
+            (FileKind::Symlink, Some(t)) => Ok(t),
+            _ => Err(Error::new(ErrorCode::Invalid, "not a symlink")),
+        }
+    }
+
+    pub(crate) async fn do_readdir(
+        &self,
+        dir: FileId,
+        cookie: u64,
+        max: u32,
+    ) -> Result<(Vec<DirEntry>, bool)> {
+        let g = self.dir_guard(dir, Mode::Read).await?;
+        let r = self
+            .call(
+                g.entry.owner,
+                Request::ReadDir {
+                    dir: g.handle(),
+                    cookie,
+                    max: max.clamp(1, 4096),
+                },
+            )
+            .await?;
+        let Reply::Entries { entries, eof } = r else {
+            return Err(unexpected(&r));
+        };
+        let mut st = g.entry.state.lock();
+        for e in &entries {
+            self.leases.learn(e.child);
+            st.names.insert(e.name.clone(), Some(e.clone()));
+        }
+        Ok((entries, eof))
+    }
+
+    pub(crate) async fn do_statfs(&self) -> Result<FsStat> {
+        let calls = (0..self.layout.servers).map(|s| self.call(s, Request::Statfs));
+        let mut st = FsStat {
+            total: 0,
+            free: 0,
+            files: 0,
+            block_size: self.layout.unit,
+        };
+        for r in futures::future::join_all(calls).await {
+            match r? {
+                Reply::Statfs { total, free, files } => {
+                    st.total += total;
+                    st.free += free;
+                    st.files += files;
+                }
+                other => return Err(unexpected(&other)),
+            }
+        }
+        Ok(st)
+    }
+}

@@ -1,0 +1,372 @@
+//! File data: open files, reads with readahead, writes, flush and fsync.
+//!
+//! A read holds a use of the file's read (or write) lease, so it needs no lock
+//! or inode request: only block requests go out (the paper's 6 messages per
+//! READ become 2). While a reader stays sequential its readahead window grows
+//! (up to `ClientConfig::readahead_max`), and the next stripe units are fetched
+//! from several servers at once. Prefetched data is tagged with the lease it
+//! was fetched under and dropped if the lease changes or this client writes.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use futures::future::{BoxFuture, FutureExt, Shared};
+use morris_proto::{ErrorCode, FileId, FileKind, Handle, Reply, Request, Timestamp, MAX_FILE_SIZE};
+
+/// A block fetch in flight or done; cloneable so a block can serve two reads.
+type Fetch = Shared<BoxFuture<'static, Result<Bytes>>>;
+
+use crate::leases::Mode;
+use crate::pool::{unexpected, Pool};
+use crate::{Client, Error, Result};
+
+/// Per-open-file state.
+pub(crate) struct OpenFile {
+    pub id: FileId,
+    pub h: Handle,
+    pub write: bool,
+    pub wrote: AtomicBool,
+    ra: tokio::sync::Mutex<ReadAhead>,
+}
+
+#[derive(Default)]
+struct ReadAhead {
+    /// (lease generation, local write count) the prefetched blocks belong to.
+    tag: (u64, u64),
+    /// Where the next sequential read would start.
+    next: u64,
+    /// Current window in bytes (0: not sequential).
+    window: u64,
+    /// Consecutive non-sequential reads.
+    misses: u32,
+    /// Whole blocks being fetched or fetched, by index.
+    blocks: BTreeMap<u64, Fetch>,
+}
+
+impl ReadAhead {
+    fn clear(&mut self) {
+        self.blocks.clear();
+    }
+}
+
+/// Fetches `len` bytes at `off` of block `index`, zero-filling past what the
+/// server holds (holes and the block's unwritten tail read as zeros).
+async fn fetch(
+    pool: Arc<Pool>,
+    server: u32,
+    id: FileId,
+    index: u64,
+    off: u32,
+    len: u32,
+) -> Result<Bytes> {
+    let (reply, data) = pool
+        .call(
+            server,
+            Request::Read {
+                id,
+                index,
+                offset: off,
+                len,
+            },
+            Bytes::new(),
+        )
+        .await?;
+    if !matches!(reply, Reply::Data) {
+        return Err(unexpected(&reply));
+    }
+    if data.len() == len as usize {
+        return Ok(data);
+    }
+    if data.len() > len as usize {
+        return Err(Error::new(
+            ErrorCode::Protocol,
+            "server returned more than asked",
+        ));
+    }
+    let mut b = BytesMut::with_capacity(len as usize);
+    b.extend_from_slice(&data);
+    b.resize(len as usize, 0);
+    Ok(b.freeze())
+}
+
+impl Client {
+    fn open_file(&self, fh: u64) -> Result<Arc<OpenFile>> {
+        self.files
+            .lock()
+            .get(&fh)
+            .cloned()
+            .ok_or_else(|| Error::new(ErrorCode::Invalid, format!("bad open-file number {fh}")))
+    }
+
+    pub(crate) async fn do_open(&self, id: FileId, write: bool, truncate: bool) -> Result<u64> {
+        let h = self.leases.handle(id)?;
+        {
+            let g = self
+                .leases
+                .get(h, if write { Mode::Write } else { Mode::Read })
+                .await?;
+            let kind = g.inode().attr.kind;
+            if kind == FileKind::Dir && write {
+                return Err(Error::new(ErrorCode::IsDir, "open a directory for writing"));
+            }
+        }
+        if truncate && write {
+            self.do_setattr(
+                id,
+                morris_proto::SetAttr {
+                    size: Some(0),
+                    ..Default::default()
+                },
+                &crate::Caller::root(),
+            )
+            .await?;
+        }
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.files.lock().insert(
+            fh,
+            Arc::new(OpenFile {
+                id,
+                h,
+                write,
+                wrote: AtomicBool::new(false),
+                ra: tokio::sync::Mutex::new(ReadAhead::default()),
+            }),
+        );
+        *self.opens.lock().entry(id).or_default() += 1;
+        Ok(fh)
+    }
+
+    pub(crate) async fn do_read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes> {
+        let f = self.open_file(fh)?;
+        let g = self.leases.get(f.h, Mode::Read).await?;
+        let (file_size, local_writes) = {
+            let st = g.entry.state.lock();
+            (st.inode.attr.size, st.local_writes)
+        };
+        if size == 0 || offset >= file_size {
+            return Ok(Bytes::new());
+        }
+        let end = file_size.min(offset.saturating_add(u64::from(size)));
+        let unit = u64::from(self.layout.unit);
+        let first = self.layout.block_of(offset).0;
+        let last = self.layout.block_of(end - 1).0;
+        let last_in_file = self.layout.block_of(file_size - 1).0;
+        let block_len = |i: u64| -> u32 {
+            let start = self.layout.block_start(i);
+            (file_size - start).min(unit) as u32
+        };
+        // Decide what to fetch under the readahead lock; wait outside it.
+        let mut parts: Vec<(u64, u64, Fetch)> = Vec::new();
+        {
+            let mut ra = f.ra.lock().await;
+            let tag = (g.entry.generation, local_writes);
+            if ra.tag != tag {
+                ra.clear();
+                ra.tag = tag;
+            }
+            let near = offset <= ra.next.saturating_add(2 * unit)
+                && offset.saturating_add(2 * unit) >= ra.next;
+            let sequential = offset == 0 || (ra.next > 0 && near);
+            if sequential {
+                ra.misses = 0;
+                ra.window = (ra.window * 2).clamp(2 * unit, self.config.readahead_max.max(unit));
+                ra.next = ra.next.max(end);
+            } else {
+                ra.misses += 1;
+                if ra.misses >= 2 {
+                    ra.window = 0;
+                    ra.clear();
+                }
+                ra.next = end;
+            }
+            // Drop blocks behind the reader.
+            ra.blocks = ra.blocks.split_off(&first);
+            for i in first..=last {
+                let bstart = self.layout.block_start(i);
+                let from = offset.max(bstart) - bstart;
+                let to = end.min(bstart + unit) - bstart;
+                let whole = u64::from(block_len(i));
+                if let Some(h) = ra.blocks.get(&i).cloned() {
+                    if to >= whole {
+                        ra.blocks.remove(&i);
+                    }
+                    parts.push((from, to, h));
+                } else if ra.window > 0 {
+                    // Sequential: fetch the whole block (the next read wants the rest).
+                    let h = self.spawn_fetch(f.id, i, 0, block_len(i));
+                    if to < whole {
+                        ra.blocks.insert(i, h.clone());
+                    }
+                    parts.push((from, to, h));
+                } else {
+                    // Random: fetch just what was asked.
+                    let h = self.spawn_fetch(f.id, i, from as u32, (to - from) as u32);
+                    parts.push((0, to - from, h));
+                }
+            }
+            if ra.window > 0 {
+                let ahead = (ra.window / unit).max(1);
+                let stop = last.saturating_add(ahead).min(last_in_file);
+                for i in (last + 1)..=stop {
+                    if let std::collections::btree_map::Entry::Vacant(v) = ra.blocks.entry(i) {
+                        v.insert(self.spawn_fetch(f.id, i, 0, block_len(i)));
+                    }
+                }
+            }
+        }
+        drop(g);
+        if parts.len() == 1 {
+            let (from, to, h) = parts
+                .pop()
+                .ok_or_else(|| Error::new(ErrorCode::Io, "no part"))?;
+            let data = h.await?;
+            return slice(&data, from, to);
+        }
+        let mut out = BytesMut::with_capacity((end - offset) as usize);
+        for (from, to, h) in parts {
+            let data = h.await?;
+            out.extend_from_slice(&slice(&data, from, to)?);
+        }
+        Ok(out.freeze())
+    }
+
+    fn spawn_fetch(&self, id: FileId, index: u64, off: u32, len: u32) -> Fetch {
+        let server = self.layout.block_server(id, index);
+        let task = tokio::spawn(fetch(self.pool.clone(), server, id, index, off, len));
+        async move {
+            match task.await {
+                Ok(r) => r,
+                Err(e) => Err(Error::new(ErrorCode::Io, format!("read task failed: {e}"))),
+            }
+        }
+        .boxed()
+        .shared()
+    }
+
+    pub(crate) async fn do_write(&self, fh: u64, offset: u64, data: Bytes) -> Result<u32> {
+        let f = self.open_file(fh)?;
+        if !f.write {
+            return Err(Error::new(ErrorCode::Invalid, "file not open for writing"));
+        }
+        let len = data.len() as u64;
+        let end = offset
+            .checked_add(len)
+            .filter(|e| *e <= MAX_FILE_SIZE)
+            .ok_or_else(|| Error::new(ErrorCode::FileTooBig, "write past the largest file size"))?;
+        if len == 0 {
+            return Ok(0);
+        }
+        let g = self.leases.get(f.h, Mode::Write).await?;
+        let unit = u64::from(self.layout.unit);
+        let mut calls = Vec::new();
+        let mut pos = offset;
+        while pos < end {
+            let (index, within) = self.layout.block_of(pos);
+            let n = (unit - u64::from(within)).min(end - pos);
+            let piece = data.slice((pos - offset) as usize..(pos - offset + n) as usize);
+            let server = self.layout.block_server(f.id, index);
+            calls.push(self.pool.call(
+                server,
+                Request::Write {
+                    id: f.id,
+                    index,
+                    offset: within,
+                    sync: false,
+                },
+                piece,
+            ));
+            pos += n;
+        }
+        for r in futures::future::join_all(calls).await {
+            r?;
+        }
+        // Data is stored before the inode grows to cover it (ordering rule).
+        {
+            let mut st = g.entry.state.lock();
+            let now = Timestamp::now();
+            st.inode.attr.size = st.inode.attr.size.max(end);
+            st.inode.attr.mtime = now;
+            st.inode.attr.ctime = now;
+            st.dirty = true;
+            st.local_writes += 1;
+        }
+        f.wrote.store(true, Ordering::Relaxed);
+        Ok(len as u32)
+    }
+
+    /// Stores the size and times this client changed (close-to-open).
+    pub(crate) async fn do_flush(&self, fh: u64) -> Result<()> {
+        let f = self.open_file(fh)?;
+        if !f.wrote.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        if let Some(g) = self.leases.try_use(f.id).await {
+            self.leases.write_back(&g.entry).await?;
+        }
+        // Without a usable lease, the recall that took it already wrote back.
+        Ok(())
+    }
+
+    pub(crate) async fn do_fsync(&self, fh: u64, datasync: bool) -> Result<()> {
+        let f = self.open_file(fh)?;
+        self.do_flush(fh).await?;
+        if f.wrote.load(Ordering::Relaxed) || f.write {
+            let calls =
+                (0..self.layout.servers).map(|s| self.call(s, Request::Sync { id: Some(f.id) }));
+            for r in futures::future::join_all(calls).await {
+                r?;
+            }
+        } else if !datasync {
+            self.call_owner(f.id, Request::Sync { id: Some(f.id) })
+                .await?;
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn do_release(&self, fh: u64) -> Result<()> {
+        let flushed = self.do_flush(fh).await;
+        let f = self.files.lock().remove(&fh);
+        let Some(f) = f else {
+            return flushed;
+        };
+        let orphan = {
+            let mut opens = self.opens.lock();
+            let n = opens.entry(f.id).or_default();
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                opens.remove(&f.id);
+                self.orphans.lock().remove(&f.id)
+            } else {
+                false
+            }
+        };
+        if orphan {
+            // The last name went while it was open: delete it now.
+            let kind = FileKind::File;
+            if let Ok(g) = self.leases.get(f.h, Mode::Write).await {
+                drop(g);
+                self.delete_file(f.h, kind).await?;
+            }
+        }
+        flushed
+    }
+
+    /// If `id` is open here, remember to delete it at the last close.
+    pub(crate) fn mark_orphan_if_open(&self, id: FileId) -> bool {
+        let open = self.opens.lock().get(&id).is_some_and(|n| *n > 0);
+        if open {
+            self.orphans.lock().insert(id);
+        }
+        open
+    }
+}
+
+fn slice(data: &Bytes, from: u64, to: u64) -> Result<Bytes> {
+    let (from, to) = (from as usize, to as usize);
+    if from > to || to > data.len() {
+        return Err(Error::new(ErrorCode::Io, "short block"));
+    }
+    Ok(data.slice(from..to))
+}

@@ -1,0 +1,528 @@
+//! The client's lease cache: where a lease is taken, cached, recalled and given back.
+//!
+//! A [`LeaseGuard`] is a *use* of a cached lease: while any guard on an inode
+//! is alive, a recall of that inode waits. Recall handling (stop new uses, wait
+//! for current ones, write back the dirty inode, drop caches, tell the front
+//! end, send `Release`) runs in its own task.
+//!
+//! Deadlock rule: an operation that needs several leases takes them in
+//! ascending file id order and never waits for a lease while holding a guard
+//! on a higher id (see [`Leases::lock_many`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use morris_proto::layout::Layout;
+use morris_proto::messages::LeaseMode;
+use morris_proto::{DirEntry, ErrorCode, FileId, Handle, Inode, Reply, Request, SetAttr};
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::{OwnedRwLockReadGuard, RwLock as AsyncRwLock};
+use tracing::{debug, warn};
+
+use crate::pool::{unexpected, Pool};
+use crate::{Error, Invalidator, Result};
+
+/// Shared or exclusive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Mode {
+    Read,
+    Write,
+}
+
+/// What the client knows under a lease.
+pub(crate) struct EntryState {
+    /// The inode as last seen (and, under a write lease, as changed locally).
+    pub inode: Inode,
+    /// False when the server changed the inode behind our copy (e.g. a
+    /// directory's mtime after Link); the next getattr refetches.
+    pub attr_valid: bool,
+    /// Size and mtime changed locally and not yet stored at the owner.
+    pub dirty: bool,
+    /// Directory entry cache: name → entry, `None` for known-absent.
+    pub names: HashMap<Vec<u8>, Option<DirEntry>>,
+    /// Bumped by every local write, so read-ahead data fetched before it is dropped.
+    pub local_writes: u64,
+    recalled: bool,
+    released: bool,
+}
+
+/// One cached lease.
+pub(crate) struct LeaseEntry {
+    pub id: FileId,
+    pub owner: u32,
+    pub mode: Mode,
+    epoch: u64,
+    /// Changes with every grant; data cached under another generation is stale.
+    pub generation: u64,
+    uses: Arc<AsyncRwLock<()>>,
+    pub state: Mutex<EntryState>,
+    /// Becomes true once the lease has been given back (or dropped).
+    gone: tokio::sync::watch::Sender<bool>,
+}
+
+impl LeaseEntry {
+    /// Waits until a recall or discard of this entry has finished.
+    async fn wait_gone(&self) {
+        let mut rx = self.gone.subscribe();
+        let _ = rx.wait_for(|g| *g).await;
+    }
+}
+
+/// Finds the guard of `id` among guards returned by [`Leases::lock_many`].
+pub(crate) fn pick(guards: &[LeaseGuard], id: FileId) -> Result<&LeaseGuard> {
+    guards
+        .iter()
+        .find(|g| g.entry.id == id)
+        .ok_or_else(|| Error::new(ErrorCode::NoLease, format!("no lease taken on {id}")))
+}
+
+/// A use of a lease; keep it alive while relying on what the lease protects.
+pub(crate) struct LeaseGuard {
+    pub entry: Arc<LeaseEntry>,
+    _use: OwnedRwLockReadGuard<()>,
+}
+
+impl LeaseGuard {
+    /// A copy of the cached inode.
+    pub fn inode(&self) -> Inode {
+        self.entry.state.lock().inode.clone()
+    }
+    /// The handle of the leased inode.
+    pub fn handle(&self) -> Handle {
+        self.entry.state.lock().inode.handle()
+    }
+}
+
+const ACQUIRE_SHARDS: usize = 256;
+
+/// The lease cache of one client.
+pub(crate) struct Leases {
+    pool: Arc<Pool>,
+    layout: Layout,
+    map: Mutex<HashMap<FileId, Arc<LeaseEntry>>>,
+    /// Generation numbers of every file handed out, to rebuild handles by id.
+    gens: Mutex<HashMap<FileId, u32>>,
+    /// Recalls received per inode; an acquire that sees this change while its
+    /// request was in flight treats the fresh grant as already recalled.
+    recall_seq: Mutex<HashMap<FileId, u64>>,
+    /// Acquires in flight, per inode.
+    inflight: Mutex<HashMap<FileId, usize>>,
+    acquiring: Vec<tokio::sync::Mutex<()>>,
+    next_generation: AtomicU64,
+    pub recalls: AtomicU64,
+    inv: RwLock<Option<Arc<dyn Invalidator>>>,
+    max_cached: usize,
+}
+
+impl Leases {
+    pub(crate) fn new(pool: Arc<Pool>, layout: Layout, max_cached: usize) -> Arc<Self> {
+        Arc::new(Leases {
+            pool,
+            layout,
+            map: Mutex::new(HashMap::new()),
+            gens: Mutex::new(HashMap::new()),
+            recall_seq: Mutex::new(HashMap::new()),
+            inflight: Mutex::new(HashMap::new()),
+            acquiring: (0..ACQUIRE_SHARDS)
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
+            next_generation: AtomicU64::new(1),
+            recalls: AtomicU64::new(0),
+            inv: RwLock::new(None),
+            max_cached: max_cached.max(16),
+        })
+    }
+
+    pub(crate) fn set_invalidator(&self, inv: Arc<dyn Invalidator>) {
+        *self.inv.write() = Some(inv);
+    }
+
+    pub(crate) fn invalidator(&self) -> Option<Arc<dyn Invalidator>> {
+        self.inv.read().clone()
+    }
+
+    pub(crate) fn held(&self) -> u64 {
+        self.map.lock().len() as u64
+    }
+
+    /// Remembers the generation of `id`.
+    pub(crate) fn learn(&self, h: Handle) {
+        self.gens.lock().insert(h.id, h.gen);
+    }
+
+    /// Forgets a deleted file.
+    pub(crate) fn forget(&self, id: FileId) {
+        self.gens.lock().remove(&id);
+        self.map.lock().remove(&id);
+    }
+
+    /// The handle of a file id handed out before.
+    pub(crate) fn handle(&self, id: FileId) -> Result<Handle> {
+        if id == morris_proto::ROOT_ID {
+            if let Some(g) = self.gens.lock().get(&id) {
+                return Ok(Handle { id, gen: *g });
+            }
+        }
+        match self.gens.lock().get(&id) {
+            Some(g) => Ok(Handle { id, gen: *g }),
+            None => Err(Error::new(
+                ErrorCode::Stale,
+                format!("file id {id} is unknown to this client"),
+            )),
+        }
+    }
+
+    fn usable(&self, e: &LeaseEntry, want: Mode) -> bool {
+        let st = e.state.lock();
+        !st.recalled && !st.released && e.mode >= want && self.pool.lease_valid(e.owner, e.epoch)
+    }
+
+    /// Returns a use of a lease of at least `want` on `h`, taking it from the
+    /// owning server if it is not cached (one round trip, which also returns
+    /// the inode).
+    pub(crate) async fn get(self: &Arc<Self>, h: Handle, want: Mode) -> Result<LeaseGuard> {
+        loop {
+            let cached = self.map.lock().get(&h.id).cloned();
+            if let Some(e) = cached {
+                if e.state.lock().inode.gen != h.gen {
+                    return Err(Error::new(
+                        ErrorCode::Stale,
+                        format!("file {} was replaced", h.id),
+                    ));
+                }
+                if self.usable(&e, want) {
+                    let g = e.uses.clone().read_owned().await;
+                    if self.usable(&e, want) {
+                        return Ok(LeaseGuard { entry: e, _use: g });
+                    }
+                    continue;
+                }
+                let recalled = e.state.lock().recalled;
+                if recalled {
+                    // A recall is giving it back; asking again before its
+                    // Release reaches the server would be undone by that Release.
+                    e.wait_gone().await;
+                    continue;
+                }
+                // Expired or too weak: drop what it protected before asking again.
+                if !self.pool.lease_valid(e.owner, e.epoch) {
+                    self.discard(&e);
+                }
+            }
+            return self.acquire(h, want).await;
+        }
+    }
+
+    async fn acquire(self: &Arc<Self>, h: Handle, want: Mode) -> Result<LeaseGuard> {
+        let _serial = self.acquiring[(h.id as usize) % ACQUIRE_SHARDS]
+            .lock()
+            .await;
+        // Someone else may have taken it while we waited.
+        let cached = self.map.lock().get(&h.id).cloned();
+        if let Some(e) = cached {
+            if self.usable(&e, want) {
+                let g = e.uses.clone().read_owned().await;
+                if self.usable(&e, want) {
+                    return Ok(LeaseGuard { entry: e, _use: g });
+                }
+            }
+            let recalled = e.state.lock().recalled;
+            if recalled {
+                e.wait_gone().await;
+            }
+        }
+        let owner = self.layout.inode_server(h.id);
+        let seq_before = self.recall_seq.lock().get(&h.id).copied().unwrap_or(0);
+        let req = match want {
+            Mode::Read => Request::AcquireRead { ino: h },
+            Mode::Write => Request::AcquireWrite { ino: h },
+        };
+        let epoch_before = self.pool.epoch(owner);
+        *self.inflight.lock().entry(h.id).or_insert(0) += 1;
+        let res = self.pool.call(owner, req, Bytes::new()).await;
+        {
+            let mut inflight = self.inflight.lock();
+            if let Some(n) = inflight.get_mut(&h.id) {
+                *n -= 1;
+                if *n == 0 {
+                    inflight.remove(&h.id);
+                }
+            }
+        }
+        let (reply, _) = res?;
+        let Reply::Inode(inode) = reply else {
+            return Err(unexpected(&reply));
+        };
+        let epoch = self.pool.epoch(owner);
+        if epoch_before != 0 && epoch != epoch_before {
+            debug!(ino = h.id, "owner restarted during acquire");
+        }
+        let recalled = self.recall_seq.lock().get(&h.id).copied().unwrap_or(0) != seq_before;
+        let (entry, old) = self.install(owner, epoch, want, inode, recalled);
+        if let Some(old) = old {
+            // Upgrading from read (or replacing an expired entry): whatever was
+            // cached under the old lease may be stale now.
+            self.drop_caches(&old);
+        }
+        let g = entry.uses.clone().read_owned().await;
+        if recalled {
+            // Granted and recalled at once: use it for this operation, then give it back.
+            let me = self.clone();
+            let e2 = entry.clone();
+            tokio::spawn(async move { me.process_recall(e2).await });
+        }
+        self.maybe_evict();
+        Ok(LeaseGuard { entry, _use: g })
+    }
+
+    /// Records a lease granted by a request other than Acquire* (e.g.
+    /// `CreateInode` grants the write lease on the new inode).
+    pub(crate) fn install_granted(&self, mode: Mode, inode: Inode) {
+        let owner = self.layout.inode_server(inode.id);
+        let epoch = self.pool.epoch(owner);
+        let _ = self.install(owner, epoch, mode, inode, false);
+    }
+
+    fn install(
+        &self,
+        owner: u32,
+        epoch: u64,
+        mode: Mode,
+        inode: Inode,
+        recalled: bool,
+    ) -> (Arc<LeaseEntry>, Option<Arc<LeaseEntry>>) {
+        self.learn(inode.handle());
+        let id = inode.id;
+        let entry = Arc::new(LeaseEntry {
+            id,
+            owner,
+            mode,
+            epoch,
+            generation: self.next_generation.fetch_add(1, Ordering::Relaxed),
+            uses: Arc::new(AsyncRwLock::new(())),
+            state: Mutex::new(EntryState {
+                inode,
+                attr_valid: true,
+                dirty: false,
+                names: HashMap::new(),
+                local_writes: 0,
+                recalled,
+                released: false,
+            }),
+            gone: tokio::sync::watch::channel(false).0,
+        });
+        let old = self.map.lock().insert(id, entry.clone());
+        (entry, old)
+    }
+
+    /// Marks the cached copy of `id`'s attributes as out of date.
+    pub(crate) fn attr_changed(&self, id: FileId) {
+        if let Some(e) = self.map.lock().get(&id) {
+            e.state.lock().attr_valid = false;
+        }
+    }
+
+    /// Takes write leases on several inodes in ascending id order (no deadlock
+    /// between clients doing the same). Duplicates are taken once; find a
+    /// guard with [`pick`].
+    pub(crate) async fn lock_many(self: &Arc<Self>, handles: &[Handle]) -> Result<Vec<LeaseGuard>> {
+        let mut hs: Vec<Handle> = handles.to_vec();
+        hs.sort_by_key(|h| h.id);
+        hs.dedup_by_key(|h| h.id);
+        let mut out = Vec::with_capacity(hs.len());
+        for h in hs {
+            out.push(self.get(h, Mode::Write).await?);
+        }
+        Ok(out)
+    }
+
+    /// A guard for `id` that is not recalled and not expired, if cached; never
+    /// asks the server.
+    pub(crate) async fn try_use(&self, id: FileId) -> Option<LeaseGuard> {
+        let e = self.map.lock().get(&id).cloned()?;
+        if !self.usable(&e, Mode::Read) {
+            return None;
+        }
+        let g = e.uses.clone().read_owned().await;
+        if !self.usable(&e, Mode::Read) {
+            return None;
+        }
+        Some(LeaseGuard { entry: e, _use: g })
+    }
+
+    /// Handles a recall pushed by server `from`.
+    pub(crate) fn on_recall(self: &Arc<Self>, from: u32, ino: FileId, want: LeaseMode) {
+        self.recalls.fetch_add(1, Ordering::Relaxed);
+        *self.recall_seq.lock().entry(ino).or_insert(0) += 1;
+        let entry = self.map.lock().get(&ino).cloned();
+        debug!(ino, server = from, ?want, "recall");
+        let Some(entry) = entry else {
+            // Not cached. If no acquire of it is in flight, the server still
+            // counts a lease we gave up locally (e.g. it expired on our side
+            // first): give it back now rather than make the other client wait.
+            if !self.inflight.lock().contains_key(&ino) {
+                let pool = self.pool.clone();
+                tokio::spawn(async move {
+                    let _ = pool
+                        .call(from, Request::Release { ino }, Bytes::new())
+                        .await;
+                });
+            }
+            return;
+        };
+        if entry.owner != from {
+            return;
+        }
+        entry.state.lock().recalled = true;
+        let me = self.clone();
+        tokio::spawn(async move { me.process_recall(entry).await });
+    }
+
+    async fn process_recall(self: Arc<Self>, entry: Arc<LeaseEntry>) {
+        let uses = entry.uses.clone();
+        let _all = uses.write().await;
+        if entry.state.lock().released {
+            entry.gone.send_replace(true);
+            return;
+        }
+        if let Err(e) = self.write_back(&entry).await {
+            warn!(ino = entry.id, error = %e, "could not write back inode on recall");
+        }
+        self.discard(&entry);
+        if let Err(e) = self
+            .pool
+            .call(
+                entry.owner,
+                Request::Release { ino: entry.id },
+                Bytes::new(),
+            )
+            .await
+        {
+            debug!(ino = entry.id, error = %e, "release failed; the lease will expire");
+        }
+        entry.gone.send_replace(true);
+    }
+
+    /// Stores a dirty inode's size and times at its owner.
+    pub(crate) async fn write_back(&self, entry: &LeaseEntry) -> Result<()> {
+        let (h, set) = {
+            let st = entry.state.lock();
+            if !st.dirty || entry.mode != Mode::Write {
+                return Ok(());
+            }
+            (
+                st.inode.handle(),
+                SetAttr {
+                    size: Some(st.inode.attr.size),
+                    mtime: Some(st.inode.attr.mtime),
+                    ctime: Some(st.inode.attr.ctime),
+                    ..SetAttr::default()
+                },
+            )
+        };
+        let (reply, _) = self
+            .pool
+            .call(entry.owner, Request::SetAttr { ino: h, set }, Bytes::new())
+            .await?;
+        let Reply::Inode(inode) = reply else {
+            return Err(unexpected(&reply));
+        };
+        let mut st = entry.state.lock();
+        st.inode = inode;
+        st.dirty = false;
+        st.attr_valid = true;
+        Ok(())
+    }
+
+    /// Removes an entry and tells the front end to drop what it cached under it.
+    fn discard(&self, entry: &Arc<LeaseEntry>) {
+        {
+            let mut map = self.map.lock();
+            if map.get(&entry.id).is_some_and(|e| Arc::ptr_eq(e, entry)) {
+                map.remove(&entry.id);
+            }
+        }
+        let recalled = {
+            let mut st = entry.state.lock();
+            st.released = true;
+            st.recalled
+        };
+        if !recalled {
+            entry.gone.send_replace(true);
+        }
+        self.drop_caches(entry);
+    }
+
+    fn drop_caches(&self, entry: &LeaseEntry) {
+        let names: Vec<Vec<u8>> = {
+            let mut st = entry.state.lock();
+            st.names.drain().map(|(k, _)| k).collect()
+        };
+        if let Some(inv) = self.invalidator() {
+            inv.inode(entry.id);
+            for n in names {
+                inv.entry(entry.id, &n);
+            }
+        }
+    }
+
+    /// Drops every lease granted by server `i` (it restarted).
+    pub(crate) fn drop_server(&self, i: u32) {
+        let victims: Vec<Arc<LeaseEntry>> = self
+            .map
+            .lock()
+            .values()
+            .filter(|e| e.owner == i)
+            .cloned()
+            .collect();
+        for e in victims {
+            self.discard(&e);
+        }
+    }
+
+    /// Gives back the least recently granted unused leases above the cap.
+    fn maybe_evict(self: &Arc<Self>) {
+        let excess = {
+            let map = self.map.lock();
+            if map.len() <= self.max_cached {
+                return;
+            }
+            let mut v: Vec<Arc<LeaseEntry>> = map
+                .values()
+                .filter(|e| !e.state.lock().dirty)
+                .cloned()
+                .collect();
+            v.sort_by_key(|e| e.generation);
+            v.truncate(map.len() - self.max_cached + self.max_cached / 8);
+            v
+        };
+        for e in excess {
+            let me = self.clone();
+            e.state.lock().recalled = true;
+            tokio::spawn(async move { me.process_recall(e).await });
+        }
+    }
+
+    /// Writes back every dirty inode and releases every lease.
+    pub(crate) async fn release_all(self: &Arc<Self>) {
+        let all: Vec<Arc<LeaseEntry>> = self.map.lock().values().cloned().collect();
+        let tasks = all.into_iter().map(|e| {
+            let me = self.clone();
+            e.state.lock().recalled = true;
+            async move { me.process_recall(e).await }
+        });
+        futures::future::join_all(tasks).await;
+    }
+
+    /// Every dirty entry (for syncfs-like flushes).
+    pub(crate) fn dirty_entries(&self) -> Vec<Arc<LeaseEntry>> {
+        self.map
+            .lock()
+            .values()
+            .filter(|e| e.state.lock().dirty)
+            .cloned()
+            .collect()
+    }
+}

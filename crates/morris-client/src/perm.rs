@@ -1,0 +1,178 @@
+//! Permission checks for callers the library must check itself (the NFS
+//! gateway). FUSE mounts leave them to the kernel (`default_permissions`).
+
+use morris_proto::{ErrorCode, Inode, SetAttr};
+
+use crate::{Caller, Error, Result};
+
+/// Read permission bit.
+pub const R_OK: u32 = 4;
+/// Write permission bit.
+pub const W_OK: u32 = 2;
+/// Execute / search permission bit.
+pub const X_OK: u32 = 1;
+
+fn in_group(c: &Caller, gid: u32) -> bool {
+    c.gid == gid || c.groups.contains(&gid)
+}
+
+/// Checks `mask` (`R_OK|W_OK|X_OK`) for `c` on `inode` by its mode bits.
+pub fn check_access(inode: &Inode, c: &Caller, mask: u32) -> Result<()> {
+    if !c.check || mask == 0 {
+        return Ok(());
+    }
+    let mode = inode.attr.mode;
+    if c.uid == 0 {
+        // Root may do anything except execute a file nobody may execute.
+        let any_x = mode & 0o111 != 0 || inode.attr.kind == morris_proto::FileKind::Dir;
+        if mask & X_OK != 0 && !any_x {
+            return Err(Error::new(ErrorCode::Access, "no execute bit set"));
+        }
+        return Ok(());
+    }
+    let bits = if c.uid == inode.attr.uid {
+        (mode >> 6) & 7
+    } else if in_group(c, inode.attr.gid) {
+        (mode >> 3) & 7
+    } else {
+        mode & 7
+    };
+    if bits & mask == mask {
+        Ok(())
+    } else {
+        Err(Error::new(
+            ErrorCode::Access,
+            format!("mode {:o} denies {mask:o} to uid {}", mode & 0o7777, c.uid),
+        ))
+    }
+}
+
+/// Checks that `c` may remove or rename `child` out of `dir` (write+search on
+/// the directory; with the sticky bit, only the owner of the file or directory).
+pub fn check_delete(dir: &Inode, child: &Inode, c: &Caller) -> Result<()> {
+    check_access(dir, c, W_OK | X_OK)?;
+    if c.check
+        && c.uid != 0
+        && dir.attr.mode & 0o1000 != 0
+        && c.uid != child.attr.uid
+        && c.uid != dir.attr.uid
+    {
+        return Err(Error::new(ErrorCode::Perm, "sticky directory"));
+    }
+    Ok(())
+}
+
+/// Checks an attribute change by `c` (POSIX chmod/chown/utimes/truncate rules)
+/// and returns the change with setgid cleared where POSIX requires.
+pub fn check_setattr(inode: &Inode, set: &SetAttr, c: &Caller) -> Result<SetAttr> {
+    let mut out = set.clone();
+    if !c.check || c.uid == 0 {
+        return Ok(out);
+    }
+    let owner = c.uid == inode.attr.uid;
+    if let Some(mode) = set.mode {
+        if !owner {
+            return Err(Error::new(ErrorCode::Perm, "only the owner may chmod"));
+        }
+        if mode & 0o2000 != 0 && !in_group(c, set.gid.unwrap_or(inode.attr.gid)) {
+            out.mode = Some(mode & !0o2000);
+        }
+    }
+    if let Some(uid) = set.uid {
+        if uid != inode.attr.uid {
+            return Err(Error::new(ErrorCode::Perm, "only root may chown"));
+        }
+    }
+    if let Some(gid) = set.gid {
+        if (!owner || !in_group(c, gid)) && gid != inode.attr.gid {
+            {
+                return Err(Error::new(
+                    ErrorCode::Perm,
+                    "chgrp to a group you are not in",
+                ));
+            }
+        }
+    }
+    if set.size.is_some() {
+        check_access(inode, c, W_OK)?;
+    }
+    if set.atime.is_some() || set.mtime.is_some() {
+        // Setting explicit times needs ownership; "now" needs write access, but
+        // the wire cannot tell them apart, so accept either.
+        if !owner {
+            check_access(inode, c, W_OK)
+                .map_err(|_| Error::new(ErrorCode::Perm, "not the owner"))?;
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use morris_proto::{Attr, FileKind, Timestamp};
+
+    fn inode(mode: u32, uid: u32, gid: u32) -> Inode {
+        Inode {
+            id: 9,
+            gen: 1,
+            parent: 0,
+            attr: Attr {
+                kind: FileKind::File,
+                mode,
+                uid,
+                gid,
+                nlink: 1,
+                size: 0,
+                atime: Timestamp::default(),
+                mtime: Timestamp::default(),
+                ctime: Timestamp::default(),
+                rdev: 0,
+            },
+            target: None,
+        }
+    }
+
+    fn user(uid: u32, gid: u32) -> Caller {
+        Caller {
+            uid,
+            gid,
+            groups: vec![50],
+            check: true,
+        }
+    }
+
+    #[test]
+    fn owner_group_other() {
+        let i = inode(0o640, 10, 50);
+        assert!(check_access(&i, &user(10, 1), R_OK | W_OK).is_ok());
+        assert!(check_access(&i, &user(11, 1), R_OK).is_ok()); // via supplementary group 50
+        assert!(check_access(&i, &user(11, 1), W_OK).is_err());
+        let mut other = user(12, 2);
+        other.groups.clear();
+        assert!(check_access(&i, &other, R_OK).is_err());
+        assert!(check_access(&i, &Caller::root(), R_OK | W_OK).is_ok());
+    }
+
+    #[test]
+    fn chmod_chown_rules() {
+        let i = inode(0o644, 10, 50);
+        let chmod = SetAttr {
+            mode: Some(0o600),
+            ..SetAttr::default()
+        };
+        assert!(check_setattr(&i, &chmod, &user(10, 1)).is_ok());
+        assert_eq!(
+            check_setattr(&i, &chmod, &user(11, 1)).unwrap_err().code,
+            ErrorCode::Perm
+        );
+        let chown = SetAttr {
+            uid: Some(11),
+            ..SetAttr::default()
+        };
+        assert!(check_setattr(&i, &chown, &user(10, 1)).is_err());
+        let mut root = Caller::root();
+        root.check = true;
+        assert!(check_setattr(&i, &chown, &root).is_ok());
+    }
+}

@@ -1,0 +1,334 @@
+//! One connection per stripe server: connect, hello, reconnect, retry, renew.
+//!
+//! Every successful answer from server `i` records the instant its request was
+//! *sent*; the client's leases on `i` are valid until that instant plus the
+//! lease duration (less a margin). The server counts from when it *received*
+//! the request, which is later, so the client always gives a lease up first.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use morris_proto::net::{RpcClient, RpcError};
+use morris_proto::{ErrorCode, Push, Reply, Request, VolumeDescriptor, PROTOCOL_VERSION};
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+use uuid::Uuid;
+
+use crate::{Error, Result};
+
+impl From<RpcError> for Error {
+    fn from(e: RpcError) -> Self {
+        Error::new(e.code(), e.to_string())
+    }
+}
+
+struct Slot {
+    addr: String,
+    current: RwLock<Option<Arc<RpcClient>>>,
+    connecting: tokio::sync::Mutex<()>,
+    epoch: AtomicU64,
+    last_ok: AtomicU64,
+}
+
+/// Called with a server index whose lease table was lost (new epoch).
+pub(crate) type EpochHook = Box<dyn Fn(u32) + Send + Sync>;
+
+/// The connections of one client to every server of the volume.
+pub(crate) struct Pool {
+    uuid: Uuid,
+    client_id: u64,
+    name: String,
+    slots: Vec<Slot>,
+    lease: Duration,
+    start: Instant,
+    push_tx: mpsc::UnboundedSender<(u32, Push)>,
+    counters: Mutex<HashMap<&'static str, u64>>,
+    epoch_hook: OnceLock<EpochHook>,
+    retry_window: Duration,
+}
+
+/// Asks a server for its descriptor without joining the volume (admin hello).
+pub(crate) async fn probe(addr: &str) -> Result<(VolumeDescriptor, u32)> {
+    let c = RpcClient::connect(addr, None).await?;
+    let (reply, _) = c
+        .call(
+            &Request::Hello {
+                volume: None,
+                client_id: rand::random(),
+                client_name: "probe".into(),
+                version: PROTOCOL_VERSION,
+            },
+            Bytes::new(),
+        )
+        .await?;
+    match reply {
+        Reply::Hello {
+            descriptor: Some(d),
+            lease_ms,
+            ..
+        } => Ok((d, lease_ms)),
+        Reply::Hello {
+            descriptor: None, ..
+        } => Err(Error::new(
+            ErrorCode::WrongVolume,
+            format!("server {addr} is not formatted (run `morris format`)"),
+        )),
+        other => Err(unexpected(&other)),
+    }
+}
+
+pub(crate) fn unexpected(r: &Reply) -> Error {
+    Error::new(ErrorCode::Protocol, format!("unexpected reply {r:?}"))
+}
+
+/// Requests that may be sent again after a lost connection without changing
+/// their effect.
+fn retryable(req: &Request) -> bool {
+    matches!(
+        req,
+        Request::Renew
+            | Request::Statfs
+            | Request::Status
+            | Request::AcquireRead { .. }
+            | Request::AcquireWrite { .. }
+            | Request::Release { .. }
+            | Request::GetInode { .. }
+            | Request::Lookup { .. }
+            | Request::ReadDir { .. }
+            | Request::Read { .. }
+            | Request::Write { .. }
+            | Request::Truncate { .. }
+            | Request::DeleteData { .. }
+            | Request::Sync { .. }
+            | Request::SetAttr { .. }
+    )
+}
+
+impl Pool {
+    pub(crate) fn new(
+        desc: &VolumeDescriptor,
+        lease_ms: u32,
+        name: String,
+        push_tx: mpsc::UnboundedSender<(u32, Push)>,
+    ) -> Self {
+        let lease = Duration::from_millis(u64::from(lease_ms.max(100)));
+        Pool {
+            uuid: desc.uuid,
+            client_id: rand::random(),
+            name,
+            slots: desc
+                .servers
+                .iter()
+                .map(|a| Slot {
+                    addr: a.clone(),
+                    current: RwLock::new(None),
+                    connecting: tokio::sync::Mutex::new(()),
+                    epoch: AtomicU64::new(0),
+                    last_ok: AtomicU64::new(0),
+                })
+                .collect(),
+            lease,
+            start: Instant::now(),
+            push_tx,
+            counters: Mutex::new(HashMap::new()),
+            epoch_hook: OnceLock::new(),
+            retry_window: (lease * 2).max(Duration::from_secs(5)),
+        }
+    }
+
+    pub(crate) fn set_epoch_hook(&self, hook: EpochHook) {
+        let _ = self.epoch_hook.set(hook);
+    }
+
+    pub(crate) fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    /// The current epoch of server `i` (0 before the first connection).
+    pub(crate) fn epoch(&self, i: u32) -> u64 {
+        self.slots
+            .get(i as usize)
+            .map(|s| s.epoch.load(Ordering::SeqCst))
+            .unwrap_or(0)
+    }
+
+    /// True while leases granted by server `i` in `epoch` may still be used.
+    pub(crate) fn lease_valid(&self, i: u32, epoch: u64) -> bool {
+        let Some(s) = self.slots.get(i as usize) else {
+            return false;
+        };
+        if s.epoch.load(Ordering::SeqCst) != epoch {
+            return false;
+        }
+        let last = s.last_ok.load(Ordering::SeqCst);
+        let margin = self.lease / 8;
+        let limit = (self.lease - margin).as_nanos() as u64;
+        self.now_ns().saturating_sub(last) < limit
+    }
+
+    async fn conn(&self, i: u32) -> Result<Arc<RpcClient>> {
+        let slot = self
+            .slots
+            .get(i as usize)
+            .ok_or_else(|| Error::new(ErrorCode::Invalid, format!("no server {i}")))?;
+        if let Some(c) = slot.current.read().as_ref() {
+            if !c.is_closed() {
+                return Ok(c.clone());
+            }
+        }
+        let _g = slot.connecting.lock().await;
+        if let Some(c) = slot.current.read().as_ref() {
+            if !c.is_closed() {
+                return Ok(c.clone());
+            }
+        }
+        let (ptx, mut prx) = mpsc::unbounded_channel::<Push>();
+        let c = Arc::new(RpcClient::connect(&slot.addr, Some(ptx)).await?);
+        let main = self.push_tx.clone();
+        tokio::spawn(async move {
+            while let Some(p) = prx.recv().await {
+                if main.send((i, p)).is_err() {
+                    break;
+                }
+            }
+        });
+        let sent = self.now_ns();
+        let (reply, _) = c
+            .call(
+                &Request::Hello {
+                    volume: Some(self.uuid),
+                    client_id: self.client_id,
+                    client_name: self.name.clone(),
+                    version: PROTOCOL_VERSION,
+                },
+                Bytes::new(),
+            )
+            .await?;
+        let Reply::Hello { epoch, index, .. } = reply else {
+            return Err(unexpected(&reply));
+        };
+        if index != Some(i) {
+            return Err(Error::new(
+                ErrorCode::WrongVolume,
+                format!(
+                    "server {} answers as index {index:?}, expected {i}",
+                    slot.addr
+                ),
+            ));
+        }
+        let old = slot.epoch.swap(epoch, Ordering::SeqCst);
+        if old != 0 && old != epoch {
+            info!(server = i, addr = %slot.addr, "server restarted; dropping its leases");
+            if let Some(h) = self.epoch_hook.get() {
+                h(i);
+            }
+        }
+        slot.last_ok.fetch_max(sent, Ordering::SeqCst);
+        debug!(server = i, addr = %slot.addr, "connected");
+        *slot.current.write() = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Sends `req` to server `i`; retries idempotent requests across reconnects
+    /// and every request through a restarted server's grace period.
+    pub(crate) async fn call(
+        &self,
+        i: u32,
+        req: Request,
+        payload: Bytes,
+    ) -> Result<(Reply, Bytes)> {
+        *self.counters.lock().entry(req.name()).or_insert(0) += 1;
+        let deadline = Instant::now() + self.retry_window;
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            let conn = match self.conn(i).await {
+                Ok(c) => c,
+                Err(e) => {
+                    if retryable(&req) && Instant::now() < deadline {
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_millis(500));
+                        continue;
+                    }
+                    return Err(e);
+                }
+            };
+            let sent = self.now_ns();
+            match conn.call(&req, payload.clone()).await {
+                Ok(r) => {
+                    self.touch(i, sent);
+                    return Ok(r);
+                }
+                Err(RpcError::Remote(w)) if w.code == ErrorCode::Grace => {
+                    self.touch(i, sent);
+                    if Instant::now() >= deadline {
+                        return Err(Error::new(w.code, w.message));
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                }
+                Err(RpcError::Remote(w)) => {
+                    self.touch(i, sent);
+                    return Err(Error::new(w.code, w.message));
+                }
+                Err(e @ RpcError::Disconnected(_)) => {
+                    warn!(server = i, op = req.name(), "connection lost");
+                    if retryable(&req) && Instant::now() < deadline {
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_millis(500));
+                        continue;
+                    }
+                    return Err(e.into());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn touch(&self, i: u32, sent: u64) {
+        if let Some(s) = self.slots.get(i as usize) {
+            s.last_ok.fetch_max(sent, Ordering::SeqCst);
+        }
+    }
+
+    /// Sends `Renew` to every connected server that has been quiet for a
+    /// quarter of the lease. Run periodically.
+    pub(crate) async fn renew_quiet(&self) {
+        let quarter = (self.lease / 4).as_nanos() as u64;
+        let mut calls = Vec::new();
+        for (i, s) in self.slots.iter().enumerate() {
+            let alive = s.current.read().as_ref().is_some_and(|c| !c.is_closed());
+            if alive
+                && self
+                    .now_ns()
+                    .saturating_sub(s.last_ok.load(Ordering::SeqCst))
+                    > quarter
+            {
+                calls.push(async move {
+                    if let Err(e) = self.call(i as u32, Request::Renew, Bytes::new()).await {
+                        debug!(server = i, error = %e, "renew failed");
+                    }
+                });
+            }
+        }
+        futures::future::join_all(calls).await;
+    }
+
+    pub(crate) fn counters(&self) -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> = self
+            .counters
+            .lock()
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), *v))
+            .collect();
+        v.sort();
+        v
+    }
+}
