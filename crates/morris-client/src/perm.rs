@@ -85,12 +85,10 @@ pub fn check_setattr(inode: &Inode, set: &SetAttr, c: &Caller) -> Result<SetAttr
     }
     if let Some(gid) = set.gid {
         if (!owner || !in_group(c, gid)) && gid != inode.attr.gid {
-            {
-                return Err(Error::new(
-                    ErrorCode::Perm,
-                    "chgrp to a group you are not in",
-                ));
-            }
+            return Err(Error::new(
+                ErrorCode::Perm,
+                "chgrp to a group you are not in",
+            ));
         }
     }
     if set.size.is_some() {

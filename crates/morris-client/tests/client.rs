@@ -1,0 +1,324 @@
+//! The client library against real stripe servers on loopback (no FUSE).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use morris_client::{Caller, Client, ClientConfig, ErrorCode, FileKind, RenameFlags, ROOT_ID};
+use morris_proto::net::RpcClient;
+use morris_proto::{Reply, Request, Timestamp, VolumeDescriptor, PROTOCOL_VERSION};
+use morris_server::{ServerConfig, ServerHandle};
+
+struct Cluster {
+    _dirs: Vec<tempfile::TempDir>,
+    _servers: Vec<ServerHandle>,
+    addrs: Vec<String>,
+}
+
+async fn cluster(k: usize, unit: u32) -> Cluster {
+    let mut dirs = Vec::new();
+    let mut servers = Vec::new();
+    let mut addrs = Vec::new();
+    for _ in 0..k {
+        let d = tempfile::tempdir().unwrap();
+        let s = morris_server::start(ServerConfig {
+            data_dir: d.path().to_path_buf(),
+            listen: "127.0.0.1:0".into(),
+            lease_ms: 1500,
+        })
+        .await
+        .unwrap();
+        addrs.push(s.local_addr().to_string());
+        servers.push(s);
+        dirs.push(d);
+    }
+    let desc = VolumeDescriptor {
+        uuid: uuid::Uuid::new_v4(),
+        servers: addrs.clone(),
+        stripe_unit: unit,
+        replicas: 1,
+        created: Timestamp::now(),
+    };
+    for (i, a) in addrs.iter().enumerate() {
+        let c = RpcClient::connect(a, None).await.unwrap();
+        c.call(
+            &Request::Hello {
+                volume: None,
+                client_id: 1,
+                client_name: "test-format".into(),
+                version: PROTOCOL_VERSION,
+            },
+            Bytes::new(),
+        )
+        .await
+        .unwrap();
+        let (r, _) = c
+            .call(
+                &Request::Format {
+                    descriptor: desc.clone(),
+                    index: i as u32,
+                },
+                Bytes::new(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r, Reply::Ok);
+    }
+    Cluster {
+        _dirs: dirs,
+        _servers: servers,
+        addrs,
+    }
+}
+
+async fn connect(c: &Cluster) -> Arc<Client> {
+    // A freshly started server is in its grace period; the client retries.
+    Client::connect(&c.addrs[0], ClientConfig::default())
+        .await
+        .unwrap()
+}
+
+fn me() -> Caller {
+    Caller::root()
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn files_are_striped_and_read_back() {
+    let c = cluster(4, 64 << 10).await;
+    let cl = connect(&c).await;
+    let f = cl
+        .create(ROOT_ID, b"big", FileKind::File, 0o644, 0, true, &me())
+        .await
+        .unwrap();
+    let fh = cl.open(f.id, true, false).await.unwrap();
+    let data = pattern(1_000_000, 7);
+    // Unaligned writes spanning several stripe units.
+    let mut off = 0;
+    for chunk in data.chunks(100_003) {
+        let n = cl
+            .write(fh, off, Bytes::copy_from_slice(chunk))
+            .await
+            .unwrap();
+        assert_eq!(n as usize, chunk.len());
+        off += n as u64;
+    }
+    cl.flush(fh).await.unwrap();
+    cl.release(fh).await.unwrap();
+    let fh = cl.open(f.id, false, false).await.unwrap();
+    let mut got = Vec::new();
+    loop {
+        let b = cl.read(fh, got.len() as u64, 131_072).await.unwrap();
+        if b.is_empty() {
+            break;
+        }
+        got.extend_from_slice(&b);
+    }
+    assert_eq!(got.len(), data.len());
+    assert!(got == data, "content differs");
+    // Random reads.
+    for &(o, l) in &[
+        (5u64, 10u32),
+        (65_530, 20),
+        (999_990, 100),
+        (400_000, 200_000),
+    ] {
+        let b = cl.read(fh, o, l).await.unwrap();
+        let end = (o as usize + l as usize).min(data.len());
+        assert_eq!(&b[..], &data[o as usize..end]);
+    }
+    cl.release(fh).await.unwrap();
+    // Every server holds part of it.
+    for a in &c.addrs {
+        let r = RpcClient::connect(a, None).await.unwrap();
+        let (reply, _) = r.call(&Request::Status, Bytes::new()).await.unwrap();
+        let Reply::Status(s) = reply else { panic!() };
+        assert!(s.data_files >= 1, "server {a} holds no data");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sparse_files_and_truncate() {
+    let c = cluster(3, 16 << 10).await;
+    let cl = connect(&c).await;
+    let f = cl
+        .create(ROOT_ID, b"sparse", FileKind::File, 0o600, 0, true, &me())
+        .await
+        .unwrap();
+    let fh = cl.open(f.id, true, false).await.unwrap();
+    cl.write(fh, 1 << 30, Bytes::from_static(b"end"))
+        .await
+        .unwrap();
+    cl.flush(fh).await.unwrap();
+    assert_eq!(cl.getattr(f.id).await.unwrap().attr.size, (1 << 30) + 3);
+    let hole = cl.read(fh, 12345, 4096).await.unwrap();
+    assert!(hole.iter().all(|&b| b == 0));
+    assert_eq!(&cl.read(fh, 1 << 30, 10).await.unwrap()[..], b"end");
+    // Shrink then grow: the old bytes must not come back.
+    cl.write(fh, 0, Bytes::from(vec![9u8; 50_000]))
+        .await
+        .unwrap();
+    let set = morris_client::SetAttr {
+        size: Some(10),
+        ..Default::default()
+    };
+    cl.setattr(f.id, set, &me()).await.unwrap();
+    let set = morris_client::SetAttr {
+        size: Some(50_000),
+        ..Default::default()
+    };
+    cl.setattr(f.id, set, &me()).await.unwrap();
+    let b = cl.read(fh, 0, 50_000).await.unwrap();
+    assert_eq!(b.len(), 50_000);
+    assert!(b[..10].iter().all(|&x| x == 9));
+    assert!(b[10..].iter().all(|&x| x == 0), "truncated data came back");
+    cl.release(fh).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn namespace_operations() {
+    let c = cluster(4, 1 << 20).await;
+    let cl = connect(&c).await;
+    let d = cl.mkdir(ROOT_ID, b"d", 0o755, &me()).await.unwrap();
+    let e = cl.mkdir(ROOT_ID, b"e", 0o755, &me()).await.unwrap();
+    assert_eq!(cl.getattr(ROOT_ID).await.unwrap().attr.nlink, 4);
+    let f = cl
+        .create(d.id, b"f", FileKind::File, 0o644, 0, true, &me())
+        .await
+        .unwrap();
+    assert_eq!(
+        cl.create(d.id, b"f", FileKind::File, 0o644, 0, true, &me())
+            .await
+            .unwrap_err()
+            .code,
+        ErrorCode::Exists
+    );
+    // Bad names.
+    for bad in [&b"a/b"[..], b"", b".", b"..", b"x\0y"] {
+        assert!(cl
+            .create(d.id, bad, FileKind::File, 0o644, 0, true, &me())
+            .await
+            .is_err());
+    }
+    let long = vec![b'a'; 256];
+    assert_eq!(
+        cl.mkdir(d.id, &long, 0o755, &me()).await.unwrap_err().code,
+        ErrorCode::NameTooLong
+    );
+    // Symlink and hard link.
+    let s = cl.symlink(d.id, b"s", b"../e", &me()).await.unwrap();
+    assert_eq!(cl.readlink(s.id).await.unwrap(), b"../e");
+    let l = cl.link(f.id, e.id, b"f2", &me()).await.unwrap();
+    assert_eq!(l.attr.nlink, 2);
+    // Rename across directories, over an existing file.
+    let g = cl
+        .create(e.id, b"g", FileKind::File, 0o644, 0, true, &me())
+        .await
+        .unwrap();
+    cl.rename(d.id, b"f", e.id, b"g", RenameFlags::default(), &me())
+        .await
+        .unwrap();
+    assert_eq!(cl.lookup(e.id, b"g").await.unwrap().id, f.id);
+    assert_eq!(
+        cl.lookup(d.id, b"f").await.unwrap_err().code,
+        ErrorCode::NotFound
+    );
+    assert!(
+        cl.getattr(g.id).await.is_err(),
+        "replaced file still exists"
+    );
+    // Directory moves: into itself is refused; elsewhere updates '..'.
+    let sub = cl.mkdir(d.id, b"sub", 0o755, &me()).await.unwrap();
+    assert_eq!(
+        cl.rename(ROOT_ID, b"d", sub.id, b"x", RenameFlags::default(), &me())
+            .await
+            .unwrap_err()
+            .code,
+        ErrorCode::Invalid
+    );
+    cl.rename(d.id, b"sub", e.id, b"sub", RenameFlags::default(), &me())
+        .await
+        .unwrap();
+    assert_eq!(cl.lookup(sub.id, b"..").await.unwrap().id, e.id);
+    // rmdir of a non-empty directory fails; unlink of a dir fails.
+    assert_eq!(
+        cl.rmdir(ROOT_ID, b"e", &me()).await.unwrap_err().code,
+        ErrorCode::NotEmpty
+    );
+    assert_eq!(
+        cl.unlink(e.id, b"sub", &me()).await.unwrap_err().code,
+        ErrorCode::IsDir
+    );
+    cl.rmdir(e.id, b"sub", &me()).await.unwrap();
+    cl.unlink(e.id, b"g", &me()).await.unwrap();
+    assert_eq!(cl.getattr(f.id).await.unwrap().attr.nlink, 1);
+    cl.unlink(e.id, b"f2", &me()).await.unwrap();
+    assert!(cl.getattr(f.id).await.is_err());
+    // readdir pages with cookies.
+    for i in 0..250 {
+        cl.create(
+            d.id,
+            format!("n{i}").as_bytes(),
+            FileKind::File,
+            0o644,
+            0,
+            true,
+            &me(),
+        )
+        .await
+        .unwrap();
+    }
+    let mut names = Vec::new();
+    let mut cookie = 0;
+    loop {
+        let (es, eof) = cl.readdir(d.id, cookie, 64).await.unwrap();
+        for e in &es {
+            names.push(String::from_utf8(e.name.clone()).unwrap());
+            cookie = e.cookie;
+        }
+        if eof || es.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(names.len(), 251); // 250 + the symlink
+    let st = cl.statfs().await.unwrap();
+    assert!(st.total > 0 && st.files >= 250);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_clients_stay_coherent() {
+    let c = cluster(2, 64 << 10).await;
+    let a = connect(&c).await;
+    let b = connect(&c).await;
+    let f = a
+        .create(ROOT_ID, b"shared", FileKind::File, 0o644, 0, true, &me())
+        .await
+        .unwrap();
+    // b looks it up and reads it (takes read leases, caches attrs).
+    let bf = b.lookup(ROOT_ID, b"shared").await.unwrap();
+    assert_eq!(bf.attr.size, 0);
+    // a writes and closes: b must see the new size and bytes.
+    let fh = a.open(f.id, true, false).await.unwrap();
+    a.write(fh, 0, Bytes::from_static(b"hello world"))
+        .await
+        .unwrap();
+    a.release(fh).await.unwrap();
+    assert_eq!(b.getattr(f.id).await.unwrap().attr.size, 11);
+    let bfh = b.open(f.id, false, false).await.unwrap();
+    assert_eq!(&b.read(bfh, 0, 100).await.unwrap()[..], b"hello world");
+    // a overwrites while b keeps its file open: b's next read sees it.
+    let fh = a.open(f.id, true, false).await.unwrap();
+    a.write(fh, 0, Bytes::from_static(b"HELLO")).await.unwrap();
+    a.release(fh).await.unwrap();
+    assert_eq!(&b.read(bfh, 0, 100).await.unwrap()[..], b"HELLO world");
+    b.release(bfh).await.unwrap();
+    // Namespace: b caches a negative lookup, a creates the name.
+    assert!(b.lookup(ROOT_ID, b"later").await.is_err());
+    a.mkdir(ROOT_ID, b"later", 0o755, &me()).await.unwrap();
+    assert!(b.lookup(ROOT_ID, b"later").await.is_ok());
+    assert!(b.stats().recalls > 0 || a.stats().recalls > 0);
+}

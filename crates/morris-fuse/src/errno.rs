@@ -1,0 +1,139 @@
+//! The one mapping from morris error classes to errno.
+
+use fuser::Errno;
+use morris_client::{Error, ErrorCode};
+
+/// The errno the kernel gets for a morris error class.
+///
+/// This is the only place the FUSE front end translates error classes.
+/// Transport and server-side failures (`Unavailable`, `Io`, `Protocol`,
+/// `WrongVolume`, `Grace`, `NoLease`) are all `EIO` to applications: the client
+/// library has already retried what can be retried.
+pub(crate) fn errno(code: ErrorCode) -> Errno {
+    match code {
+        ErrorCode::NotFound => Errno::ENOENT,
+        ErrorCode::Exists => Errno::EEXIST,
+        ErrorCode::NotDir => Errno::ENOTDIR,
+        ErrorCode::IsDir => Errno::EISDIR,
+        ErrorCode::NotEmpty => Errno::ENOTEMPTY,
+        ErrorCode::Access => Errno::EACCES,
+        ErrorCode::Perm => Errno::EPERM,
+        ErrorCode::Invalid => Errno::EINVAL,
+        ErrorCode::NameTooLong => Errno::ENAMETOOLONG,
+        ErrorCode::NoSpace => Errno::ENOSPC,
+        ErrorCode::Stale => Errno::ESTALE,
+        ErrorCode::FileTooBig => Errno::EFBIG,
+        ErrorCode::TooManyLinks => Errno::EMLINK,
+        ErrorCode::NotSupported => Errno::EOPNOTSUPP,
+        ErrorCode::Unavailable
+        | ErrorCode::Io
+        | ErrorCode::Protocol
+        | ErrorCode::WrongVolume
+        | ErrorCode::Grace
+        | ErrorCode::NoLease => Errno::EIO,
+    }
+}
+
+/// Whether an error class is an ordinary answer to an application's request
+/// (logged at debug level) rather than a failure of the volume (logged as a
+/// warning).
+fn routine(code: ErrorCode) -> bool {
+    matches!(
+        code,
+        ErrorCode::NotFound
+            | ErrorCode::Exists
+            | ErrorCode::NotDir
+            | ErrorCode::IsDir
+            | ErrorCode::NotEmpty
+            | ErrorCode::Access
+            | ErrorCode::Perm
+            | ErrorCode::Invalid
+            | ErrorCode::NameTooLong
+            | ErrorCode::FileTooBig
+            | ErrorCode::TooManyLinks
+            | ErrorCode::NotSupported
+    )
+}
+
+/// Logs a failed request and returns the errno to reply with.
+pub(crate) fn fail(op: &'static str, ino: u64, err: &Error) -> Errno {
+    let errno = errno(err.code);
+    if routine(err.code) {
+        tracing::debug!(op, ino, code = ?err.code, errno = errno.code(), message = %err.message, "request failed");
+    } else {
+        tracing::warn!(op, ino, code = ?err.code, errno = errno.code(), message = %err.message, "request failed");
+    }
+    errno
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: [ErrorCode; 20] = [
+        ErrorCode::NotFound,
+        ErrorCode::Exists,
+        ErrorCode::NotDir,
+        ErrorCode::IsDir,
+        ErrorCode::NotEmpty,
+        ErrorCode::Access,
+        ErrorCode::Perm,
+        ErrorCode::Invalid,
+        ErrorCode::NameTooLong,
+        ErrorCode::NoSpace,
+        ErrorCode::Stale,
+        ErrorCode::WrongVolume,
+        ErrorCode::Grace,
+        ErrorCode::NoLease,
+        ErrorCode::FileTooBig,
+        ErrorCode::TooManyLinks,
+        ErrorCode::NotSupported,
+        ErrorCode::Protocol,
+        ErrorCode::Io,
+        ErrorCode::Unavailable,
+    ];
+
+    #[test]
+    fn every_class_has_its_errno() {
+        let expected = [
+            libc::ENOENT,
+            libc::EEXIST,
+            libc::ENOTDIR,
+            libc::EISDIR,
+            libc::ENOTEMPTY,
+            libc::EACCES,
+            libc::EPERM,
+            libc::EINVAL,
+            libc::ENAMETOOLONG,
+            libc::ENOSPC,
+            libc::ESTALE,
+            libc::EIO,
+            libc::EIO,
+            libc::EIO,
+            libc::EFBIG,
+            libc::EMLINK,
+            libc::EOPNOTSUPP,
+            libc::EIO,
+            libc::EIO,
+            libc::EIO,
+        ];
+        for (code, want) in ALL.iter().zip(expected) {
+            assert_eq!(errno(*code).code(), want, "{code:?}");
+        }
+    }
+
+    #[test]
+    fn volume_failures_are_not_routine() {
+        for code in ALL {
+            let eio =
+                errno(code) == Errno::EIO || code == ErrorCode::NoSpace || code == ErrorCode::Stale;
+            assert_eq!(routine(code), !eio, "{code:?}");
+        }
+    }
+
+    #[test]
+    fn fail_returns_the_mapped_errno() {
+        let err = Error::new(ErrorCode::NotEmpty, "dir has entries");
+        assert_eq!(fail("rmdir", 7, &err), Errno::ENOTEMPTY);
+    }
+}

@@ -1,0 +1,785 @@
+//! The FUSE request handlers: each one translates its request into
+//! [`morris_client::Client`] calls and replies.
+//!
+//! Every handler that talks to the volume spawns one task on the client's
+//! tokio runtime and returns at once; the task replies when the client
+//! answers (fuser replies are `Send`). The few FUSE worker threads therefore
+//! only decode requests, and as many requests are in flight as the kernel
+//! sends (it bounds them itself: `max_background` for readahead and other
+//! asynchronous requests, one per blocked application thread otherwise).
+
+use std::ffi::OsStr;
+use std::future::Future;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use fuser::{
+    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use morris_client::{Caller, Client, Error, ErrorCode, FileId, FileKind, Inode, Timestamp};
+use morris_proto::MAX_NAME_LEN;
+use tokio::runtime::Handle;
+
+use crate::attr::{file_attr, is_empty, mknod_kind, set_attr};
+use crate::dirents;
+use crate::errno::fail;
+
+/// Largest FUSE read and write request, and the kernel readahead window: 1 MiB.
+pub(crate) const MAX_IO: u32 = 1 << 20;
+
+/// Most asynchronous requests (readahead, background writes) the kernel keeps
+/// outstanding, and the level at which it considers the mount congested.
+const MAX_BACKGROUND: u16 = 64;
+const CONGESTION_THRESHOLD: u16 = 48;
+
+/// Kernel capabilities asked for when the kernel offers them.
+/// `FUSE_WRITEBACK_CACHE` is deliberately absent: writes must reach the client
+/// library (and its leases) in order, not be batched by the kernel.
+fn wanted_capabilities() -> InitFlags {
+    InitFlags::FUSE_ASYNC_READ
+        | InitFlags::FUSE_BIG_WRITES
+        | InitFlags::FUSE_MAX_PAGES
+        | InitFlags::FUSE_PARALLEL_DIROPS
+        | InitFlags::FUSE_ATOMIC_O_TRUNC
+        | InitFlags::FUSE_EXPORT_SUPPORT
+        | InitFlags::FUSE_AUTO_INVAL_DATA
+        | InitFlags::FUSE_ASYNC_DIO
+        | InitFlags::FUSE_CACHE_SYMLINKS
+}
+
+/// State shared by the handlers and their tasks.
+struct Shared {
+    client: Arc<Client>,
+    /// How long the kernel may cache attributes and entries without asking.
+    ttl: Duration,
+    /// `st_blksize`: the volume's stripe unit.
+    blksize: u32,
+}
+
+impl Shared {
+    fn reply_entry(&self, reply: ReplyEntry, inode: &Inode) {
+        let attr = file_attr(inode, self.blksize);
+        reply.entry(&self.ttl, &attr, Generation(u64::from(inode.gen)));
+    }
+
+    fn reply_attr(&self, reply: ReplyAttr, inode: &Inode) {
+        reply.attr(&self.ttl, &file_attr(inode, self.blksize));
+    }
+
+    /// The inode of `dir`'s parent directory (the root is its own parent).
+    async fn parent_of(&self, dir: FileId) -> Result<FileId, Error> {
+        let inode = self.client.getattr(dir).await?;
+        if inode.attr.kind != FileKind::Dir {
+            return Err(Error::new(
+                ErrorCode::NotDir,
+                format!("{dir} is not a directory"),
+            ));
+        }
+        Ok(if inode.parent == 0 { dir } else { inode.parent })
+    }
+}
+
+/// The FUSE file system of one mount.
+pub(crate) struct MorrisFs {
+    shared: Arc<Shared>,
+    rt: Handle,
+}
+
+impl MorrisFs {
+    /// A file system answering from `client`, running its tasks on `rt`.
+    pub(crate) fn new(client: Arc<Client>, rt: Handle, ttl: Duration, blksize: u32) -> Self {
+        MorrisFs {
+            shared: Arc::new(Shared {
+                client,
+                ttl,
+                blksize,
+            }),
+            rt,
+        }
+    }
+
+    /// Runs `work` on the runtime with the shared state. If the runtime has
+    /// shut down the task (and with it the reply) is dropped, and fuser
+    /// answers the request with `EIO`.
+    fn spawn<F, Fut>(&self, work: F)
+    where
+        F: FnOnce(Arc<Shared>) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.rt.spawn(work(self.shared.clone()));
+    }
+}
+
+/// Who is asking. The kernel checks permissions (`default_permissions`), so
+/// the library does not.
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+        groups: vec![],
+        check: false,
+    }
+}
+
+fn bytes(name: &OsStr) -> Vec<u8> {
+    name.as_bytes().to_vec()
+}
+
+/// Whether an open with `flags` may write.
+fn writes(flags: i32) -> bool {
+    OpenFlags(flags).acc_mode() != OpenAccMode::O_RDONLY
+}
+
+/// `statfs` numbers: `(blocks, free blocks, files, free files, block size)`.
+/// The volume has no inode table; new inodes are bounded only by free space,
+/// so one free inode per free block is reported.
+fn statfs_numbers(st: &morris_client::FsStat) -> (u64, u64, u64, u64, u32) {
+    let bsize = if st.block_size == 0 {
+        4096
+    } else {
+        st.block_size
+    };
+    let blocks = st.total / u64::from(bsize);
+    let bfree = st.free / u64::from(bsize);
+    (blocks, bfree, st.files.saturating_add(bfree), bfree, bsize)
+}
+
+/// Negotiates the FUSE connection: capabilities, 1 MiB requests, and how
+/// many asynchronous requests the kernel keeps outstanding.
+pub(crate) fn configure(config: &mut KernelConfig) {
+    let wanted = wanted_capabilities();
+    let offered = wanted & config.capabilities();
+    if let Err(missing) = config.add_capabilities(offered) {
+        tracing::warn!(?missing, "kernel refused FUSE capabilities it offered");
+    }
+    let absent = wanted - offered;
+    if !absent.is_empty() {
+        tracing::info!(?absent, "kernel lacks some FUSE capabilities");
+    }
+    if let Err(max) = config.set_max_write(MAX_IO) {
+        let _ = config.set_max_write(max);
+    }
+    // The kernel only lets the handshake lower its readahead window; the
+    // window is raised after mounting, through sysfs (see `mountinfo`).
+    if let Err(max) = config.set_max_readahead(MAX_IO) {
+        let _ = config.set_max_readahead(max);
+    }
+    let _ = config.set_max_background(MAX_BACKGROUND);
+    let _ = config.set_congestion_threshold(CONGESTION_THRESHOLD);
+    tracing::debug!(abi = ?config.kernel_abi(), "FUSE session initialised");
+}
+
+impl Filesystem for MorrisFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        configure(config);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let name = bytes(name);
+        self.spawn(move |s| async move {
+            // "." and ".." arrive only with FUSE_EXPORT_SUPPORT (NFS export,
+            // open_by_handle_at).
+            let res = match name.as_slice() {
+                b"." => s.client.getattr(parent.0).await,
+                b".." => match s.parent_of(parent.0).await {
+                    Ok(p) => s.client.getattr(p).await,
+                    Err(e) => Err(e),
+                },
+                _ => s.client.lookup(parent.0, &name).await,
+            };
+            match res {
+                Ok(inode) => s.reply_entry(reply, &inode),
+                Err(e) => reply.error(fail("lookup", parent.0, &e)),
+            }
+        });
+    }
+
+    fn forget(&self, _req: &Request, _ino: INodeNo, _nlookup: u64) {
+        // File ids are never reused and the client keeps no per-lookup state.
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.spawn(move |s| async move {
+            match s.client.getattr(ino.0).await {
+                Ok(inode) => s.reply_attr(reply, &inode),
+                Err(e) => reply.error(fail("getattr", ino.0, &e)),
+            }
+        });
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = set_attr(mode, uid, gid, size, atime, mtime, ctime, Timestamp::now());
+        let who = caller(req);
+        self.spawn(move |s| async move {
+            let res = if is_empty(&set) {
+                s.client.getattr(ino.0).await
+            } else {
+                s.client.setattr(ino.0, set, &who).await
+            };
+            match res {
+                Ok(inode) => s.reply_attr(reply, &inode),
+                Err(e) => reply.error(fail("setattr", ino.0, &e)),
+            }
+        });
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.spawn(move |s| async move {
+            match s.client.readlink(ino.0).await {
+                Ok(target) => reply.data(&target),
+                Err(e) => reply.error(fail("readlink", ino.0, &e)),
+            }
+        });
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let Some(kind) = mknod_kind(mode) else {
+            reply.error(Errno::EINVAL);
+            return;
+        };
+        let name = bytes(name);
+        let who = caller(req);
+        self.spawn(move |s| async move {
+            // mknod(2) fails on an existing name: exclusive.
+            match s
+                .client
+                .create(parent.0, &name, kind, mode & 0o7777, rdev, true, &who)
+                .await
+            {
+                Ok(inode) => s.reply_entry(reply, &inode),
+                Err(e) => reply.error(fail("mknod", parent.0, &e)),
+            }
+        });
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let name = bytes(name);
+        let who = caller(req);
+        self.spawn(move |s| async move {
+            match s.client.mkdir(parent.0, &name, mode & 0o7777, &who).await {
+                Ok(inode) => s.reply_entry(reply, &inode),
+                Err(e) => reply.error(fail("mkdir", parent.0, &e)),
+            }
+        });
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = bytes(name);
+        let who = caller(req);
+        self.spawn(move |s| async move {
+            match s.client.unlink(parent.0, &name, &who).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(fail("unlink", parent.0, &e)),
+            }
+        });
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = bytes(name);
+        let who = caller(req);
+        self.spawn(move |s| async move {
+            match s.client.rmdir(parent.0, &name, &who).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(fail("rmdir", parent.0, &e)),
+            }
+        });
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let name = bytes(link_name);
+        let target = bytes(target.as_os_str());
+        let who = caller(req);
+        self.spawn(move |s| async move {
+            match s.client.symlink(parent.0, &name, &target, &who).await {
+                Ok(inode) => s.reply_entry(reply, &inode),
+                Err(e) => reply.error(fail("symlink", parent.0, &e)),
+            }
+        });
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let known = RenameFlags::RENAME_NOREPLACE | RenameFlags::RENAME_EXCHANGE;
+        if !(flags - known).is_empty() {
+            // RENAME_WHITEOUT (overlayfs) and unknown flags.
+            reply.error(Errno::EINVAL);
+            return;
+        }
+        let flags = morris_client::RenameFlags {
+            noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
+            exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
+        };
+        let (name, newname) = (bytes(name), bytes(newname));
+        let who = caller(req);
+        self.spawn(move |s| async move {
+            match s
+                .client
+                .rename(parent.0, &name, newparent.0, &newname, flags, &who)
+                .await
+            {
+                Ok(()) => reply.ok(),
+                // renameat2(2) reports a flag the file system cannot honour as
+                // EINVAL (an ENOSYS would make the kernel refuse every flagged
+                // rename, RENAME_NOREPLACE included, for the rest of the mount).
+                Err(e)
+                    if e.code == ErrorCode::NotSupported && (flags.exchange || flags.noreplace) =>
+                {
+                    fail("rename", parent.0, &e);
+                    reply.error(Errno::EINVAL);
+                }
+                Err(e) => reply.error(fail("rename", parent.0, &e)),
+            }
+        });
+    }
+
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let newname = bytes(newname);
+        let who = caller(req);
+        self.spawn(move |s| async move {
+            match s.client.link(ino.0, newparent.0, &newname, &who).await {
+                Ok(inode) => s.reply_entry(reply, &inode),
+                Err(e) => reply.error(fail("link", ino.0, &e)),
+            }
+        });
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let write = writes(flags.0);
+        // Present because FUSE_ATOMIC_O_TRUNC was negotiated; without it the
+        // kernel truncates with a setattr before the open.
+        let truncate = flags.0 & libc::O_TRUNC != 0;
+        self.spawn(move |s| async move {
+            match s.client.open(ino.0, write, truncate).await {
+                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Err(e) => reply.error(fail("open", ino.0, &e)),
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        self.spawn(move |s| async move {
+            match s.client.read(fh.0, offset, size).await {
+                Ok(data) => reply.data(&data),
+                Err(e) => reply.error(fail("read", ino.0, &e)),
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        // The request buffer is reused by the FUSE thread as soon as we return.
+        let data = Bytes::copy_from_slice(data);
+        self.spawn(move |s| async move {
+            match s.client.write(fh.0, offset, data).await {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(fail("write", ino.0, &e)),
+            }
+        });
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        self.spawn(move |s| async move {
+            match s.client.flush(fh.0).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(fail("flush", ino.0, &e)),
+            }
+        });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.spawn(move |s| async move {
+            let flushed = if flush {
+                s.client.flush(fh.0).await
+            } else {
+                Ok(())
+            };
+            // Release even if the flush failed, or the open file would leak.
+            let released = s.client.release(fh.0).await;
+            match flushed.and(released) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(fail("release", ino.0, &e)),
+            }
+        });
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.spawn(move |s| async move {
+            match s.client.fsync(fh.0, datasync).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(fail("fsync", ino.0, &e)),
+            }
+        });
+    }
+
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // Listings are stateless (see `dirents`): no directory handle.
+        reply.opened(FileHandle(0), FopenFlags::empty());
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        self.spawn(move |s| async move {
+            let dir = ino.0;
+            let parent = if dirents::resume(offset).dotdot {
+                match s.parent_of(dir).await {
+                    Ok(p) => p,
+                    Err(e) => return reply.error(fail("readdir", dir, &e)),
+                }
+            } else {
+                dir
+            };
+            let client = &s.client;
+            let res = dirents::fill(&mut reply, dir, parent, offset, |cookie, max| {
+                client.readdir(dir, cookie, max)
+            })
+            .await;
+            match res {
+                Ok(()) => reply.ok(),
+                Err(errno) => reply.error(errno),
+            }
+        });
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Every namespace change is committed by its server before it is
+        // answered, so there is nothing left to make durable.
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        self.spawn(move |s| async move {
+            match s.client.statfs().await {
+                Ok(st) => {
+                    let (blocks, bfree, files, ffree, bsize) = statfs_numbers(&st);
+                    reply.statfs(
+                        blocks,
+                        bfree,
+                        bfree,
+                        files,
+                        ffree,
+                        bsize,
+                        MAX_NAME_LEN as u32,
+                        bsize,
+                    );
+                }
+                Err(e) => reply.error(fail("statfs", ino.0, &e)),
+            }
+        });
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        // Only called without `default_permissions`; then the library checks.
+        let who = Caller {
+            check: true,
+            ..caller(req)
+        };
+        let mask = (mask.bits() & (libc::R_OK | libc::W_OK | libc::X_OK)) as u32;
+        self.spawn(move |s| async move {
+            match s.client.access(ino.0, mask, &who).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(fail("access", ino.0, &e)),
+            }
+        });
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let name = bytes(name);
+        let who = caller(req);
+        let exclusive = flags & libc::O_EXCL != 0;
+        let truncate = flags & libc::O_TRUNC != 0;
+        let write = writes(flags);
+        self.spawn(move |s| async move {
+            let inode = match s
+                .client
+                .create(
+                    parent.0,
+                    &name,
+                    FileKind::File,
+                    mode & 0o7777,
+                    0,
+                    exclusive,
+                    &who,
+                )
+                .await
+            {
+                Ok(inode) => inode,
+                Err(e) => return reply.error(fail("create", parent.0, &e)),
+            };
+            // Without O_EXCL the file may be one another client just created:
+            // O_TRUNC then applies to it as to any existing file.
+            match s.client.open(inode.id, write, truncate).await {
+                Ok(fh) => {
+                    let attr = file_attr(&inode, s.blksize);
+                    let gen = Generation(u64::from(inode.gen));
+                    reply.created(&s.ttl, &attr, gen, FileHandle(fh), FopenFlags::empty());
+                }
+                Err(e) => reply.error(fail("create", parent.0, &e)),
+            }
+        });
+    }
+
+    // No extended attributes. ENOSYS makes the kernel answer EOPNOTSUPP
+    // itself from then on, without asking again.
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: ReplyXattr,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _length: u64,
+        _mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        // The kernel then answers EOPNOTSUPP itself (posix_fallocate falls
+        // back to writing).
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: i64,
+        _whence: i32,
+        reply: ReplyLseek,
+    ) {
+        // The kernel then handles SEEK_DATA/SEEK_HOLE generically (no holes).
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        _fh_in: FileHandle,
+        _offset_in: u64,
+        _ino_out: INodeNo,
+        _fh_out: FileHandle,
+        _offset_out: u64,
+        _len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        // The kernel then copies through read and write.
+        reply.error(Errno::ENOSYS);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_access_modes() {
+        assert!(!writes(libc::O_RDONLY));
+        assert!(!writes(libc::O_RDONLY | libc::O_TRUNC | libc::O_NOFOLLOW));
+        assert!(writes(libc::O_WRONLY));
+        assert!(writes(libc::O_RDWR | libc::O_APPEND));
+    }
+
+    #[test]
+    fn writeback_cache_is_never_requested() {
+        let caps = wanted_capabilities();
+        assert!(!caps.contains(InitFlags::FUSE_WRITEBACK_CACHE));
+        assert!(caps.contains(
+            InitFlags::FUSE_ASYNC_READ | InitFlags::FUSE_BIG_WRITES | InitFlags::FUSE_MAX_PAGES
+        ));
+        // We answer "." and ".." lookups, which export support implies.
+        assert!(caps.contains(InitFlags::FUSE_EXPORT_SUPPORT));
+    }
+
+    #[test]
+    fn statfs_in_blocks() {
+        let st = morris_client::FsStat {
+            total: 10 << 30,
+            free: (4 << 30) + 100,
+            files: 1234,
+            block_size: 1 << 20,
+        };
+        assert_eq!(
+            statfs_numbers(&st),
+            (10 << 10, 4 << 10, 1234 + (4 << 10), 4 << 10, 1 << 20)
+        );
+        let zero = morris_client::FsStat {
+            total: 8192,
+            free: 4096,
+            files: 0,
+            block_size: 0,
+        };
+        assert_eq!(statfs_numbers(&zero), (2, 1, 1, 1, 4096));
+    }
+}

@@ -1,0 +1,195 @@
+//! Kernel cache invalidation when another client changes what this mount cached.
+//!
+//! The client library calls [`KernelInvalidator`] from its own tasks (e.g.
+//! while handling a lease recall). Telling the kernel may block: invalidating
+//! an inode's pages waits for page locks that a FUSE read in flight holds, and
+//! that read may be waiting for the very lease being recalled. So the calls
+//! only queue a message; one dedicated thread per mount drains the queue into
+//! the kernel, never a FUSE worker thread and never a runtime thread.
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use fuser::{INodeNo, Notifier};
+use morris_client::{FileId, Invalidator};
+
+/// Where invalidations go: the kernel (through fuser's [`Notifier`]) or a test double.
+pub(crate) trait KernelCache: Send + 'static {
+    /// Drops the cached attributes and all cached data of `id`.
+    fn inval_inode(&self, id: FileId) -> io::Result<()>;
+    /// Drops the cached lookup of `name` in `dir` (positive or negative).
+    fn inval_entry(&self, dir: FileId, name: &[u8]) -> io::Result<()>;
+}
+
+impl KernelCache for Notifier {
+    fn inval_inode(&self, id: FileId) -> io::Result<()> {
+        // Offset 0, length 0: the whole file.
+        Notifier::inval_inode(self, INodeNo(id), 0, 0)
+    }
+
+    fn inval_entry(&self, dir: FileId, name: &[u8]) -> io::Result<()> {
+        Notifier::inval_entry(self, INodeNo(dir), OsStr::from_bytes(name))
+    }
+}
+
+/// One queued invalidation.
+#[derive(Debug, PartialEq, Eq)]
+enum Msg {
+    Inode(FileId),
+    Entry(FileId, Vec<u8>),
+    Stop,
+}
+
+/// The client library's invalidation sink for one mount. Never blocks.
+#[derive(Debug)]
+pub(crate) struct KernelInvalidator {
+    tx: Sender<Msg>,
+}
+
+impl Invalidator for KernelInvalidator {
+    fn inode(&self, id: FileId) {
+        // A send fails only once the mount is gone; nothing is cached then.
+        let _ = self.tx.send(Msg::Inode(id));
+    }
+
+    fn entry(&self, dir: FileId, name: &[u8]) {
+        let _ = self.tx.send(Msg::Entry(dir, name.to_vec()));
+    }
+}
+
+/// The thread that passes queued invalidations to the kernel.
+#[derive(Debug)]
+pub(crate) struct Worker {
+    tx: Sender<Msg>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    /// Starts the thread; returns the sink to register with the client.
+    pub(crate) fn start<K: KernelCache>(cache: K) -> io::Result<(Arc<KernelInvalidator>, Worker)> {
+        let (tx, rx) = channel();
+        let thread = std::thread::Builder::new()
+            .name("morris-inval".into())
+            .spawn(move || run(&cache, &rx))?;
+        Ok((
+            Arc::new(KernelInvalidator { tx: tx.clone() }),
+            Worker {
+                tx,
+                thread: Some(thread),
+            },
+        ))
+    }
+
+    /// Delivers what is queued, then ends the thread and waits for it.
+    pub(crate) fn stop(mut self) {
+        let _ = self.tx.send(Msg::Stop);
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                tracing::warn!("invalidation thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // Without joining: the kernel may still be holding the thread.
+        if self.thread.is_some() {
+            let _ = self.tx.send(Msg::Stop);
+        }
+    }
+}
+
+fn run<K: KernelCache>(cache: &K, rx: &Receiver<Msg>) {
+    while let Ok(msg) = rx.recv() {
+        let (what, id, res) = match &msg {
+            Msg::Inode(id) => ("inode", *id, cache.inval_inode(*id)),
+            Msg::Entry(dir, name) => ("entry", *dir, cache.inval_entry(*dir, name)),
+            Msg::Stop => return,
+        };
+        match res {
+            Ok(()) => tracing::trace!(what, id, "invalidated"),
+            // The kernel had nothing cached (fuser already hides ENOENT).
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            // The mount is going away.
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENODEV | libc::ENOTCONN | libc::EBADF)
+                ) =>
+            {
+                tracing::debug!(what, id, error = %e, "invalidation after unmount")
+            }
+            Err(e) => tracing::warn!(what, id, error = %e, "kernel refused an invalidation"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Recorder(Arc<Mutex<Vec<Msg>>>);
+
+    impl KernelCache for Recorder {
+        fn inval_inode(&self, id: FileId) -> io::Result<()> {
+            self.0
+                .lock()
+                .map_err(|_| io::Error::other("poisoned"))?
+                .push(Msg::Inode(id));
+            match id {
+                404 => Err(io::Error::from_raw_os_error(libc::ENOENT)),
+                500 => Err(io::Error::from_raw_os_error(libc::EINVAL)),
+                _ => Ok(()),
+            }
+        }
+
+        fn inval_entry(&self, dir: FileId, name: &[u8]) -> io::Result<()> {
+            self.0
+                .lock()
+                .map_err(|_| io::Error::other("poisoned"))?
+                .push(Msg::Entry(dir, name.to_vec()));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn delivers_in_order_and_survives_kernel_errors() {
+        let rec = Recorder::default();
+        let (inv, worker) = Worker::start(rec.clone()).expect("thread");
+        inv.inode(1);
+        inv.inode(404);
+        inv.entry(1, b"a\xff");
+        inv.inode(500);
+        inv.entry(7, b"b");
+        worker.stop();
+        let got = rec.0.lock().expect("lock");
+        assert_eq!(
+            *got,
+            vec![
+                Msg::Inode(1),
+                Msg::Inode(404),
+                Msg::Entry(1, b"a\xff".to_vec()),
+                Msg::Inode(500),
+                Msg::Entry(7, b"b".to_vec()),
+            ]
+        );
+    }
+
+    #[test]
+    fn calls_after_stop_are_harmless() {
+        let rec = Recorder::default();
+        let (inv, worker) = Worker::start(rec.clone()).expect("thread");
+        worker.stop();
+        inv.inode(3);
+        inv.entry(3, b"x");
+        assert!(rec.0.lock().expect("lock").is_empty());
+    }
+}

@@ -1,0 +1,135 @@
+//! Which kernel device a mount point has, and the kernel readahead of that device.
+//!
+//! The FUSE connection's readahead window starts at the kernel default
+//! (128 KiB) and the FUSE handshake can only lower it; it is raised through the
+//! mount's backing-device entry in sysfs, `/sys/class/bdi/MAJOR:MINOR`.
+
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// A device number as `(major, minor)`.
+pub(crate) type Dev = (u32, u32);
+
+/// The devices of the file systems mounted on `mountpoint`, bottom first
+/// (the last one is the visible one), from the text of `/proc/self/mountinfo`.
+pub(crate) fn devices_in(mountinfo: &str, mountpoint: &Path) -> Vec<Dev> {
+    let want = mountpoint.as_os_str().as_bytes();
+    let mut found = vec![];
+    for line in mountinfo.lines() {
+        // ID PARENT MAJOR:MINOR ROOT MOUNTPOINT OPTIONS ...
+        let mut fields = line.split(' ');
+        let dev = fields.nth(2);
+        let point = fields.nth(1);
+        let (Some(dev), Some(point)) = (dev, point) else {
+            continue;
+        };
+        if unescape(point) != want {
+            continue;
+        }
+        let Some((major, minor)) = dev.split_once(':') else {
+            continue;
+        };
+        if let (Ok(major), Ok(minor)) = (major.parse(), minor.parse()) {
+            found.push((major, minor));
+        }
+    }
+    found
+}
+
+/// The text of `/proc/self/mountinfo`, if readable.
+pub(crate) fn read() -> Option<String> {
+    std::fs::read_to_string("/proc/self/mountinfo").ok()
+}
+
+/// The device of the file system visible on `mountpoint` now.
+pub(crate) fn device(mountpoint: &Path) -> Option<Dev> {
+    devices_in(&read()?, mountpoint).last().copied()
+}
+
+/// Undoes the kernel's octal escaping of spaces, tabs, newlines and
+/// backslashes in mountinfo paths.
+fn unescape(field: &str) -> Vec<u8> {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = b[i + 1..i + 4]
+                .iter()
+                .fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
+            if let Ok(byte) = u8::try_from(v) {
+                out.push(byte);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    out
+}
+
+/// Sets the kernel readahead window of a FUSE mount's device, in bytes
+/// (rounded down to KiB).
+pub(crate) fn set_readahead(dev: Dev, bytes: u32) -> std::io::Result<()> {
+    let path = format!("/sys/class/bdi/{}:{}/read_ahead_kb", dev.0, dev.1);
+    std::fs::write(path, format!("{}\n", bytes / 1024))
+}
+
+/// The kernel readahead window of a device, in bytes.
+#[cfg(test)]
+pub(crate) fn readahead(dev: Dev) -> std::io::Result<u64> {
+    let path = format!("/sys/class/bdi/{}:{}/read_ahead_kb", dev.0, dev.1);
+    let text = std::fs::read_to_string(path)?;
+    text.trim()
+        .parse::<u64>()
+        .map(|kb| kb * 1024)
+        .map_err(std::io::Error::other)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+35 22 0:31 / /mnt/a rw,nosuid,nodev,relatime shared:9 - fuse.morris morris rw,user_id=0,group_id=0,default_permissions,allow_other
+36 22 0:32 / /mnt/with\\040space rw - fuse.morris morris rw
+37 35 0:33 / /mnt/a rw - fuse.morris other rw
+38 22 0:34 / /mnt/back\\134slash rw - tmpfs tmpfs rw
+garbage line
+39 22 bad / /mnt/bad rw - tmpfs tmpfs rw
+";
+
+    #[test]
+    fn finds_mounts_bottom_first() {
+        assert_eq!(devices_in(SAMPLE, Path::new("/")), [(8, 1)]);
+        // Two mounts on /mnt/a: the later one hides the earlier.
+        assert_eq!(devices_in(SAMPLE, Path::new("/mnt/a")), [(0, 31), (0, 33)]);
+        assert_eq!(devices_in(SAMPLE, Path::new("/mnt/with space")), [(0, 32)]);
+        assert_eq!(devices_in(SAMPLE, Path::new("/mnt/back\\slash")), [(0, 34)]);
+        assert!(devices_in(SAMPLE, Path::new("/mnt/bad")).is_empty());
+        assert!(devices_in(SAMPLE, Path::new("/mnt")).is_empty());
+        assert!(devices_in("", Path::new("/")).is_empty());
+    }
+
+    #[test]
+    fn unescapes_octal_only() {
+        assert_eq!(unescape("a\\040b"), b"a b");
+        assert_eq!(unescape("a\\011b\\012c"), b"a\tb\nc");
+        assert_eq!(unescape("\\777"), b"\\777");
+        assert_eq!(unescape("tail\\04"), b"tail\\04");
+        assert_eq!(unescape("\\"), b"\\");
+        assert_eq!(unescape("\\x41"), b"\\x41");
+    }
+
+    #[test]
+    fn the_root_file_system_is_found() {
+        if read().is_some() {
+            assert!(device(Path::new("/")).is_some());
+        }
+    }
+}
