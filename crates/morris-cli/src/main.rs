@@ -1,1 +1,140 @@
-fn main() {}
+//! `morris`: the one command of the morris distributed file system.
+//!
+//! Subcommands run a stripe server, format a volume, mount it through FUSE,
+//! unmount it, report status, check it (`fsck`) and start a whole local
+//! cluster in one go (`up`). Logs go to stderr, filtered by `RUST_LOG`.
+
+mod admin;
+mod daemon;
+mod format;
+mod fsck;
+mod mount;
+mod mountinfo;
+mod runtime;
+mod server;
+mod size;
+mod status;
+mod umount;
+mod up;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+/// The morris distributed file system.
+#[derive(Debug, Parser)]
+#[command(name = "morris", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a stripe server (one per machine or disk).
+    Server(server::ServerArgs),
+    /// Write a new volume descriptor to a set of unformatted servers.
+    Format(format::FormatArgs),
+    /// Mount a volume through FUSE.
+    Mount(mount::MountArgs),
+    /// Unmount a mounted volume.
+    Umount(umount::UmountArgs),
+    /// Start a local cluster: servers, format (first time) and a mount.
+    Up(up::UpArgs),
+    /// Show the state and counters of every server of a volume.
+    Status(status::StatusArgs),
+    /// Check a volume's namespace and data for inconsistencies and garbage.
+    Fsck(fsck::FsckArgs),
+}
+
+/// How verbose logging is when `RUST_LOG` is not set.
+fn default_filter(cmd: &Command) -> &'static str {
+    match cmd {
+        Command::Server(_) | Command::Mount(_) | Command::Up(_) => "info",
+        _ => "warn",
+    }
+}
+
+/// Sets up `tracing` to stderr, filtered by `RUST_LOG` (or `default`).
+pub(crate) fn init_logging(default: &str) {
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(v) if !v.trim().is_empty() => match EnvFilter::try_new(&v) {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("morris: ignoring invalid RUST_LOG={v:?}: {e}");
+                EnvFilter::new(default)
+            }
+        },
+        _ => EnvFilter::new(default),
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let default = default_filter(&cli.command);
+    // A background mount detaches (and redirects stderr) before logging starts,
+    // so that the log file gets no terminal colour codes.
+    let detaching = matches!(&cli.command, Command::Mount(m) if m.background);
+    if !detaching {
+        init_logging(default);
+    }
+    let result = match cli.command {
+        Command::Server(a) => server::run(a),
+        Command::Format(a) => format::run(a),
+        Command::Mount(a) => mount::run(a, default),
+        Command::Umount(a) => umount::run(a),
+        Command::Up(a) => up::run(a),
+        Command::Status(a) => status::run(a),
+        Command::Fsck(a) => fsck::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("morris: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_argument_has_help() {
+        fn walk(cmd: &clap::Command, path: &str) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                assert!(
+                    arg.get_help().is_some(),
+                    "argument {id} of `{path}` has no help text"
+                );
+            }
+            for sub in cmd.get_subcommands() {
+                assert!(
+                    sub.get_about().is_some(),
+                    "subcommand `{path} {}` has no help text",
+                    sub.get_name()
+                );
+                walk(sub, &format!("{path} {}", sub.get_name()));
+            }
+        }
+        walk(&Cli::command(), "morris");
+    }
+}

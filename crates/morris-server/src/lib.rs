@@ -1,1 +1,291 @@
-//! placeholder
+//! The morris stripe server.
+//!
+//! A stripe server keeps, for the volume it was formatted into:
+//! * the inodes it owns (`id mod k`) and the entries of the directories among
+//!   them, in a SQLite store ([`store`]: WAL mode, every metadata request
+//!   committed before it is answered);
+//! * the data blocks placed on it, one sparse extent file per file
+//!   ([`blocks`]);
+//! * the leases (multi-reader/single-writer locks with recall) on its inodes
+//!   ([`leases`], a pure state machine driven by the request handler).
+//!
+//! [`start`] binds the listener, opens the store and serves in the background;
+//! [`run`] does the same and never returns while the server runs. The request
+//! semantics are those documented in `morris_proto::messages`.
+//!
+//! On disk, `data_dir` holds `meta.sqlite` (with its `-wal` and `-shm`),
+//! `blocks/<2 hex digits>/<file id>` and a `LOCK` file that keeps a second
+//! server off the same directory.
+
+#![warn(missing_docs)]
+
+use std::fs::{File, OpenOptions};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::{JoinHandle, JoinSet};
+use tracing::{info, warn};
+
+mod blocks;
+mod leases;
+mod service;
+mod store;
+
+use service::Server;
+pub use store::StoreError;
+
+/// Lease duration used when none is configured, in milliseconds.
+pub const DEFAULT_LEASE_MS: u32 = 10_000;
+
+/// How a stripe server is set up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Directory holding the metadata store and the block files (created if missing).
+    pub data_dir: PathBuf,
+    /// Address to listen on, `host:port`; port 0 picks a free port.
+    pub listen: String,
+    /// Lease duration in milliseconds (also the grace period after a restart).
+    pub lease_ms: u32,
+}
+
+impl ServerConfig {
+    /// A configuration with the default lease duration.
+    pub fn new(data_dir: impl Into<PathBuf>, listen: impl Into<String>) -> Self {
+        ServerConfig {
+            data_dir: data_dir.into(),
+            listen: listen.into(),
+            lease_ms: DEFAULT_LEASE_MS,
+        }
+    }
+}
+
+/// Why a server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The configuration is unusable.
+    #[error("invalid server configuration: {0}")]
+    Config(String),
+    /// A file or directory under the data directory could not be used.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// Another server process uses the data directory.
+    #[error("data directory {0} is in use by another morris server")]
+    Locked(String),
+    /// The metadata store could not be opened.
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+/// A running server. [`ServerHandle::shutdown`] stops it and waits until the
+/// data directory is released; dropping the handle stops it without waiting.
+pub struct ServerHandle {
+    addr: SocketAddr,
+    epoch: u64,
+    server: Arc<Server>,
+    stop: Option<oneshot::Sender<()>>,
+    accept: JoinHandle<()>,
+    ticker: JoinHandle<()>,
+}
+
+impl ServerHandle {
+    /// The address the server listens on (with the real port when 0 was asked).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// This run's lease epoch, as returned in `Hello`.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Stops accepting, closes every connection, abandons waiting lease
+    /// requests, and returns once the data directory is released.
+    pub async fn shutdown(mut self) {
+        self.stop_now();
+        if let Err(e) = (&mut self.accept).await {
+            if !e.is_cancelled() {
+                warn!(error = %e, "accept loop ended abnormally");
+            }
+        }
+        let _ = (&mut self.ticker).await;
+        info!(addr = %self.addr, "stripe server stopped");
+    }
+
+    fn stop_now(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        self.ticker.abort();
+        self.server.stop();
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        self.stop_now();
+    }
+}
+
+fn io_ctx(context: String) -> impl FnOnce(std::io::Error) -> ServerError {
+    move |source| ServerError::Io { context, source }
+}
+
+fn lock_dir(cfg: &ServerConfig) -> Result<File, ServerError> {
+    let path = cfg.data_dir.join("LOCK");
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(io_ctx(format!("open {}", path.display())))?;
+    // SAFETY: flock on a descriptor we own; no memory is passed.
+    let r = unsafe {
+        libc::flock(
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            libc::LOCK_EX | libc::LOCK_NB,
+        )
+    };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Err(ServerError::Locked(cfg.data_dir.display().to_string()));
+        }
+        return Err(ServerError::Io {
+            context: format!("lock {}", path.display()),
+            source: e,
+        });
+    }
+    Ok(f)
+}
+
+/// Binds the listener, opens the store under `cfg.data_dir` and serves in the
+/// background; returns once the server accepts connections.
+pub async fn start(cfg: ServerConfig) -> Result<ServerHandle, ServerError> {
+    if cfg.lease_ms == 0 {
+        return Err(ServerError::Config("lease_ms must be positive".into()));
+    }
+    std::fs::create_dir_all(&cfg.data_dir)
+        .map_err(io_ctx(format!("create {}", cfg.data_dir.display())))?;
+    let lock = lock_dir(&cfg)?;
+    let db = cfg.data_dir.join("meta.sqlite");
+    let block_dir = cfg.data_dir.join("blocks");
+    let (store, blocks) = tokio::task::spawn_blocking(move || {
+        let store = store::Store::open(&db)?;
+        let blocks = blocks::Blocks::open(&block_dir, blocks::DEFAULT_OPEN_FILES)
+            .map_err(io_ctx(format!("open {}", block_dir.display())))?;
+        Ok::<_, ServerError>((store, blocks))
+    })
+    .await
+    .map_err(|e| ServerError::Io {
+        context: "open the data directory".into(),
+        source: std::io::Error::other(e.to_string()),
+    })??;
+    let listener = TcpListener::bind(&cfg.listen)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: cfg.listen.clone(),
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| ServerError::Bind {
+        addr: cfg.listen.clone(),
+        source,
+    })?;
+    let formatted = store.formatted();
+    let server = Arc::new(Server::new(
+        Arc::new(store),
+        Arc::new(blocks),
+        cfg.data_dir.clone(),
+        cfg.lease_ms,
+    ));
+    info!(
+        %addr,
+        data_dir = %cfg.data_dir.display(),
+        lease_ms = cfg.lease_ms,
+        epoch = server.epoch(),
+        volume = ?formatted.as_ref().map(|f| f.descriptor.uuid),
+        index = ?formatted.as_ref().map(|f| f.index),
+        "stripe server listening"
+    );
+    let (stop_tx, stop_rx) = oneshot::channel();
+    let accept = tokio::spawn(accept_loop(listener, server.clone(), stop_rx, lock));
+    let tick_every = Duration::from_millis(u64::from(cfg.lease_ms / 10).clamp(5, 200));
+    let ticking = server.clone();
+    let ticker = tokio::spawn(async move {
+        let mut iv = tokio::time::interval(tick_every);
+        iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            iv.tick().await;
+            ticking.tick();
+        }
+    });
+    Ok(ServerHandle {
+        addr,
+        epoch: server.epoch(),
+        server,
+        stop: Some(stop_tx),
+        accept,
+        ticker,
+    })
+}
+
+/// Starts the server and serves until the process ends (the caller handles
+/// ctrl-c, e.g. by racing this future against `tokio::signal::ctrl_c`).
+pub async fn run(cfg: ServerConfig) -> Result<(), ServerError> {
+    let mut handle = start(cfg).await?;
+    // The accept loop only ends when stopped, which nothing here does.
+    if let Err(e) = (&mut handle.accept).await {
+        warn!(error = %e, "accept loop ended abnormally");
+    }
+    Ok(())
+}
+
+/// Accepts and serves connections until told to stop; holds the data
+/// directory's lock for as long as it runs.
+async fn accept_loop(
+    listener: TcpListener,
+    server: Arc<Server>,
+    mut stop: oneshot::Receiver<()>,
+    lock: File,
+) {
+    let mut conns = JoinSet::new();
+    let mut next_id: u64 = 1;
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let id = next_id;
+                    next_id += 1;
+                    conns.spawn(morris_proto::net::serve_connection(stream, peer, id, server.clone()));
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    conns.shutdown().await;
+    drop(listener);
+    drop(lock);
+}

@@ -1,0 +1,337 @@
+//! `morris fsck`: checks a volume's namespace against its inodes and data,
+//! and with `--repair` fixes what it safely can.
+
+mod check;
+mod repair;
+mod scan;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use clap::Args;
+use futures::future::join_all;
+use indicatif::{ProgressBar, ProgressStyle};
+use morris_proto::layout::Layout;
+use morris_proto::{Timestamp, VolumeDescriptor};
+
+use crate::admin::{self, Session, CONNECT_TIMEOUT};
+use crate::runtime;
+use crate::size::human;
+use check::{Report, Snapshot};
+
+/// Arguments of `morris fsck`.
+#[derive(Debug, Args)]
+pub struct FsckArgs {
+    /// Address HOST:PORT of any server of the volume.
+    pub addr: String,
+    /// Fix what can be fixed: remove dangling entries, correct link counts and
+    /// directory counts, reclaim garbage older than --min-age.
+    #[arg(long)]
+    pub repair: bool,
+    /// Only garbage (and counts) whose ctime is older than this many seconds
+    /// is repaired, so that creates in flight on live clients are not touched.
+    #[arg(long, default_value_t = 300, value_name = "SECS")]
+    pub min_age: u64,
+    /// List every finding (by default the first 20 of each kind).
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// Opens a session with every server of `d`; fsck needs them all.
+async fn open_all(d: &VolumeDescriptor, join: bool) -> Result<Vec<Session>> {
+    let id = admin::random_client_id();
+    let volume = join.then_some(d.uuid);
+    let opened = join_all(
+        d.servers
+            .iter()
+            .map(|a| Session::open(a, volume, id, "morris-fsck", CONNECT_TIMEOUT)),
+    )
+    .await;
+    let mut out = Vec::new();
+    for (i, s) in opened.into_iter().enumerate() {
+        let s = s.with_context(|| {
+            format!(
+                "fsck needs every server, and server {i} ({}) is unavailable",
+                d.servers[i]
+            )
+        })?;
+        match &s.descriptor {
+            Some(x) if x.uuid == d.uuid && s.index == Some(i as u32) => out.push(s),
+            _ => {
+                return Err(anyhow!(
+                    "server {i} ({}) does not hold volume {} as server {i}",
+                    d.servers[i],
+                    d.uuid
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn progress(total: u64, what: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    if let Ok(style) = ProgressStyle::with_template(
+        "{spinner} {msg} [{bar:30}] {pos}/{len} records ({per_sec}, eta {eta})",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(what.to_string());
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
+}
+
+async fn scan_all(sessions: &[Session], what: &str) -> Result<Snapshot> {
+    let total = scan::count(sessions).await;
+    let bar = progress(total, what);
+    let snap = scan::scan(sessions, &bar).await;
+    bar.finish_and_clear();
+    snap
+}
+
+fn name(n: &[u8]) -> String {
+    format!("{:?}", String::from_utf8_lossy(n))
+}
+
+/// Lists the findings, at most `limit` of each kind.
+fn render(r: &Report, limit: usize) -> String {
+    let mut out = String::new();
+    fn section<T>(
+        out: &mut String,
+        title: &str,
+        items: &[T],
+        limit: usize,
+        f: impl Fn(&T) -> String,
+    ) {
+        if items.is_empty() {
+            return;
+        }
+        out.push_str(&format!("{title} ({}):\n", items.len()));
+        for it in items.iter().take(limit) {
+            out.push_str(&format!("  {}\n", f(it)));
+        }
+        if items.len() > limit {
+            out.push_str(&format!(
+                "  ... and {} more (--all lists them)\n",
+                items.len() - limit
+            ));
+        }
+    }
+    if r.root_missing {
+        out.push_str("ERROR: the root directory is missing\n");
+    }
+    section(
+        &mut out,
+        "ERROR dangling entries",
+        &r.dangling,
+        limit,
+        |d| {
+            format!(
+                "directory {} entry {} names inode {} gen {}, {}",
+                d.entry.dir,
+                name(&d.entry.name),
+                d.entry.child.id,
+                d.entry.child.gen,
+                match d.found_gen {
+                    None => "which does not exist".to_string(),
+                    Some(g) => format!("which has gen {g}"),
+                }
+            )
+        },
+    );
+    section(
+        &mut out,
+        "ERROR entries of missing directories",
+        &r.orphan_entries,
+        limit,
+        |o| {
+            format!(
+                "entry {} in {} {} names inode {}",
+                name(&o.entry.name),
+                match o.dir_kind {
+                    None => "missing directory".to_string(),
+                    Some(k) => format!("non-directory ({k:?})"),
+                },
+                o.entry.dir,
+                o.entry.child.id
+            )
+        },
+    );
+    section(
+        &mut out,
+        "ERROR directory counts",
+        &r.dir_mismatches,
+        limit,
+        |m| {
+            format!(
+                "directory {}: size {} but {} entries, nlink {} but {} expected",
+                m.id, m.size, m.want_size, m.nlink, m.want_nlink
+            )
+        },
+    );
+    section(
+        &mut out,
+        "ERROR link counts",
+        &r.nlink_mismatches,
+        limit,
+        |m| {
+            format!(
+                "inode {}: nlink {} but {} entries name it",
+                m.id, m.nlink, m.want
+            )
+        },
+    );
+    section(
+        &mut out,
+        "ERROR directory parents",
+        &r.parent_mismatches,
+        limit,
+        |m| {
+            format!(
+                "directory {}: parent {} but its entry is in {}",
+                m.id, m.parent, m.want
+            )
+        },
+    );
+    section(
+        &mut out,
+        "ERROR directories with extra names",
+        &r.dir_links,
+        limit,
+        |m| format!("directory {} is named by {} entries", m.id, m.names),
+    );
+    section(
+        &mut out,
+        "garbage: unreachable inodes",
+        &r.unreachable,
+        limit,
+        |u| {
+            format!(
+                "inode {} ({:?}){}",
+                u.id,
+                u.kind,
+                if u.aged { "" } else { " changed recently" }
+            )
+        },
+    );
+    section(
+        &mut out,
+        "garbage: data without an inode",
+        &r.orphan_data,
+        limit,
+        |d| format!("file {} on server {}: {}", d.id, d.server, human(d.bytes)),
+    );
+    out
+}
+
+fn summary(d: &VolumeDescriptor, snap: &Snapshot, r: &Report) -> String {
+    let reclaimable = r.unreachable.iter().filter(|u| u.aged).count();
+    let orphan_bytes: u64 = r.orphan_data.iter().map(|x| x.bytes).sum();
+    format!(
+        "fsck: volume {}: {} inodes, {} entries, {} data files on {} servers; \
+         {} errors ({} dangling entries, {} entries of missing directories, {} mismatches{}); \
+         garbage: {} unreachable inodes ({} older than the minimum age), {} orphan data files ({})",
+        d.uuid,
+        snap.inodes.len(),
+        snap.entries.len(),
+        snap.data.len(),
+        d.servers.len(),
+        r.errors(),
+        r.dangling.len(),
+        r.orphan_entries.len(),
+        r.mismatches(),
+        if r.root_missing { ", root missing" } else { "" },
+        r.unreachable.len(),
+        reclaimable,
+        r.orphan_data.len(),
+        human(orphan_bytes)
+    )
+}
+
+async fn fsck(args: &FsckArgs) -> Result<ExitCode> {
+    let first = Session::open(
+        &args.addr,
+        None,
+        admin::random_client_id(),
+        "morris-fsck",
+        CONNECT_TIMEOUT,
+    )
+    .await?;
+    let d = first
+        .descriptor
+        .clone()
+        .ok_or_else(|| anyhow!("server {} is not formatted", args.addr))?;
+    drop(first);
+    let sessions = open_all(&d, args.repair).await?;
+    let layout = Layout::new(d.servers.len() as u32, d.stripe_unit, u32::from(d.replicas));
+    let limit = if args.all { usize::MAX } else { 20 };
+
+    let snap = scan_all(&sessions, "scanning").await?;
+    let report = check::check(&snap, check::cutoff(Timestamp::now(), args.min_age));
+    print!("{}", render(&report, limit));
+    println!("{}", summary(&d, &snap, &report));
+    if !args.repair || report.errors() + report.garbage() == 0 {
+        return Ok(if report.errors() == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
+
+    // Act only on what a second scan confirms: a client changing things
+    // during the first one can make a finding appear that is not real.
+    let snap2 = scan_all(&sessions, "re-scanning to confirm").await?;
+    let cutoff = check::cutoff(Timestamp::now(), args.min_age);
+    let confirmed = check::check(&snap2, cutoff).confirmed_by(&report);
+    let plan = check::plan(&snap2, &confirmed);
+    for s in &plan.skipped {
+        println!("not repaired: {s}");
+    }
+    if plan.is_empty() {
+        println!(
+            "repair: nothing to do safely ({} errors confirmed by a second scan)",
+            confirmed.errors()
+        );
+        return Ok(if confirmed.errors() == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
+    println!("repairing: {} actions", plan.len());
+    let outcome = repair::Repairer::new(&sessions, layout, cutoff)
+        .run(&plan)
+        .await;
+    for s in &outcome.skipped {
+        println!("skipped: {s}");
+    }
+    for f in &outcome.failed {
+        println!("FAILED: {f}");
+    }
+    println!(
+        "repair: {} actions done, {} skipped, {} failed",
+        outcome.done,
+        outcome.skipped.len(),
+        outcome.failed.len()
+    );
+    let after = scan_all(&sessions, "verifying").await?;
+    let left = check::check(&after, check::cutoff(Timestamp::now(), args.min_age));
+    println!("after repair: {}", summary(&d, &after, &left));
+    Ok(if left.errors() == 0 && outcome.failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Runs `morris fsck`: exit 0 when no errors (garbage alone is not an error)
+/// remain, 1 otherwise.
+pub fn run(args: FsckArgs) -> Result<ExitCode> {
+    let rt = runtime::build()?;
+    rt.block_on(fsck(&args))
+}

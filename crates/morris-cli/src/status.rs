@@ -1,0 +1,418 @@
+//! `morris status`: the state and counters of every server of a volume.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{anyhow, Result};
+use clap::Args;
+use futures::future::join_all;
+use morris_proto::{Reply, Request, ServerStats, Timestamp, VolumeDescriptor};
+use serde::Serialize;
+
+use crate::admin::{self, deadline, Session, CONNECT_TIMEOUT};
+use crate::runtime;
+use crate::size::human;
+
+/// Arguments of `morris status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Address HOST:PORT of any server of the volume.
+    pub addr: String,
+    /// Also show how many requests of each kind every server has served.
+    #[arg(long)]
+    pub ops: bool,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Seconds to wait for each server before showing it as down.
+    #[arg(long, default_value_t = 2.0, value_name = "SECS",
+          value_parser = parse_secs)]
+    pub timeout: f64,
+}
+
+fn parse_secs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 3600.0 => Ok(v),
+        _ => Err(format!(
+            "{s:?} is not a number of seconds between 0 and 3600"
+        )),
+    }
+}
+
+/// One server's line of the report.
+#[derive(Debug, Serialize)]
+pub struct ServerReport {
+    /// Position in the volume.
+    pub index: usize,
+    /// Address from the descriptor.
+    pub address: String,
+    /// `up`, `down`, `unformatted` or `wrong-volume`.
+    pub state: &'static str,
+    /// Why it is not `up`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Its counters, when it answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stats: Option<ServerStats>,
+}
+
+/// The whole report.
+#[derive(Debug, Serialize)]
+pub struct VolumeReport {
+    /// The volume descriptor as the first server gave it.
+    pub volume: VolumeDescriptor,
+    /// Every server, in layout order.
+    pub servers: Vec<ServerReport>,
+}
+
+async fn probe(d: &VolumeDescriptor, index: usize, limit: Duration) -> ServerReport {
+    let addr = &d.servers[index];
+    let answer = deadline(limit, || format!("server {addr}"), async {
+        let s = Session::open(
+            addr,
+            None,
+            admin::random_client_id(),
+            "morris-status",
+            limit,
+        )
+        .await?;
+        match s.ask(&Request::Status).await? {
+            Reply::Status(st) => Ok((s.descriptor, s.index, st)),
+            other => Err(admin::unexpected(&Request::Status, addr, &other)),
+        }
+    })
+    .await;
+    let mut r = ServerReport {
+        index,
+        address: addr.clone(),
+        state: "up",
+        error: None,
+        stats: None,
+    };
+    match answer {
+        Err(e) => {
+            r.state = "down";
+            r.error = Some(format!("{e:#}"));
+        }
+        Ok((desc, idx, st)) => {
+            match desc {
+                None => {
+                    r.state = "unformatted";
+                    r.error = Some("the server is not formatted".into());
+                }
+                Some(other) if other.uuid != d.uuid => {
+                    r.state = "wrong-volume";
+                    r.error = Some(format!("the server belongs to volume {}", other.uuid));
+                }
+                Some(_) if idx != Some(index as u32) => {
+                    r.state = "wrong-volume";
+                    r.error = Some(format!(
+                        "the server thinks it is server {idx:?}, not {index}"
+                    ));
+                }
+                Some(_) => {}
+            }
+            r.stats = Some(st);
+        }
+    }
+    r
+}
+
+/// Asks `addr` for the volume, then every server for its counters.
+pub async fn collect(addr: &str, limit: Duration) -> Result<VolumeReport> {
+    let first = Session::open(
+        addr,
+        None,
+        admin::random_client_id(),
+        "morris-status",
+        limit.max(CONNECT_TIMEOUT),
+    )
+    .await?;
+    let volume = first
+        .descriptor
+        .ok_or_else(|| anyhow!("server {addr} is not formatted (see `morris format`)"))?;
+    let servers = join_all((0..volume.servers.len()).map(|i| probe(&volume, i, limit))).await;
+    Ok(VolumeReport { volume, servers })
+}
+
+/// A UTC date and time, `YYYY-MM-DD HH:MM:SS UTC`.
+pub fn utc(ts: Timestamp) -> String {
+    let days = ts.secs.div_euclid(86_400);
+    let rem = ts.secs.rem_euclid(86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn duration(secs: u64) -> String {
+    match secs {
+        s if s < 60 => format!("{s}s"),
+        s if s < 3600 => format!("{}m{:02}s", s / 60, s % 60),
+        s if s < 86_400 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        s => format!("{}d{:02}h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+/// Renders rows under headers; columns listed in `left` are left-aligned.
+pub fn table(headers: &[&str], rows: &[Vec<String>], left: &[usize]) -> String {
+    let mut width: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            if i < width.len() {
+                width[i] = width[i].max(c.chars().count());
+            }
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i > 0 {
+                s.push_str("  ");
+            }
+            let w = width.get(i).copied().unwrap_or(0);
+            if left.contains(&i) {
+                s.push_str(&format!("{c:<w$}"));
+            } else {
+                s.push_str(&format!("{c:>w$}"));
+            }
+        }
+        s.trim_end().to_string() + "\n"
+    };
+    let mut out = line(headers.to_vec());
+    for r in rows {
+        out.push_str(&line(r.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+/// The human-readable report.
+pub fn render(r: &VolumeReport, ops: bool) -> String {
+    let d = &r.volume;
+    let up = r.servers.iter().filter(|s| s.state == "up").count();
+    let mut out = format!(
+        "volume {}: {} of {} servers up; stripe unit {}, replicas {}, created {}\n\n",
+        d.uuid,
+        up,
+        r.servers.len(),
+        human(u64::from(d.stripe_unit)),
+        d.replicas,
+        utc(d.created)
+    );
+    let headers = [
+        "IDX",
+        "ADDRESS",
+        "STATE",
+        "INODES",
+        "DATA-FILES",
+        "DATA",
+        "LEASES",
+        "SESSIONS",
+        "REQUESTS",
+        "RECALLS",
+        "DISK-FREE",
+        "UPTIME",
+    ];
+    let rows: Vec<Vec<String>> = r
+        .servers
+        .iter()
+        .map(|s| {
+            let mut row = vec![s.index.to_string(), s.address.clone(), s.state.to_string()];
+            match &s.stats {
+                Some(st) => row.extend([
+                    st.inodes.to_string(),
+                    st.data_files.to_string(),
+                    human(st.data_bytes),
+                    st.leases.to_string(),
+                    st.sessions.to_string(),
+                    st.requests.to_string(),
+                    st.recalls.to_string(),
+                    human(st.disk_free),
+                    duration(st.uptime_secs),
+                ]),
+                None => row.extend(std::iter::repeat_n("-".to_string(), 9)),
+            }
+            row
+        })
+        .collect();
+    out.push_str(&table(&headers, &rows, &[1, 2]));
+    for s in r.servers.iter().filter(|s| s.error.is_some()) {
+        out.push_str(&format!(
+            "server {} ({}) {}: {}\n",
+            s.index,
+            s.address,
+            s.state,
+            s.error.as_deref().unwrap_or("")
+        ));
+    }
+    if ops {
+        out.push('\n');
+        out.push_str(&render_ops(r));
+    }
+    out
+}
+
+fn render_ops(r: &VolumeReport) -> String {
+    let mut by_op: BTreeMap<String, Vec<Option<u64>>> = BTreeMap::new();
+    let n = r.servers.len();
+    for s in &r.servers {
+        if let Some(st) = &s.stats {
+            for (op, count) in &st.requests_by_op {
+                let row = by_op.entry(op.clone()).or_insert_with(|| vec![None; n]);
+                row[s.index] = Some(row[s.index].unwrap_or(0) + count);
+            }
+        }
+    }
+    let mut ops: Vec<(String, Vec<Option<u64>>, u64)> = by_op
+        .into_iter()
+        .map(|(op, v)| {
+            let total = v.iter().flatten().sum();
+            (op, v, total)
+        })
+        .collect();
+    ops.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
+    let names: Vec<String> = (0..n).map(|i| format!("S{i}")).collect();
+    let mut headers = vec!["OP"];
+    headers.extend(names.iter().map(String::as_str));
+    headers.push("TOTAL");
+    let rows: Vec<Vec<String>> = ops
+        .into_iter()
+        .map(|(op, v, total)| {
+            let mut row = vec![op];
+            row.extend(
+                v.into_iter()
+                    .map(|c| c.map_or_else(|| "-".to_string(), |c| c.to_string())),
+            );
+            row.push(total.to_string());
+            row
+        })
+        .collect();
+    if rows.is_empty() {
+        return "no requests counted\n".into();
+    }
+    table(&headers, &rows, &[0])
+}
+
+/// Runs `morris status`.
+pub fn run(args: StatusArgs) -> Result<ExitCode> {
+    let rt = runtime::build()?;
+    let report = rt.block_on(collect(&args.addr, Duration::from_secs_f64(args.timeout)))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", render(&report, args.ops));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates() {
+        assert_eq!(
+            utc(Timestamp { secs: 0, nanos: 0 }),
+            "1970-01-01 00:00:00 UTC"
+        );
+        assert_eq!(
+            utc(Timestamp {
+                secs: 951_782_400,
+                nanos: 0
+            }),
+            "2000-02-29 00:00:00 UTC"
+        );
+        assert_eq!(
+            utc(Timestamp {
+                secs: 1_700_000_000,
+                nanos: 0
+            }),
+            "2023-11-14 22:13:20 UTC"
+        );
+        assert_eq!(
+            utc(Timestamp { secs: -1, nanos: 0 }),
+            "1969-12-31 23:59:59 UTC"
+        );
+    }
+
+    #[test]
+    fn tables_align() {
+        let t = table(
+            &["A", "NAME", "N"],
+            &[
+                vec!["0".into(), "x".into(), "100".into()],
+                vec!["10".into(), "long".into(), "2".into()],
+            ],
+            &[1],
+        );
+        assert_eq!(t, " A  NAME    N\n 0  x     100\n10  long    2\n");
+    }
+
+    fn report() -> VolumeReport {
+        let volume = VolumeDescriptor {
+            uuid: uuid::Uuid::nil(),
+            servers: vec!["h:1".into(), "h:2".into()],
+            stripe_unit: 1 << 20,
+            replicas: 1,
+            created: Timestamp { secs: 0, nanos: 0 },
+        };
+        let stats = ServerStats {
+            inodes: 7,
+            requests: 12,
+            requests_by_op: vec![("Read".into(), 10), ("Hello".into(), 2)],
+            ..ServerStats::default()
+        };
+        VolumeReport {
+            volume,
+            servers: vec![
+                ServerReport {
+                    index: 0,
+                    address: "h:1".into(),
+                    state: "up",
+                    error: None,
+                    stats: Some(stats),
+                },
+                ServerReport {
+                    index: 1,
+                    address: "h:2".into(),
+                    state: "down",
+                    error: Some("cannot connect".into()),
+                    stats: None,
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn renders_down_servers_and_ops() {
+        let text = render(&report(), true);
+        assert!(text.contains("1 of 2 servers up"), "{text}");
+        let down = text.lines().find(|l| l.contains("h:2")).unwrap();
+        assert!(down.contains("down"), "{text}");
+        assert!(
+            text.contains("server 1 (h:2) down: cannot connect"),
+            "{text}"
+        );
+        let read = text.lines().find(|l| l.starts_with("Read")).unwrap();
+        assert_eq!(
+            read.split_whitespace().collect::<Vec<_>>(),
+            ["Read", "10", "-", "10"]
+        );
+        let json = serde_json::to_value(report()).unwrap();
+        assert_eq!(json["servers"][1]["state"], "down");
+        assert_eq!(json["servers"][0]["stats"]["inodes"], 7);
+    }
+}

@@ -1,0 +1,515 @@
+//! `morris up`: a whole local cluster in one command — N servers on
+//! consecutive ports, formatted the first time, mounted — torn down on Ctrl-C.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use morris_proto::{VolumeDescriptor, DEFAULT_STRIPE_UNIT};
+use tracing::{info, warn};
+
+use crate::admin::{self, Session};
+use crate::format::{describe, format_volume, new_descriptor};
+use crate::mount::{self, MountTuning};
+use crate::mountinfo;
+use crate::runtime::{self, Terminate};
+use crate::size::{human, parse_stripe_unit};
+
+/// Arguments of `morris up`.
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Number of stripe servers to start.
+    #[arg(long, default_value_t = 4, value_name = "N",
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub servers: u16,
+    /// Directory for the servers' data (DIR/server-<i>) and logs (DIR/server-<i>.log);
+    /// rerunning with the same directory reuses the volume.
+    #[arg(long, default_value = "./morris-data", value_name = "DIR")]
+    pub dir: PathBuf,
+    /// Where to mount the volume (created if missing).
+    #[arg(long, default_value = "./mnt", value_name = "DIR")]
+    pub mount: PathBuf,
+    /// First port; the servers listen on 127.0.0.1 ports PORT .. PORT+N-1.
+    #[arg(long, default_value_t = 7700, value_name = "PORT",
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub port: u16,
+    /// Stripe unit for a new volume (power of two from 4K to 64M; default 1M).
+    #[arg(long, value_name = "SIZE", value_parser = parse_stripe_unit)]
+    pub stripe_unit: Option<u32>,
+    /// Copies of every block for a new volume (default 1).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..))]
+    pub replicas: Option<u8>,
+    /// The servers' lease duration in milliseconds.
+    #[arg(long, default_value_t = 10_000, value_name = "MS",
+          value_parser = clap::value_parser!(u32).range(100..=3_600_000))]
+    pub lease_ms: u32,
+    #[command(flatten)]
+    pub tuning: MountTuning,
+}
+
+/// What the servers say about the volume they hold.
+#[derive(Debug, PartialEq)]
+pub enum Found {
+    /// No server is formatted: format a new volume.
+    Fresh,
+    /// Every server belongs to this volume, in this order.
+    Existing(VolumeDescriptor),
+}
+
+/// Decides from each server's hello (descriptor, index) whether to format,
+/// reuse, or refuse a mixed set.
+pub fn classify(
+    addrs: &[String],
+    hellos: &[(Option<VolumeDescriptor>, Option<u32>)],
+    dir: &Path,
+) -> Result<Found> {
+    let formatted: Vec<usize> = (0..hellos.len())
+        .filter(|&i| hellos[i].0.is_some())
+        .collect();
+    if formatted.is_empty() {
+        return Ok(Found::Fresh);
+    }
+    let list = |v: &[usize]| {
+        v.iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if formatted.len() < hellos.len() {
+        let blank: Vec<usize> = (0..hellos.len())
+            .filter(|&i| hellos[i].0.is_none())
+            .collect();
+        bail!(
+            "servers {} hold a formatted volume but servers {} are unformatted (an earlier \
+             format was interrupted, or --servers changed); remove {} to start over",
+            list(&formatted),
+            list(&blank),
+            dir.display()
+        );
+    }
+    let mut uuids: Vec<String> = hellos
+        .iter()
+        .filter_map(|h| h.0.as_ref().map(|d| d.uuid.to_string()))
+        .collect();
+    uuids.sort();
+    uuids.dedup();
+    if uuids.len() > 1 {
+        bail!(
+            "the servers hold different volumes ({}); remove {} to start over",
+            uuids.join(", "),
+            dir.display()
+        );
+    }
+    let Some(d) = hellos.first().and_then(|h| h.0.clone()) else {
+        return Ok(Found::Fresh);
+    };
+    let in_order = d.servers.as_slice() == addrs
+        && hellos
+            .iter()
+            .enumerate()
+            .all(|(i, h)| h.1 == Some(i as u32));
+    if !in_order {
+        bail!(
+            "{} holds volume {} whose servers are {} but this run started {}; \
+             rerun with the same --servers and --port",
+            dir.display(),
+            d.uuid,
+            d.servers.join(","),
+            addrs.join(",")
+        );
+    }
+    Ok(Found::Existing(d))
+}
+
+struct ServerProc {
+    addr: String,
+    data: PathBuf,
+    log: PathBuf,
+    child: Child,
+    done: bool,
+}
+
+/// The server processes `up` started; stopped when dropped.
+struct ServerSet {
+    procs: Vec<ServerProc>,
+}
+
+/// The last lines of a log file, for error messages.
+fn tail(path: &Path, lines: usize) -> String {
+    let Ok(f) = File::open(path) else {
+        return String::new();
+    };
+    let all: Vec<String> = BufReader::new(f).lines().map_while(Result::ok).collect();
+    let start = all.len().saturating_sub(lines);
+    all[start..].join("\n")
+}
+
+impl ServerSet {
+    /// Starts `n` servers on 127.0.0.1 ports `port..port+n`.
+    fn spawn(exe: &Path, dir: &Path, port: u16, n: u16, lease_ms: u32) -> Result<Self> {
+        let mut set = ServerSet { procs: Vec::new() };
+        for i in 0..n {
+            let p = port + i;
+            let addr = format!("127.0.0.1:{p}");
+            let data = dir.join(format!("server-{i}"));
+            let log = dir.join(format!("server-{i}.log"));
+            let out = File::options()
+                .create(true)
+                .append(true)
+                .open(&log)
+                .with_context(|| format!("cannot open {}", log.display()))?;
+            let err = out
+                .try_clone()
+                .context("cannot duplicate a log file handle")?;
+            let mut cmd = Command::new(exe);
+            cmd.arg("server")
+                .arg("--data")
+                .arg(&data)
+                .arg("--listen")
+                .arg(&addr)
+                .arg("--lease-ms")
+                .arg(lease_ms.to_string())
+                .stdin(Stdio::null())
+                .stdout(out)
+                .stderr(err)
+                // Own process group: a terminal Ctrl-C reaches `up` only, which
+                // unmounts first and then stops the servers.
+                .process_group(0);
+            let parent = std::process::id() as libc::pid_t;
+            // SAFETY: the closure only makes async-signal-safe syscalls.
+            unsafe {
+                cmd.pre_exec(move || {
+                    // Die with `up` even if it is killed without a chance to clean up.
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    if libc::getppid() != parent {
+                        return Err(std::io::Error::other("parent exited"));
+                    }
+                    Ok(())
+                });
+            }
+            let child = cmd
+                .spawn()
+                .with_context(|| format!("cannot start {} server", exe.display()))?;
+            info!(index = i, %addr, pid = child.id(), "server started");
+            set.procs.push(ServerProc {
+                addr,
+                data,
+                log,
+                child,
+                done: false,
+            });
+        }
+        Ok(set)
+    }
+
+    /// Waits until every server answers hello; returns their (descriptor, index).
+    async fn wait_ready(
+        &mut self,
+        term: &mut Terminate,
+    ) -> Result<Vec<(Option<VolumeDescriptor>, Option<u32>)>> {
+        let id = admin::random_client_id();
+        let mut out = Vec::new();
+        for (i, p) in self.procs.iter_mut().enumerate() {
+            let start = Instant::now();
+            loop {
+                if let Some(status) = p.child.try_wait().context("cannot check a server")? {
+                    p.done = true;
+                    bail!(
+                        "server {i} ({}) exited with {status} before answering; its log {} ends:\n{}",
+                        p.addr,
+                        p.log.display(),
+                        tail(&p.log, 15)
+                    );
+                }
+                let attempt = tokio::select! {
+                    r = Session::open(&p.addr, None, id, "morris-up", Duration::from_secs(2)) => r,
+                    sig = term.recv() => bail!("{sig} while starting the servers"),
+                };
+                match attempt {
+                    Ok(s) => {
+                        out.push((s.descriptor, s.index));
+                        break;
+                    }
+                    Err(e) if start.elapsed() > Duration::from_secs(30) => bail!(
+                        "server {i} did not answer on {} within 30 s ({e:#}); see {}",
+                        p.addr,
+                        p.log.display()
+                    ),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Warns (once per server) about servers that exited on their own.
+    fn check_exits(&mut self) {
+        for (i, p) in self.procs.iter_mut().enumerate() {
+            if p.done {
+                continue;
+            }
+            if let Ok(Some(status)) = p.child.try_wait() {
+                p.done = true;
+                warn!(
+                    index = i,
+                    addr = %p.addr,
+                    %status,
+                    log = %p.log.display(),
+                    "server exited; the volume is unavailable until `morris up` is restarted"
+                );
+            }
+        }
+    }
+
+    /// SIGTERM to every server, then SIGKILL to those still running after 10 s.
+    fn stop(&mut self) {
+        for p in self.procs.iter().filter(|p| !p.done) {
+            if let Ok(pid) = libc::pid_t::try_from(p.child.id()) {
+                // SAFETY: `pid` is our own child, not yet reaped.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+        }
+        let start = Instant::now();
+        loop {
+            let mut running = 0;
+            for p in self.procs.iter_mut().filter(|p| !p.done) {
+                match p.child.try_wait() {
+                    Ok(Some(_)) | Err(_) => p.done = true,
+                    Ok(None) => running += 1,
+                }
+            }
+            if running == 0 {
+                return;
+            }
+            if start.elapsed() > Duration::from_secs(10) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for p in self.procs.iter_mut().filter(|p| !p.done) {
+            warn!(addr = %p.addr, "server ignored SIGTERM; killing it");
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+            p.done = true;
+        }
+    }
+}
+
+impl Drop for ServerSet {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Fails with a clear message if a port is taken.
+fn check_ports(port: u16, n: u16) -> Result<()> {
+    let last = u32::from(port) + u32::from(n) - 1;
+    if last > u32::from(u16::MAX) {
+        bail!("ports {port}..{last} do not fit below 65536; choose a lower --port");
+    }
+    for p in port..=last as u16 {
+        if let Err(e) = std::net::TcpListener::bind(("127.0.0.1", p)) {
+            if e.kind() == std::io::ErrorKind::AddrInUse {
+                bail!(
+                    "port {p} on 127.0.0.1 is already in use (is another `morris up` \
+                     running?); choose other ports with --port"
+                );
+            }
+            bail!("cannot listen on 127.0.0.1:{p}: {e}");
+        }
+    }
+    Ok(())
+}
+
+/// Runs `morris up`.
+pub fn run(args: UpArgs) -> Result<ExitCode> {
+    args.tuning.check_permissions()?;
+    std::fs::create_dir_all(&args.dir)
+        .with_context(|| format!("cannot create {}", args.dir.display()))?;
+    let dir = args
+        .dir
+        .canonicalize()
+        .with_context(|| format!("bad path {}", args.dir.display()))?;
+    if let Ok(Some(_)) = mountinfo::find(&mountinfo::absolute(&args.mount)?) {
+        bail!(
+            "{} is already mounted (is another `morris up` running? `morris umount {}` \
+             unmounts it)",
+            args.mount.display(),
+            args.mount.display()
+        );
+    }
+    std::fs::create_dir_all(&args.mount)
+        .with_context(|| format!("cannot create {}", args.mount.display()))?;
+    let mp = mount::prepare_mountpoint(&args.mount)?;
+    check_ports(args.port, args.servers)?;
+    let exe = std::env::current_exe().context("cannot find the morris executable")?;
+
+    let rt = runtime::build()?;
+    let mut term = {
+        let _enter = rt.enter();
+        Terminate::install()?
+    };
+    let mut servers = ServerSet::spawn(&exe, &dir, args.port, args.servers, args.lease_ms)?;
+    let addrs: Vec<String> = servers.procs.iter().map(|p| p.addr.clone()).collect();
+    let hellos = rt.block_on(servers.wait_ready(&mut term))?;
+    let (d, fresh) = match classify(&addrs, &hellos, &dir)? {
+        Found::Fresh => {
+            let d = new_descriptor(
+                addrs.clone(),
+                args.stripe_unit.unwrap_or(DEFAULT_STRIPE_UNIT),
+                args.replicas.unwrap_or(1),
+            )?;
+            rt.block_on(format_volume(&d))?;
+            (d, true)
+        }
+        Found::Existing(d) => {
+            if args.stripe_unit.is_some_and(|u| u != d.stripe_unit) {
+                warn!(
+                    "--stripe-unit ignored: volume {} exists with stripe unit {}",
+                    d.uuid,
+                    human(u64::from(d.stripe_unit))
+                );
+            }
+            if args.replicas.is_some_and(|r| r != d.replicas) {
+                warn!(
+                    "--replicas ignored: volume {} exists with {} replicas",
+                    d.uuid, d.replicas
+                );
+            }
+            (d, false)
+        }
+    };
+
+    let name = format!("up@{}:{}", mount::hostname(), mp.display());
+    let client = rt.block_on(mount::connect(
+        &mut term,
+        &addrs[0],
+        args.tuning.client_config(name),
+    ))?;
+    let guard = match mount::start(&rt, client.clone(), &mp, &args.tuning.mount_options()) {
+        Ok(g) => g,
+        Err(e) => {
+            mount::shutdown_client(&rt, &client);
+            return Err(e);
+        }
+    };
+
+    println!(
+        "morris up: {} volume",
+        if fresh {
+            "formatted a new"
+        } else {
+            "reusing the"
+        }
+    );
+    print!("{}", describe(&d));
+    for (i, p) in servers.procs.iter().enumerate() {
+        println!(
+            "  server {i}  pid {}  data {}  log {}",
+            p.child.id(),
+            p.data.display(),
+            p.log.display()
+        );
+    }
+    println!("mounted at {}", mp.display());
+    println!("Ctrl-C (or SIGTERM) unmounts and stops the servers.");
+
+    let held = mount::hold(&rt, &mut term, guard, &mp, || servers.check_exits());
+    mount::shutdown_client(&rt, &client);
+    drop(client);
+    rt.shutdown_timeout(Duration::from_secs(5));
+    servers.stop();
+    held?;
+    println!(
+        "morris up: unmounted {} and stopped {} servers",
+        mp.display(),
+        addrs.len()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use morris_proto::Timestamp;
+
+    fn desc(addrs: &[String]) -> VolumeDescriptor {
+        VolumeDescriptor {
+            uuid: uuid::Uuid::new_v4(),
+            servers: addrs.to_vec(),
+            stripe_unit: 1 << 20,
+            replicas: 1,
+            created: Timestamp::now(),
+        }
+    }
+
+    #[test]
+    fn classifies_server_sets() {
+        let dir = Path::new("/d");
+        let addrs = vec!["127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()];
+        assert_eq!(
+            classify(&addrs, &[(None, None), (None, None)], dir).unwrap(),
+            Found::Fresh
+        );
+        let d = desc(&addrs);
+        assert_eq!(
+            classify(
+                &addrs,
+                &[(Some(d.clone()), Some(0)), (Some(d.clone()), Some(1))],
+                dir
+            )
+            .unwrap(),
+            Found::Existing(d.clone())
+        );
+        let mixed = classify(&addrs, &[(Some(d.clone()), Some(0)), (None, None)], dir)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            mixed.contains("servers 0 hold") && mixed.contains("servers 1 are unformatted"),
+            "{mixed}"
+        );
+        let other = desc(&addrs);
+        let two = classify(
+            &addrs,
+            &[(Some(d.clone()), Some(0)), (Some(other), Some(1))],
+            dir,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(two.contains("different volumes"), "{two}");
+        let swapped = classify(
+            &addrs,
+            &[(Some(d.clone()), Some(1)), (Some(d.clone()), Some(0))],
+            dir,
+        );
+        assert!(swapped.is_err());
+        let moved = vec!["127.0.0.1:3".to_string(), "127.0.0.1:4".to_string()];
+        let e = classify(
+            &moved,
+            &[(Some(d.clone()), Some(0)), (Some(d), Some(1))],
+            dir,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("same --servers and --port"), "{e}");
+    }
+
+    #[test]
+    fn taken_ports_are_named() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = l.local_addr().unwrap().port();
+        let e = check_ports(p, 1).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("port {p}")) && e.contains("in use"),
+            "{e}"
+        );
+        assert!(check_ports(65535, 2).is_err());
+    }
+}

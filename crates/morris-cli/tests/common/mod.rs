@@ -1,0 +1,647 @@
+//! Integration-test harness: real `morris server` processes on free
+//! 127.0.0.1 ports with temporary data directories, formatted through
+//! `morris format`, and FUSE mounts through `morris mount`.
+//!
+//! Every process is killed by PID and every mount unmounted when its owner is
+//! dropped. Servers also get `PR_SET_PDEATHSIG`, which fires when the *thread*
+//! that started them ends: keep a `Cluster` on the test's own thread.
+//!
+//! Tests that mount need `/dev/fuse` and `fusermount3`; without them they
+//! fail with a message saying so (they are never skipped).
+
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::io::Read;
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+/// The `morris` binary under test.
+pub const MORRIS: &str = env!("CARGO_BIN_EXE_morris");
+
+/// Runs `morris` with `args` and returns its output.
+pub fn morris(args: &[&str]) -> Output {
+    Command::new(MORRIS)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {MORRIS}: {e}"))
+}
+
+/// A command's stdout as text.
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A command's stderr as text.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Both streams, for assertion messages.
+pub fn both(o: &Output) -> String {
+    format!(
+        "status {}\n--- stdout\n{}--- stderr\n{}",
+        o.status,
+        stdout(o),
+        stderr(o)
+    )
+}
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("cannot bind an ephemeral port");
+    l.local_addr().expect("no local address").port()
+}
+
+/// A first port P such that P .. P+n are all free right now.
+pub fn free_ports(n: u16) -> u16 {
+    for _ in 0..200 {
+        let p = free_port();
+        if u32::from(p) + u32::from(n) > 65_000 {
+            continue;
+        }
+        let all: Vec<_> = (p..p + n)
+            .map(|q| TcpListener::bind(("127.0.0.1", q)))
+            .collect();
+        if all.iter().all(Result::is_ok) {
+            return p;
+        }
+    }
+    panic!("cannot find {n} consecutive free ports");
+}
+
+/// Panics unless FUSE can be used here.
+pub fn require_fuse() {
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "this test needs FUSE but /dev/fuse is missing (load the fuse module, or give the \
+         container --device /dev/fuse --cap-add SYS_ADMIN)"
+    );
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join("fusermount3").is_file()))
+        .unwrap_or(false);
+    assert!(
+        found,
+        "this test needs fusermount3, which is not on PATH (run scripts/setup.sh: it installs fuse3)"
+    );
+}
+
+/// True if the running user is root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// True if `path` is a mount point right now.
+pub fn is_mounted(path: &Path) -> bool {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let want = path.to_string_lossy().replace(' ', "\\040");
+    text.lines()
+        .any(|l| l.split(' ').nth(4).is_some_and(|m| m == want))
+}
+
+/// Waits for a child to exit, at most `limit`.
+pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let start = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(s)) => return Some(s),
+            Ok(None) if start.elapsed() < limit => std::thread::sleep(Duration::from_millis(50)),
+            _ => return None,
+        }
+    }
+}
+
+/// Sends `sig` to `pid`.
+pub fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: plain kill(2) on a pid we started.
+    unsafe { libc::kill(pid as libc::pid_t, sig) };
+}
+
+/// True if a process with this pid exists (zombies count as gone only once reaped).
+pub fn alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    unsafe { libc::kill(pid as libc::pid_t, 0) == 0 }
+}
+
+/// The contents of a file, or a note that it is unreadable.
+pub fn read_log(path: &Path) -> String {
+    let mut s = String::new();
+    match File::open(path) {
+        Ok(mut f) => {
+            let _ = f.read_to_string(&mut s);
+            s
+        }
+        Err(e) => format!("(cannot read {}: {e})", path.display()),
+    }
+}
+
+/// Makes a child die with the thread that started it.
+fn die_with_parent(cmd: &mut Command) {
+    // SAFETY: prctl is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// How a cluster is set up.
+#[derive(Debug, Clone)]
+pub struct ClusterOpts {
+    /// The servers' lease duration.
+    pub lease_ms: u32,
+    /// `--stripe-unit` for format.
+    pub stripe_unit: String,
+    /// `--replicas` for format.
+    pub replicas: u8,
+    /// Run `morris format` (else the servers stay unformatted).
+    pub format: bool,
+}
+
+impl Default for ClusterOpts {
+    fn default() -> Self {
+        ClusterOpts {
+            lease_ms: 1500,
+            stripe_unit: "64K".into(),
+            replicas: 1,
+            format: true,
+        }
+    }
+}
+
+/// One server process.
+pub struct ServerProc {
+    /// `127.0.0.1:port`.
+    pub addr: String,
+    /// Its data directory.
+    pub data: PathBuf,
+    /// Its log file.
+    pub log: PathBuf,
+    child: Option<Child>,
+}
+
+impl ServerProc {
+    /// The process id, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+}
+
+/// A set of running servers, formatted into one volume unless asked not to.
+pub struct Cluster {
+    /// The servers, in layout order.
+    pub servers: Vec<ServerProc>,
+    /// The volume uuid, once formatted.
+    pub uuid: Option<String>,
+    /// The options it was started with.
+    pub opts: ClusterOpts,
+    dir: TempDir,
+}
+
+fn spawn_server(data: &Path, log: &Path, addr: &str, lease_ms: u32) -> Child {
+    let out = File::options()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("cannot open a server log");
+    let err = out.try_clone().expect("cannot clone a file handle");
+    let mut cmd = Command::new(MORRIS);
+    cmd.arg("server")
+        .arg("--data")
+        .arg(data)
+        .arg("--listen")
+        .arg(addr)
+        .arg("--lease-ms")
+        .arg(lease_ms.to_string())
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    die_with_parent(&mut cmd);
+    cmd.spawn().expect("cannot start morris server")
+}
+
+/// Waits until `addr` accepts connections; `Err` with the exit status if the
+/// process exits first.
+fn wait_listening(child: &mut Child, addr: &str) -> Result<(), String> {
+    let start = Instant::now();
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("exited with {status}"));
+        }
+        if TcpStream::connect_timeout(
+            &addr.parse().expect("bad address"),
+            Duration::from_millis(200),
+        )
+        .is_ok()
+        {
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            return Err("not listening after 30 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+impl Cluster {
+    /// Starts `n` servers and (unless `opts.format` is false) formats them.
+    pub fn start(n: usize, opts: ClusterOpts) -> Cluster {
+        Cluster::start_at(n, opts, None)
+    }
+
+    /// Like [`Cluster::start`], but the servers' data directories are
+    /// `data_root/server-<i>` (e.g. on a small tmpfs); logs stay in the
+    /// cluster's temporary directory.
+    pub fn start_with_data_root(n: usize, opts: ClusterOpts, data_root: &Path) -> Cluster {
+        Cluster::start_at(n, opts, Some(data_root))
+    }
+
+    fn start_at(n: usize, opts: ClusterOpts, data_root: Option<&Path>) -> Cluster {
+        let dir = tempfile::Builder::new()
+            .prefix("morris-cluster-")
+            .tempdir()
+            .expect("cannot create a temporary directory");
+        let mut c = Cluster {
+            servers: Vec::new(),
+            uuid: None,
+            opts,
+            dir,
+        };
+        for i in 0..n {
+            let data = data_root
+                .unwrap_or(c.dir.path())
+                .join(format!("server-{i}"));
+            let log = c.dir.path().join(format!("server-{i}.log"));
+            let mut last = String::new();
+            let mut started = None;
+            // A free port can be taken between finding and binding it: retry.
+            for _ in 0..5 {
+                let addr = format!("127.0.0.1:{}", free_port());
+                let mut child = spawn_server(&data, &log, &addr, c.opts.lease_ms);
+                match wait_listening(&mut child, &addr) {
+                    Ok(()) => {
+                        started = Some((addr, child));
+                        break;
+                    }
+                    Err(e) => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        last = e;
+                    }
+                }
+            }
+            let Some((addr, child)) = started else {
+                panic!(
+                    "server {i} did not start ({last}); its log:\n{}",
+                    read_log(&log)
+                );
+            };
+            c.servers.push(ServerProc {
+                addr,
+                data,
+                log,
+                child: Some(child),
+            });
+        }
+        if c.opts.format {
+            c.format();
+        }
+        c
+    }
+
+    /// Formats the servers with `morris format`.
+    pub fn format(&mut self) {
+        let servers = self.addrs().join(",");
+        let o = morris(&[
+            "format",
+            "--servers",
+            &servers,
+            "--stripe-unit",
+            &self.opts.stripe_unit,
+            "--replicas",
+            &self.opts.replicas.to_string(),
+        ]);
+        assert!(o.status.success(), "morris format failed: {}", both(&o));
+        let out = stdout(&o);
+        let uuid = out
+            .lines()
+            .find_map(|l| l.strip_prefix("formatted volume "))
+            .unwrap_or_else(|| panic!("no uuid in format output:\n{out}"));
+        self.uuid = Some(uuid.trim().to_string());
+    }
+
+    /// Server addresses in layout order.
+    pub fn addrs(&self) -> Vec<String> {
+        self.servers.iter().map(|s| s.addr.clone()).collect()
+    }
+
+    /// Address of server `i`.
+    pub fn addr(&self, i: usize) -> &str {
+        &self.servers[i].addr
+    }
+
+    /// PIDs of the running servers (`None` for a killed one).
+    pub fn pids(&self) -> Vec<Option<u32>> {
+        self.servers.iter().map(ServerProc::pid).collect()
+    }
+
+    /// The cluster's temporary directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The volume uuid (panics if not formatted).
+    pub fn uuid(&self) -> &str {
+        self.uuid.as_deref().expect("the cluster is not formatted")
+    }
+
+    /// Kills server `i` with SIGKILL and reaps it.
+    pub fn kill9(&mut self, i: usize) {
+        if let Some(mut child) = self.servers[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts server `i` again on its address and data (after `kill9`).
+    pub fn restart(&mut self, i: usize) {
+        self.kill9(i);
+        let s = &mut self.servers[i];
+        let mut child = spawn_server(&s.data, &s.log, &s.addr, self.opts.lease_ms);
+        if let Err(e) = wait_listening(&mut child, &s.addr) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "server {i} did not restart on {} ({e}); its log:\n{}",
+                s.addr,
+                read_log(&s.log)
+            );
+        }
+        s.child = Some(child);
+    }
+
+    /// Mounts the volume with `morris mount ADDR DIR` (foreground child) and
+    /// waits until the kernel lists the mount.
+    pub fn mount(&self) -> Mount {
+        Mount::start(self.addr(0), &[])
+    }
+
+    /// All server logs, for assertion messages.
+    pub fn logs(&self) -> String {
+        self.servers
+            .iter()
+            .enumerate()
+            .map(|(i, s)| format!("--- server {i} log\n{}", read_log(&s.log)))
+            .collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 0..self.servers.len() {
+            self.kill9(i);
+        }
+    }
+}
+
+/// A FUSE mount served by a foreground `morris mount` child process.
+pub struct Mount {
+    /// The mount point.
+    pub path: PathBuf,
+    /// The mount process's log (stdout and stderr).
+    pub log: PathBuf,
+    child: Option<Child>,
+    _dir: TempDir,
+}
+
+impl Mount {
+    /// Runs `morris mount ADDR <tempdir> EXTRA...` and waits for the mount.
+    pub fn start(addr: &str, extra: &[&str]) -> Mount {
+        require_fuse();
+        let dir = tempfile::Builder::new()
+            .prefix("morris-mount-")
+            .tempdir()
+            .expect("cannot create a temporary directory");
+        let path = dir
+            .path()
+            .canonicalize()
+            .expect("cannot resolve a temporary directory")
+            .join("mnt");
+        std::fs::create_dir(&path).expect("cannot create the mount point");
+        let log = dir.path().join("mount.log");
+        let out = File::create(&log).expect("cannot create the mount log");
+        let err = out.try_clone().expect("cannot clone a file handle");
+        let mut cmd = Command::new(MORRIS);
+        cmd.arg("mount").arg(addr).arg(&path).args(extra);
+        if !is_root() {
+            cmd.arg("--no-allow-other");
+        }
+        cmd.env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err);
+        die_with_parent(&mut cmd);
+        let mut child = cmd.spawn().expect("cannot start morris mount");
+        let start = Instant::now();
+        while !is_mounted(&path) {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "morris mount exited with {status} before mounting; its log:\n{}",
+                    read_log(&log)
+                );
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "{} not mounted after 30 s; morris mount log:\n{}",
+                    path.display(),
+                    read_log(&log)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        Mount {
+            path,
+            log,
+            child: Some(child),
+            _dir: dir,
+        }
+    }
+
+    /// The mount process's pid.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Waits (at most `limit`) for the mount process to exit on its own.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let child = self.child.as_mut()?;
+        let status = wait_timeout(child, limit);
+        if status.is_some() {
+            self.child = None;
+        }
+        status
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        for attempt in 0..20 {
+            if !is_mounted(&self.path) {
+                break;
+            }
+            let mut cmd = Command::new("fusermount3");
+            cmd.arg("-u");
+            if attempt >= 10 {
+                cmd.arg("-z");
+            }
+            let _ = cmd.arg(&self.path).stderr(Stdio::null()).status();
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if let Some(mut child) = self.child.take() {
+            if wait_timeout(&mut child, Duration::from_secs(20)).is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+impl Mount {
+    /// Kills the mount process with SIGKILL (as a crash would), reaps it and
+    /// lazily detaches its now dead mount point.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for _ in 0..50 {
+            if !is_mounted(&self.path) {
+                return;
+            }
+            let _ = Command::new("fusermount3")
+                .arg("-uz")
+                .arg(&self.path)
+                .stderr(Stdio::null())
+                .status();
+            if is_mounted(&self.path) {
+                let _ = Command::new("umount")
+                    .arg("-l")
+                    .arg(&self.path)
+                    .stderr(Stdio::null())
+                    .status();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "{} is still mounted after killing its mount process",
+            self.path.display()
+        );
+    }
+
+    /// Lets every user reach the mount point: the temporary directory that
+    /// holds it is created 0700.
+    pub fn open_to_all_users(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        let parent = self
+            .path
+            .parent()
+            .expect("a mount point has a parent directory");
+        std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o755))
+            .unwrap_or_else(|e| panic!("cannot chmod {}: {e}", parent.display()));
+    }
+}
+
+/// Asserts that `r` failed with errno `want`; `what` names the operation.
+pub fn expect_errno<T: std::fmt::Debug>(r: std::io::Result<T>, want: i32, what: &str) {
+    let wanted = std::io::Error::from_raw_os_error(want);
+    match r {
+        Ok(v) => panic!("{what}: expected the error \"{wanted}\", but it succeeded with {v:?}"),
+        Err(e) => assert_eq!(
+            e.raw_os_error(),
+            Some(want),
+            "{what}: expected the error \"{wanted}\", got \"{e}\""
+        ),
+    }
+}
+
+/// Calls `f` until it returns `Some`, at most for `limit`; panics with a
+/// message naming `what` (and the last thing `f` reported) if it never does.
+pub fn wait_for<T>(
+    limit: Duration,
+    what: &str,
+    mut f: impl FnMut() -> Result<T, String>,
+) -> T {
+    let start = Instant::now();
+    let mut last;
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(e) => last = e,
+        }
+        if start.elapsed() > limit {
+            panic!("{what}: still failing after {limit:?}; last error: {last}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Closes `f` with close(2) and returns its result (dropping a `File`
+/// ignores the error a close can report, e.g. a failed write-back).
+pub fn close_checked(f: File) -> std::io::Result<()> {
+    use std::os::fd::IntoRawFd;
+    let fd = f.into_raw_fd();
+    // SAFETY: we own `fd` (taken out of the File) and close it once.
+    if unsafe { libc::close(fd) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// A deterministic pseudo-random byte pattern: byte `i` of stream `seed`.
+/// Cheap to regenerate for any offset, so big files need not be kept in memory.
+pub fn pattern(seed: u64, offset: u64, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len);
+    let mut pos = offset;
+    while out.len() < len {
+        let word = pos / 8;
+        let mut x = (seed ^ word.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_add(0x632B_E59B_D9B4_E019);
+        x ^= x >> 30;
+        x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x ^= x >> 27;
+        x = x.wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^= x >> 31;
+        let bytes = x.to_le_bytes();
+        let start = (pos % 8) as usize;
+        let take = (8 - start).min(len - out.len());
+        out.extend_from_slice(&bytes[start..start + take]);
+        pos += take as u64;
+    }
+    out
+}
+
+/// Runs `morris fsck ADDR` and returns (exit success, stdout, everything for messages).
+pub fn fsck(addr: &str) -> (bool, String, String) {
+    let o = morris(&["fsck", addr, "--all"]);
+    (o.status.success(), stdout(&o), both(&o))
+}

@@ -1,0 +1,959 @@
+//! The request handler: sessions, lease bookkeeping, and dispatch of every
+//! [`Request`] to the store, the block files and the lease table.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use bytes::Bytes;
+use morris_proto::messages::LeaseMode;
+use morris_proto::net::{Conn, Service, ServiceFuture};
+use morris_proto::{
+    ErrorCode, FileId, Handle, Push, Reply, Request, ServerStats, WireError, MAX_FILE_SIZE,
+    PROTOCOL_VERSION,
+};
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+use tracing::{debug, info, warn};
+
+use crate::blocks::Blocks;
+use crate::leases::{Acquired, ClientId, Effects, LeaseTable, Millis, Recall, Ticket};
+use crate::store::{check_name, check_new_name, FormatOutcome, Formatted, Store};
+
+/// Every request name, in a fixed order, for the per-request counters.
+const OPS: [&str; 25] = [
+    "Hello",
+    "Format",
+    "Status",
+    "Statfs",
+    "Renew",
+    "AcquireRead",
+    "AcquireWrite",
+    "Release",
+    "GetInode",
+    "CreateInode",
+    "SetAttr",
+    "DeleteInode",
+    "Lookup",
+    "ReadDir",
+    "Link",
+    "Unlink",
+    "Rename",
+    "Read",
+    "Write",
+    "Truncate",
+    "DeleteData",
+    "Sync",
+    "ScanInodes",
+    "ScanEntries",
+    "ScanData",
+];
+
+/// Who is on the other end of a connection, after its `Hello`.
+#[derive(Debug, Clone)]
+struct Session {
+    client_id: ClientId,
+    name: String,
+    /// `Hello` named no volume: may not take leases.
+    admin: bool,
+}
+
+#[derive(Default)]
+struct Sessions {
+    by_conn: HashMap<u64, (Session, Weak<Conn>)>,
+    /// Live connections of each (non-admin) client, for pushes.
+    by_client: HashMap<ClientId, Vec<(u64, Weak<Conn>)>>,
+}
+
+struct LeaseState {
+    table: LeaseTable,
+    /// Waiting acquires: ticket → (connection id, wake-up).
+    waiters: HashMap<Ticket, (u64, oneshot::Sender<()>)>,
+}
+
+/// The stripe server's state, shared by every connection.
+pub(crate) struct Server {
+    store: Arc<Store>,
+    blocks: Arc<Blocks>,
+    data_dir: PathBuf,
+    lease_ms: u32,
+    epoch: u64,
+    started: Instant,
+    /// Lease-taking requests before this time (ms since start) get `Grace`.
+    grace_until: Millis,
+    leases: Mutex<LeaseState>,
+    sessions: Mutex<Sessions>,
+    requests: AtomicU64,
+    by_op: [AtomicU64; OPS.len()],
+    stopped: AtomicBool,
+}
+
+type Outcome = (Result<Reply, WireError>, Bytes);
+
+fn err(code: ErrorCode, msg: impl Into<String>) -> WireError {
+    WireError::new(code, msg)
+}
+
+/// Runs `f` on the blocking pool.
+async fn blocking<T, F>(f: F) -> Result<T, WireError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, WireError> + Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r,
+        Err(e) => Err(err(ErrorCode::Io, format!("server worker failed: {e}"))),
+    }
+}
+
+/// Whether a request takes a lease (and so waits out the grace period).
+fn takes_lease(req: &Request) -> bool {
+    matches!(
+        req,
+        Request::AcquireRead { .. }
+            | Request::AcquireWrite { .. }
+            | Request::CreateInode { .. }
+            | Request::SetAttr { .. }
+            | Request::DeleteInode { .. }
+            | Request::Lookup { .. }
+            | Request::ReadDir { .. }
+            | Request::Link { .. }
+            | Request::Unlink { .. }
+            | Request::Rename { .. }
+    )
+}
+
+/// The inode or file a request is about, for logs.
+fn subject(req: &Request) -> Option<FileId> {
+    match req {
+        Request::AcquireRead { ino }
+        | Request::AcquireWrite { ino }
+        | Request::SetAttr { ino, .. }
+        | Request::DeleteInode { ino } => Some(ino.id),
+        Request::Release { ino } | Request::GetInode { ino } => Some(*ino),
+        Request::CreateInode { parent, .. } => Some(*parent),
+        Request::Lookup { dir, .. }
+        | Request::ReadDir { dir, .. }
+        | Request::Link { dir, .. }
+        | Request::Unlink { dir, .. }
+        | Request::Rename { dir, .. } => Some(dir.id),
+        Request::Read { id, .. }
+        | Request::Write { id, .. }
+        | Request::Truncate { id, .. }
+        | Request::DeleteData { id } => Some(*id),
+        Request::Sync { id } => *id,
+        _ => None,
+    }
+}
+
+/// Cancels a waiting acquire if its request is abandoned.
+struct WaitGuard<'a> {
+    server: &'a Server,
+    ticket: Option<Ticket>,
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(t) = self.ticket.take() {
+            self.server.cancel_ticket(t);
+        }
+    }
+}
+
+impl Server {
+    pub(crate) fn new(
+        store: Arc<Store>,
+        blocks: Arc<Blocks>,
+        data_dir: PathBuf,
+        lease_ms: u32,
+    ) -> Server {
+        // A server that was never formatted can have granted no lease in a
+        // previous life, so it needs no grace period.
+        let grace_until = if store.formatted().is_some() {
+            Millis::from(lease_ms)
+        } else {
+            0
+        };
+        let epoch = loop {
+            let e: u64 = rand::random();
+            if e != 0 {
+                break e;
+            }
+        };
+        Server {
+            store,
+            blocks,
+            data_dir,
+            lease_ms,
+            epoch,
+            started: Instant::now(),
+            grace_until,
+            leases: Mutex::new(LeaseState {
+                table: LeaseTable::new(Millis::from(lease_ms)),
+                waiters: HashMap::new(),
+            }),
+            sessions: Mutex::new(Sessions::default()),
+            requests: AtomicU64::new(0),
+            by_op: std::array::from_fn(|_| AtomicU64::new(0)),
+            stopped: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    fn now_ms(&self) -> Millis {
+        self.started.elapsed().as_millis() as Millis
+    }
+
+    // ---------------------------------------------------------------- leases
+
+    /// Wakes granted waiters; returns the recalls to push once unlocked.
+    fn settle(st: &mut LeaseState, fx: Effects) -> Vec<Recall> {
+        for t in fx.granted {
+            if let Some((_, tx)) = st.waiters.remove(&t) {
+                // The waiter may be gone; its lease then runs out unused.
+                let _ = tx.send(());
+            }
+        }
+        for (client, ino) in &fx.revoked {
+            debug!(
+                client,
+                ino, "lease revoked (holder silent or recall overdue)"
+            );
+        }
+        fx.recalls
+    }
+
+    fn push_recalls(&self, recalls: Vec<Recall>) {
+        if recalls.is_empty() {
+            return;
+        }
+        let sessions = self.sessions.lock();
+        for r in recalls {
+            let msg = Push::Recall {
+                ino: r.ino,
+                want: r.want,
+            };
+            let mut sent = 0;
+            if let Some(conns) = sessions.by_client.get(&r.client) {
+                for (_, c) in conns {
+                    if let Some(c) = c.upgrade() {
+                        if c.push(&msg) {
+                            sent += 1;
+                        }
+                    }
+                }
+            }
+            debug!(client = r.client, ino = r.ino, want = ?r.want, sent, "recall");
+        }
+    }
+
+    fn cancel_ticket(&self, t: Ticket) {
+        let recalls = {
+            let mut st = self.leases.lock();
+            st.waiters.remove(&t);
+            let mut fx = Effects::default();
+            let now = self.now_ms();
+            st.table.cancel(t, now, &mut fx);
+            Self::settle(&mut st, fx)
+        };
+        self.push_recalls(recalls);
+    }
+
+    /// Takes `mode` on `ino` for `client`, waiting for conflicting holders.
+    async fn lease(
+        &self,
+        client: ClientId,
+        conn_id: u64,
+        ino: FileId,
+        mode: LeaseMode,
+    ) -> Result<(), WireError> {
+        let (wait, recalls) = {
+            let mut st = self.leases.lock();
+            let mut fx = Effects::default();
+            let now = self.now_ms();
+            let wait = match st.table.acquire(client, ino, mode, now, &mut fx) {
+                Acquired::Granted => None,
+                Acquired::Waiting(t) => {
+                    let (tx, rx) = oneshot::channel();
+                    st.waiters.insert(t, (conn_id, tx));
+                    Some((t, rx))
+                }
+            };
+            (wait, Self::settle(&mut st, fx))
+        };
+        self.push_recalls(recalls);
+        let Some((ticket, rx)) = wait else {
+            return Ok(());
+        };
+        debug!(client, ino, ?mode, ticket, "lease request waits");
+        let mut guard = WaitGuard {
+            server: self,
+            ticket: Some(ticket),
+        };
+        let r = rx.await;
+        guard.ticket = None;
+        match r {
+            Ok(()) => Ok(()),
+            Err(_) => Err(err(
+                ErrorCode::Unavailable,
+                "lease request abandoned (connection closed or server stopping)",
+            )),
+        }
+    }
+
+    fn release(&self, client: ClientId, ino: FileId) {
+        let recalls = {
+            let mut st = self.leases.lock();
+            let mut fx = Effects::default();
+            let now = self.now_ms();
+            st.table.release(client, ino, now, &mut fx);
+            Self::settle(&mut st, fx)
+        };
+        self.push_recalls(recalls);
+    }
+
+    /// Expires silent clients and overdue recalls; run periodically.
+    pub(crate) fn tick(&self) {
+        let recalls = {
+            let mut st = self.leases.lock();
+            let mut fx = Effects::default();
+            let now = self.now_ms();
+            st.table.tick(now, &mut fx);
+            if fx.is_empty() {
+                return;
+            }
+            Self::settle(&mut st, fx)
+        };
+        self.push_recalls(recalls);
+    }
+
+    /// Refuses every later request and wakes every waiter.
+    pub(crate) fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        self.leases.lock().waiters.clear();
+        let mut s = self.sessions.lock();
+        s.by_conn.clear();
+        s.by_client.clear();
+    }
+
+    // -------------------------------------------------------------- dispatch
+
+    async fn handle(self: Arc<Self>, conn: Arc<Conn>, req: Request, payload: Bytes) -> Outcome {
+        let op = req.name();
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        if let Some(i) = OPS.iter().position(|&n| n == op) {
+            self.by_op[i].fetch_add(1, Ordering::Relaxed);
+        }
+        let ino = subject(&req);
+        let peer = conn.peer;
+        if self.stopped.load(Ordering::SeqCst) {
+            return (
+                Err(err(ErrorCode::Unavailable, "server is shutting down")),
+                Bytes::new(),
+            );
+        }
+        let out = self.dispatch(&conn, req, payload).await;
+        match &out.0 {
+            Ok(_) => debug!(%peer, op, ino, "served"),
+            Err(e) if matches!(e.code, ErrorCode::Io | ErrorCode::NoSpace) => {
+                warn!(%peer, op, ino, error = %e, "request failed")
+            }
+            Err(e) => debug!(%peer, op, ino, error = %e, "request refused"),
+        }
+        out
+    }
+
+    async fn dispatch(&self, conn: &Arc<Conn>, req: Request, payload: Bytes) -> Outcome {
+        let plain = |r: Result<Reply, WireError>| (r, Bytes::new());
+        match req {
+            Request::Hello {
+                volume,
+                client_id,
+                client_name,
+                version,
+            } => return plain(self.hello(conn, volume, client_id, client_name, version)),
+            Request::Format { descriptor, index } => {
+                let store = self.store.clone();
+                let gen = random_gen();
+                let r = blocking(move || store.format(&descriptor, index, gen)).await;
+                return plain(r.map(|o| {
+                    if o == FormatOutcome::Formatted {
+                        info!(index, "formatted");
+                    }
+                    Reply::Ok
+                }));
+            }
+            Request::Status => return plain(self.status().await.map(Reply::Status)),
+            Request::Statfs => return plain(self.statfs().await),
+            _ => {}
+        }
+        let session = self
+            .sessions
+            .lock()
+            .by_conn
+            .get(&conn.id)
+            .map(|(s, _)| (s.client_id, s.admin));
+        let (client, admin) = match session {
+            Some(x) => x,
+            None => {
+                return plain(Err(err(
+                    ErrorCode::Protocol,
+                    "send Hello before any other request",
+                )))
+            }
+        };
+        let now = self.now_ms();
+        if !admin {
+            self.leases.lock().table.touch(client, now);
+        }
+        let Some(vol) = self.store.formatted() else {
+            return plain(Err(err(
+                ErrorCode::WrongVolume,
+                "this server is not formatted",
+            )));
+        };
+        if takes_lease(&req) {
+            if admin {
+                return plain(Err(err(
+                    ErrorCode::Protocol,
+                    "an admin session (Hello without a volume) cannot take leases",
+                )));
+            }
+            if now < self.grace_until {
+                return plain(Err(err(
+                    ErrorCode::Grace,
+                    format!(
+                        "server restarted; lease grace period ends in {} ms",
+                        self.grace_until - now
+                    ),
+                )));
+            }
+        }
+        match req {
+            Request::Read {
+                id,
+                index,
+                offset,
+                len,
+            } => match self.read(&vol, id, index, offset, len).await {
+                Ok(data) => (Ok(Reply::Data), data),
+                Err(e) => plain(Err(e)),
+            },
+            other => plain(
+                self.metadata_op(&vol, client, conn.id, other, payload)
+                    .await,
+            ),
+        }
+    }
+
+    fn hello(
+        &self,
+        conn: &Arc<Conn>,
+        volume: Option<uuid::Uuid>,
+        client_id: ClientId,
+        client_name: String,
+        version: u32,
+    ) -> Result<Reply, WireError> {
+        if version != PROTOCOL_VERSION {
+            return Err(err(
+                ErrorCode::Protocol,
+                format!(
+                    "protocol version {version} is not supported (this server speaks {PROTOCOL_VERSION})"
+                ),
+            ));
+        }
+        let formatted = self.store.formatted();
+        if let Some(want) = volume {
+            match &formatted {
+                None => {
+                    return Err(err(
+                        ErrorCode::WrongVolume,
+                        format!("server is not formatted; client expects volume {want}"),
+                    ))
+                }
+                Some(f) if f.descriptor.uuid != want => {
+                    return Err(err(
+                        ErrorCode::WrongVolume,
+                        format!(
+                            "server belongs to volume {}, client expects volume {want}",
+                            f.descriptor.uuid
+                        ),
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        let session = Session {
+            client_id,
+            name: client_name.chars().take(256).collect(),
+            admin: volume.is_none(),
+        };
+        info!(peer = %conn.peer, client = client_id, name = %session.name, admin = session.admin, "session opened");
+        {
+            let mut s = self.sessions.lock();
+            if let Some((old, _)) = s.by_conn.remove(&conn.id) {
+                remove_client_conn(&mut s, old.client_id, conn.id);
+            }
+            if !session.admin {
+                s.by_client
+                    .entry(client_id)
+                    .or_default()
+                    .push((conn.id, Arc::downgrade(conn)));
+            }
+            s.by_conn.insert(conn.id, (session, Arc::downgrade(conn)));
+        }
+        if volume.is_some() {
+            self.leases.lock().table.touch(client_id, self.now_ms());
+        }
+        Ok(Reply::Hello {
+            index: formatted.as_ref().map(|f| f.index),
+            epoch: self.epoch,
+            descriptor: formatted.map(|f| f.descriptor.clone()),
+            lease_ms: self.lease_ms,
+        })
+    }
+
+    fn check_owner(vol: &Formatted, id: FileId) -> Result<(), WireError> {
+        let owner = vol.layout.inode_server(id);
+        if owner != vol.index {
+            return Err(err(
+                ErrorCode::Invalid,
+                format!(
+                    "inode {id} belongs to server {owner}; this is server {}",
+                    vol.index
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks a block address and returns its position in the extent file.
+    fn block_pos(
+        vol: &Formatted,
+        id: FileId,
+        index: u64,
+        offset: u32,
+        len: u64,
+    ) -> Result<u64, WireError> {
+        let unit = u64::from(vol.layout.unit);
+        if index == 0 {
+            return Err(err(ErrorCode::Invalid, "block index 0 is the inode"));
+        }
+        if u64::from(offset) + len > unit {
+            return Err(err(
+                ErrorCode::Invalid,
+                format!("offset {offset} + length {len} passes the {unit}-byte stripe unit"),
+            ));
+        }
+        let end = vol
+            .layout
+            .block_start(index)
+            .saturating_add(u64::from(offset))
+            .saturating_add(len);
+        if end > MAX_FILE_SIZE || index > MAX_FILE_SIZE / unit + 1 {
+            return Err(err(
+                ErrorCode::FileTooBig,
+                format!("block {index} lies past the largest file size {MAX_FILE_SIZE}"),
+            ));
+        }
+        let server = vol.layout.block_server(id, index);
+        if server != vol.index {
+            return Err(err(
+                ErrorCode::Invalid,
+                format!(
+                    "block {index} of file {id} belongs to server {server}; this is server {}",
+                    vol.index
+                ),
+            ));
+        }
+        Ok(vol.layout.local_offset(index) + u64::from(offset))
+    }
+
+    async fn read(
+        &self,
+        vol: &Formatted,
+        id: FileId,
+        index: u64,
+        offset: u32,
+        len: u32,
+    ) -> Result<Bytes, WireError> {
+        let pos = Self::block_pos(vol, id, index, offset, u64::from(len))?;
+        let blocks = self.blocks.clone();
+        blocking(move || blocks.read(id, pos, len as usize)).await
+    }
+
+    async fn metadata_op(
+        &self,
+        vol: &Formatted,
+        client: ClientId,
+        conn_id: u64,
+        req: Request,
+        payload: Bytes,
+    ) -> Result<Reply, WireError> {
+        let store = self.store.clone();
+        match req {
+            Request::Renew => Ok(Reply::Ok),
+            Request::Release { ino } => {
+                self.release(client, ino);
+                Ok(Reply::Ok)
+            }
+            Request::AcquireRead { ino } | Request::AcquireWrite { ino } => {
+                let mode = if matches!(req, Request::AcquireRead { .. }) {
+                    LeaseMode::Read
+                } else {
+                    LeaseMode::Write
+                };
+                Self::check_owner(vol, ino.id)?;
+                self.leased(client, conn_id, ino, mode, move || store.get_handle(ino))
+                    .await
+                    .map(Reply::Inode)
+            }
+            Request::GetInode { ino } => {
+                Self::check_owner(vol, ino)?;
+                match blocking(move || store.get_inode(ino)).await? {
+                    Some(i) => Ok(Reply::Inode(i)),
+                    None => Err(err(ErrorCode::NotFound, format!("no inode {ino}"))),
+                }
+            }
+            Request::CreateInode {
+                parent,
+                attr,
+                target,
+            } => {
+                let gen = random_gen();
+                let inode =
+                    blocking(move || store.create_inode(parent, &attr, target.as_deref(), gen))
+                        .await?;
+                // A fresh id: nobody else can hold or wait for it.
+                self.lease(client, conn_id, inode.id, LeaseMode::Write)
+                    .await?;
+                Ok(Reply::Inode(inode))
+            }
+            Request::SetAttr { ino, set } => {
+                Self::check_owner(vol, ino.id)?;
+                self.leased(client, conn_id, ino, LeaseMode::Write, move || {
+                    store.set_attr(ino, &set)
+                })
+                .await
+                .map(Reply::Inode)
+            }
+            Request::DeleteInode { ino } => {
+                Self::check_owner(vol, ino.id)?;
+                self.leased(client, conn_id, ino, LeaseMode::Write, move || {
+                    store.delete_inode(ino)
+                })
+                .await?;
+                // The inode is gone; so is any lease on it.
+                self.release(client, ino.id);
+                Ok(Reply::Ok)
+            }
+            Request::Lookup { dir, name } => {
+                Self::check_owner(vol, dir.id)?;
+                check_name(&name)?;
+                self.leased(client, conn_id, dir, LeaseMode::Read, move || {
+                    store.lookup(dir, &name)
+                })
+                .await
+                .map(Reply::Entry)
+            }
+            Request::ReadDir { dir, cookie, max } => {
+                Self::check_owner(vol, dir.id)?;
+                self.leased(client, conn_id, dir, LeaseMode::Read, move || {
+                    store.read_dir(dir, cookie, max)
+                })
+                .await
+                .map(|(entries, eof)| Reply::Entries { entries, eof })
+            }
+            Request::Link {
+                dir,
+                name,
+                child,
+                kind,
+                replace,
+            } => {
+                Self::check_owner(vol, dir.id)?;
+                check_new_name(&name)?;
+                self.leased(client, conn_id, dir, LeaseMode::Write, move || {
+                    store.link(dir, &name, child, kind, replace)
+                })
+                .await
+                .map(Reply::Removed)
+            }
+            Request::Unlink { dir, name, expect } => {
+                Self::check_owner(vol, dir.id)?;
+                check_name(&name)?;
+                self.leased(client, conn_id, dir, LeaseMode::Write, move || {
+                    store.unlink(dir, &name, expect)
+                })
+                .await
+                .map(Reply::Removed)
+            }
+            Request::Rename {
+                dir,
+                from,
+                to,
+                replace,
+            } => {
+                Self::check_owner(vol, dir.id)?;
+                check_name(&from)?;
+                check_new_name(&to)?;
+                self.leased(client, conn_id, dir, LeaseMode::Write, move || {
+                    store.rename(dir, &from, &to, replace)
+                })
+                .await
+                .map(Reply::Removed)
+            }
+            Request::Write {
+                id,
+                index,
+                offset,
+                sync,
+            } => {
+                let pos = Self::block_pos(vol, id, index, offset, payload.len() as u64)?;
+                let blocks = self.blocks.clone();
+                blocking(move || blocks.write(id, pos, &payload, sync, &store)).await?;
+                Ok(Reply::Ok)
+            }
+            Request::Truncate { id, size } => {
+                if size > MAX_FILE_SIZE {
+                    return Err(err(
+                        ErrorCode::FileTooBig,
+                        format!("size {size} exceeds {MAX_FILE_SIZE}"),
+                    ));
+                }
+                let len = vol.layout.local_len_for_size(id, vol.index, size);
+                let blocks = self.blocks.clone();
+                blocking(move || blocks.truncate(id, len)).await?;
+                Ok(Reply::Ok)
+            }
+            Request::DeleteData { id } => {
+                let blocks = self.blocks.clone();
+                blocking(move || blocks.delete(id, &store)).await?;
+                Ok(Reply::Ok)
+            }
+            Request::Sync { id } => {
+                let blocks = self.blocks.clone();
+                blocking(move || {
+                    match id {
+                        Some(id) => blocks.sync_file(id)?,
+                        None => blocks.sync_all()?,
+                    }
+                    store.sync()
+                })
+                .await?;
+                Ok(Reply::Ok)
+            }
+            Request::ScanInodes { after, max } => blocking(move || store.scan_inodes(after, max))
+                .await
+                .map(Reply::Inodes),
+            Request::ScanEntries {
+                after_dir,
+                after_cookie,
+                max,
+            } => blocking(move || store.scan_entries(after_dir, after_cookie, max))
+                .await
+                .map(Reply::ScanEntries),
+            Request::ScanData { after, max } => {
+                let blocks = self.blocks.clone();
+                blocking(move || {
+                    let mut out = Vec::new();
+                    for id in store.scan_data_files(after, max)? {
+                        if let Some(bytes) = blocks.allocated(id)? {
+                            out.push((id, bytes));
+                        }
+                    }
+                    Ok(out)
+                })
+                .await
+                .map(Reply::DataFiles)
+            }
+            Request::Hello { .. }
+            | Request::Format { .. }
+            | Request::Status
+            | Request::Statfs
+            | Request::Read { .. } => Err(err(ErrorCode::Protocol, "request routed wrongly")),
+        }
+    }
+
+    /// Takes the lease, runs `op` on the blocking pool, and gives a lease on a
+    /// handle found stale back (the file is gone; nobody needs it).
+    async fn leased<T, F>(
+        &self,
+        client: ClientId,
+        conn_id: u64,
+        ino: Handle,
+        mode: LeaseMode,
+        op: F,
+    ) -> Result<T, WireError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Result<T, WireError> + Send + 'static,
+    {
+        self.lease(client, conn_id, ino.id, mode).await?;
+        let r = blocking(op).await;
+        if let Err(e) = &r {
+            if e.code == ErrorCode::Stale {
+                self.release(client, ino.id);
+            }
+        }
+        r
+    }
+
+    // ----------------------------------------------------------------- stats
+
+    fn disk(&self) -> (u64, u64) {
+        match statvfs(&self.data_dir) {
+            Ok(v) => v,
+            Err(e) => {
+                warn!(error = %e, dir = %self.data_dir.display(), "statvfs failed");
+                (0, 0)
+            }
+        }
+    }
+
+    async fn statfs(&self) -> Result<Reply, WireError> {
+        let (total, free) = self.disk();
+        Ok(Reply::Statfs {
+            total,
+            free,
+            files: self.store.inode_count(),
+        })
+    }
+
+    async fn status(&self) -> Result<ServerStats, WireError> {
+        let formatted = self.store.formatted();
+        let store = self.store.clone();
+        let blocks = self.blocks.clone();
+        // Walks every data file: O(files), for an admin command.
+        let data_bytes = blocking(move || {
+            let mut total = 0u64;
+            let mut after = 0;
+            loop {
+                let ids = store.scan_data_files(after, 16384)?;
+                let Some(&last) = ids.last() else { break };
+                for id in ids {
+                    total = total.saturating_add(blocks.allocated(id)?.unwrap_or(0));
+                }
+                after = last;
+            }
+            Ok(total)
+        })
+        .await?;
+        let (disk_total, disk_free) = self.disk();
+        let (leases, recalls) = {
+            let st = self.leases.lock();
+            (st.table.lease_count(), st.table.recalls_sent())
+        };
+        let sessions = self.sessions.lock().by_client.len() as u64;
+        Ok(ServerStats {
+            index: formatted.as_ref().map(|f| f.index),
+            volume: formatted.as_ref().map(|f| f.descriptor.uuid),
+            inodes: self.store.inode_count(),
+            entries: self.store.entry_count(),
+            data_files: self.store.data_file_count(),
+            data_bytes,
+            leases,
+            sessions,
+            requests: self.requests.load(Ordering::Relaxed),
+            requests_by_op: OPS
+                .iter()
+                .zip(&self.by_op)
+                .map(|(n, c)| (n.to_string(), c.load(Ordering::Relaxed)))
+                .filter(|(_, c)| *c > 0)
+                .collect(),
+            recalls,
+            uptime_secs: self.started.elapsed().as_secs(),
+            disk_free,
+            disk_total,
+        })
+    }
+
+    fn disconnect(&self, conn: &Conn) {
+        let removed = {
+            let mut s = self.sessions.lock();
+            let removed = s.by_conn.remove(&conn.id);
+            if let Some((old, _)) = &removed {
+                remove_client_conn(&mut s, old.client_id, conn.id);
+            }
+            removed
+        };
+        // Abandon this connection's waiting acquires: nobody can be told.
+        let recalls = {
+            let mut st = self.leases.lock();
+            let mine: Vec<Ticket> = st
+                .waiters
+                .iter()
+                .filter(|(_, (c, _))| *c == conn.id)
+                .map(|(&t, _)| t)
+                .collect();
+            let mut fx = Effects::default();
+            let now = self.now_ms();
+            for t in mine {
+                st.waiters.remove(&t);
+                st.table.cancel(t, now, &mut fx);
+            }
+            Self::settle(&mut st, fx)
+        };
+        self.push_recalls(recalls);
+        if let Some((s, _)) = removed {
+            info!(peer = %conn.peer, client = s.client_id, name = %s.name, "session closed");
+        }
+    }
+}
+
+fn remove_client_conn(s: &mut Sessions, client: ClientId, conn_id: u64) {
+    if let Some(v) = s.by_client.get_mut(&client) {
+        v.retain(|(id, _)| *id != conn_id);
+        if v.is_empty() {
+            s.by_client.remove(&client);
+        }
+    }
+}
+
+/// A random non-zero generation number.
+fn random_gen() -> u32 {
+    loop {
+        let g: u32 = rand::random();
+        if g != 0 {
+            return g;
+        }
+    }
+}
+
+/// (total, free-for-unprivileged) bytes of the file system holding `path`.
+// The statvfs field types are u32 or u64 depending on the platform.
+#[allow(clippy::useless_conversion)]
+fn statvfs(path: &std::path::Path) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let mut v = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: `c` is a valid NUL-terminated path and `v` points to writable
+    // memory of the right size; statvfs fills it on success.
+    let r = unsafe { libc::statvfs(c.as_ptr(), v.as_mut_ptr()) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: statvfs returned 0, so the struct is initialized.
+    let v = unsafe { v.assume_init() };
+    let frsize = u64::from(v.f_frsize);
+    Ok((
+        u64::from(v.f_blocks).saturating_mul(frsize),
+        u64::from(v.f_bavail).saturating_mul(frsize),
+    ))
+}
+
+impl Service for Server {
+    fn call(self: Arc<Self>, conn: Arc<Conn>, req: Request, payload: Bytes) -> ServiceFuture {
+        Box::pin(self.handle(conn, req, payload))
+    }
+
+    fn disconnected(&self, conn: &Conn) {
+        self.disconnect(conn);
+    }
+}

@@ -1,0 +1,1130 @@
+//! The metadata store: volume descriptor, inodes and directory entries, in SQLite.
+//!
+//! The database runs in WAL mode with `synchronous=NORMAL`: a commit appends
+//! to the write-ahead log with a plain `write`, so a committed transaction
+//! survives `kill -9` of the server (the bytes are in the kernel) without an
+//! fsync per commit. Power loss may lose the last commits; [`Store::sync`]
+//! makes everything committed so far durable by committing one marker row with
+//! `synchronous=FULL`, which fsyncs the log (and with it every earlier frame).
+//!
+//! Tables:
+//! * `volume`: one row: descriptor (postcard), this server's index, the id
+//!   counter (the next value for [`Layout::allocate_id`]);
+//! * `inodes`: id → generation, postcard-encoded [`Inode`], and for
+//!   directories the next entry cookie;
+//! * `entries`: (dir, name) → cookie, child id, child generation, kind, with a
+//!   unique index on (dir, cookie) so a listing continues with an index seek;
+//! * `data_files`: the ids of files whose extent file exists on this server
+//!   (recorded before the file is created).
+//!
+//! Every method is synchronous and may block on the disk: call it from a
+//! blocking thread. Writes go through one connection; reads use a small pool.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use morris_proto::layout::{Layout, FIRST_COUNTER};
+use morris_proto::{
+    Attr, DirEntry, ErrorCode, FileId, FileKind, Handle, Inode, SetAttr, Timestamp,
+    VolumeDescriptor, WireError, MAX_FILE_SIZE, MAX_NAME_LEN, MAX_SYMLINK_LEN, ROOT_ID,
+};
+use parking_lot::{Mutex, RwLock};
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Transaction};
+
+/// Most bytes of encoded entries or inodes one listing reply carries, so a
+/// reply stays well below the protocol's header limit.
+const REPLY_BUDGET: usize = 768 << 10;
+/// Most items one listing reply carries.
+const MAX_PAGE: u32 = 4096;
+/// Read connections in the pool.
+const READERS: usize = 4;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS volume (
+    one INTEGER PRIMARY KEY CHECK (one = 1),
+    descriptor BLOB NOT NULL,
+    own_index INTEGER NOT NULL,
+    counter INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS inodes (
+    id INTEGER PRIMARY KEY,
+    gen INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    next_cookie INTEGER NOT NULL DEFAULT 1
+);
+CREATE TABLE IF NOT EXISTS entries (
+    dir INTEGER NOT NULL,
+    name BLOB NOT NULL,
+    cookie INTEGER NOT NULL,
+    child INTEGER NOT NULL,
+    gen INTEGER NOT NULL,
+    kind INTEGER NOT NULL,
+    PRIMARY KEY (dir, name)
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX IF NOT EXISTS entries_by_cookie ON entries (dir, cookie);
+CREATE TABLE IF NOT EXISTS data_files (id INTEGER PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS sync_marker (one INTEGER PRIMARY KEY CHECK (one = 1), seq INTEGER NOT NULL);
+PRAGMA user_version = 1;
+";
+
+/// A failure opening the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// SQLite refused.
+    #[error("metadata store {path}: {source}")]
+    Sqlite {
+        /// The database file.
+        path: String,
+        /// The cause.
+        source: rusqlite::Error,
+    },
+    /// The stored volume record cannot be decoded.
+    #[error("metadata store {path}: corrupt volume record: {message}")]
+    Corrupt {
+        /// The database file.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// What this server knows about its volume once formatted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Formatted {
+    /// The descriptor.
+    pub descriptor: VolumeDescriptor,
+    /// This server's index.
+    pub index: u32,
+    /// The layout derived from the descriptor.
+    pub layout: Layout,
+}
+
+impl Formatted {
+    fn new(descriptor: VolumeDescriptor, index: u32) -> Self {
+        let layout = Layout::new(
+            descriptor.servers.len() as u32,
+            descriptor.stripe_unit,
+            u32::from(descriptor.replicas),
+        );
+        Formatted {
+            descriptor,
+            index,
+            layout,
+        }
+    }
+}
+
+/// The outcome of [`Store::format`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FormatOutcome {
+    /// The store was empty and is now formatted.
+    Formatted,
+    /// The store already held this very descriptor and index.
+    AlreadyFormatted,
+}
+
+/// Maps a SQLite failure to a wire error (`NoSpace` for a full disk).
+pub fn db_err(e: rusqlite::Error) -> WireError {
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::DiskFull) => {
+            WireError::new(ErrorCode::NoSpace, format!("metadata store: {e}"))
+        }
+        _ => WireError::new(ErrorCode::Io, format!("metadata store: {e}")),
+    }
+}
+
+fn corrupt(id: FileId, e: impl std::fmt::Display) -> WireError {
+    WireError::new(
+        ErrorCode::Io,
+        format!("inode {id} is corrupt in the store: {e}"),
+    )
+}
+
+/// Ids are stored as SQLite integers (i64) with the same bits.
+fn sql_id(id: FileId) -> i64 {
+    id as i64
+}
+
+fn from_sql_id(v: i64) -> FileId {
+    v as u64
+}
+
+fn kind_code(k: FileKind) -> i64 {
+    match k {
+        FileKind::File => 0,
+        FileKind::Dir => 1,
+        FileKind::Symlink => 2,
+        FileKind::Fifo => 3,
+        FileKind::Socket => 4,
+        FileKind::CharDev => 5,
+        FileKind::BlockDev => 6,
+    }
+}
+
+fn kind_from(code: i64) -> Option<FileKind> {
+    Some(match code {
+        0 => FileKind::File,
+        1 => FileKind::Dir,
+        2 => FileKind::Symlink,
+        3 => FileKind::Fifo,
+        4 => FileKind::Socket,
+        5 => FileKind::CharDev,
+        6 => FileKind::BlockDev,
+        _ => return None,
+    })
+}
+
+/// Checks a name for storing or looking up.
+pub fn check_name(name: &[u8]) -> Result<(), WireError> {
+    if name.is_empty() {
+        return Err(WireError::new(ErrorCode::Invalid, "empty name"));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(WireError::new(
+            ErrorCode::NameTooLong,
+            format!("name of {} bytes (limit {MAX_NAME_LEN})", name.len()),
+        ));
+    }
+    if name.iter().any(|&b| b == b'/' || b == 0) {
+        return Err(WireError::new(
+            ErrorCode::Invalid,
+            "name contains '/' or NUL",
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a name a new entry would get: as [`check_name`], and not `.` or `..`.
+pub fn check_new_name(name: &[u8]) -> Result<(), WireError> {
+    check_name(name)?;
+    if name == b"." || name == b".." {
+        return Err(WireError::new(
+            ErrorCode::Invalid,
+            "'.' and '..' cannot be linked",
+        ));
+    }
+    Ok(())
+}
+
+fn encode_inode(ino: &Inode) -> Result<Vec<u8>, WireError> {
+    postcard::to_stdvec(ino).map_err(|e| corrupt(ino.id, e))
+}
+
+fn decode_inode(id: FileId, data: &[u8]) -> Result<Inode, WireError> {
+    let ino: Inode = postcard::from_bytes(data).map_err(|e| corrupt(id, e))?;
+    if ino.id != id {
+        return Err(corrupt(id, format!("record names id {}", ino.id)));
+    }
+    Ok(ino)
+}
+
+/// A directory inode loaded inside a write transaction.
+struct DirRow {
+    inode: Inode,
+    next_cookie: u64,
+}
+
+/// A stored directory entry row (without its directory).
+fn entry_from_row(row: &rusqlite::Row<'_>, name_col: usize) -> rusqlite::Result<DirEntry> {
+    let name: Vec<u8> = row.get(name_col)?;
+    let cookie: i64 = row.get(name_col + 1)?;
+    let child: i64 = row.get(name_col + 2)?;
+    let gen: i64 = row.get(name_col + 3)?;
+    let kind: i64 = row.get(name_col + 4)?;
+    let kind = kind_from(kind).ok_or_else(|| {
+        rusqlite::Error::FromSqlConversionFailure(
+            name_col + 4,
+            rusqlite::types::Type::Integer,
+            format!("unknown kind code {kind}").into(),
+        )
+    })?;
+    Ok(DirEntry {
+        name,
+        child: Handle {
+            id: from_sql_id(child),
+            gen: gen as u32,
+        },
+        kind,
+        cookie: cookie as u64,
+    })
+}
+
+/// Approximate encoded size of an entry, for reply budgets.
+fn entry_cost(e: &DirEntry) -> usize {
+    e.name.len() + 32
+}
+
+/// The metadata store of one server.
+pub struct Store {
+    write: Mutex<Connection>,
+    readers: Vec<Mutex<Connection>>,
+    next_reader: AtomicUsize,
+    formatted: RwLock<Option<Arc<Formatted>>>,
+    inodes: AtomicU64,
+    entries: AtomicU64,
+    data_files: AtomicU64,
+}
+
+impl Store {
+    /// Opens (creating if needed) the database at `path`.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        let shown = path.display().to_string();
+        let err = |source| StoreError::Sqlite {
+            path: shown.clone(),
+            source,
+        };
+        let write = Connection::open(path).map_err(err)?;
+        let mode: String = write
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .map_err(err)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Corrupt {
+                path: shown,
+                message: format!("cannot switch to WAL mode (got {mode})"),
+            });
+        }
+        write
+            .execute_batch(
+                "PRAGMA synchronous = NORMAL;
+                 PRAGMA busy_timeout = 10000;
+                 PRAGMA cache_size = -32768;",
+            )
+            .map_err(err)?;
+        write.execute_batch(SCHEMA).map_err(err)?;
+        write.set_prepared_statement_cache_capacity(64);
+        let mut readers = Vec::with_capacity(READERS);
+        for _ in 0..READERS {
+            let r = Connection::open_with_flags(
+                path,
+                OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )
+            .map_err(err)?;
+            r.execute_batch(
+                "PRAGMA busy_timeout = 10000;
+                 PRAGMA cache_size = -16384;
+                 PRAGMA query_only = 1;",
+            )
+            .map_err(err)?;
+            r.set_prepared_statement_cache_capacity(32);
+            readers.push(Mutex::new(r));
+        }
+        let volume: Option<(Vec<u8>, i64)> = write
+            .query_row(
+                "SELECT descriptor, own_index FROM volume WHERE one = 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(err)?;
+        let formatted = match volume {
+            None => None,
+            Some((blob, index)) => {
+                let descriptor: VolumeDescriptor =
+                    postcard::from_bytes(&blob).map_err(|e| StoreError::Corrupt {
+                        path: shown.clone(),
+                        message: e.to_string(),
+                    })?;
+                let index = u32::try_from(index).map_err(|_| StoreError::Corrupt {
+                    path: shown.clone(),
+                    message: format!("index {index}"),
+                })?;
+                Some(Arc::new(Formatted::new(descriptor, index)))
+            }
+        };
+        let count = |sql: &str| -> Result<u64, StoreError> {
+            let n: i64 = write.query_row(sql, [], |r| r.get(0)).map_err(err)?;
+            Ok(n.max(0) as u64)
+        };
+        let inodes = count("SELECT count(*) FROM inodes")?;
+        let entries = count("SELECT count(*) FROM entries")?;
+        let data_files = count("SELECT count(*) FROM data_files")?;
+        Ok(Store {
+            write: Mutex::new(write),
+            readers,
+            next_reader: AtomicUsize::new(0),
+            formatted: RwLock::new(formatted),
+            inodes: AtomicU64::new(inodes),
+            entries: AtomicU64::new(entries),
+            data_files: AtomicU64::new(data_files),
+        })
+    }
+
+    /// The volume this server belongs to, if formatted.
+    pub fn formatted(&self) -> Option<Arc<Formatted>> {
+        self.formatted.read().clone()
+    }
+
+    /// Inodes stored.
+    pub fn inode_count(&self) -> u64 {
+        self.inodes.load(Ordering::Relaxed)
+    }
+
+    /// Directory entries stored.
+    pub fn entry_count(&self) -> u64 {
+        self.entries.load(Ordering::Relaxed)
+    }
+
+    /// Files with an extent file recorded here.
+    pub fn data_file_count(&self) -> u64 {
+        self.data_files.load(Ordering::Relaxed)
+    }
+
+    fn with_reader<T>(&self, f: impl FnOnce(&Connection) -> T) -> T {
+        let n = self.readers.len();
+        let start = self.next_reader.fetch_add(1, Ordering::Relaxed);
+        for i in 0..n {
+            if let Some(c) = self.readers[(start + i) % n].try_lock() {
+                return f(&c);
+            }
+        }
+        let c = self.readers[start % n].lock();
+        f(&c)
+    }
+
+    fn write_txn<T>(
+        &self,
+        f: impl FnOnce(&Transaction<'_>) -> Result<T, WireError>,
+    ) -> Result<T, WireError> {
+        let mut conn = self.write.lock();
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(db_err)?;
+        let out = f(&tx)?;
+        tx.commit().map_err(db_err)?;
+        Ok(out)
+    }
+
+    fn layout_and_index(&self) -> Result<(Layout, u32), WireError> {
+        match &*self.formatted.read() {
+            Some(f) => Ok((f.layout, f.index)),
+            None => Err(WireError::new(
+                ErrorCode::WrongVolume,
+                "this server is not formatted",
+            )),
+        }
+    }
+
+    /// Writes the descriptor and index; creates the root directory (with
+    /// generation `root_gen`) if this server owns it.
+    pub fn format(
+        &self,
+        descriptor: &VolumeDescriptor,
+        index: u32,
+        root_gen: u32,
+    ) -> Result<FormatOutcome, WireError> {
+        descriptor
+            .validate()
+            .map_err(|m| WireError::new(ErrorCode::Invalid, m))?;
+        if index as usize >= descriptor.servers.len() {
+            return Err(WireError::new(
+                ErrorCode::Invalid,
+                format!(
+                    "index {index} out of range for {} servers",
+                    descriptor.servers.len()
+                ),
+            ));
+        }
+        // Hold the write lock across the check and the write so two formats
+        // cannot interleave.
+        let mut conn = self.write.lock();
+        let mut slot = self.formatted.write();
+        if let Some(f) = &*slot {
+            if f.descriptor.uuid != descriptor.uuid {
+                return Err(WireError::new(
+                    ErrorCode::WrongVolume,
+                    format!(
+                        "server already belongs to volume {}; refusing to format it for volume {}",
+                        f.descriptor.uuid, descriptor.uuid
+                    ),
+                ));
+            }
+            if f.descriptor == *descriptor && f.index == index {
+                return Ok(FormatOutcome::AlreadyFormatted);
+            }
+            return Err(WireError::new(
+                ErrorCode::Invalid,
+                format!(
+                    "server is already server {} of volume {} with a different descriptor; \
+                     a volume's layout cannot change",
+                    f.index, f.descriptor.uuid
+                ),
+            ));
+        }
+        let blob = postcard::to_stdvec(descriptor)
+            .map_err(|e| WireError::new(ErrorCode::Invalid, e.to_string()))?;
+        let formatted = Formatted::new(descriptor.clone(), index);
+        let owns_root = formatted.layout.inode_server(ROOT_ID) == index;
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(db_err)?;
+        tx.execute(
+            "INSERT INTO volume (one, descriptor, own_index, counter) VALUES (1, ?1, ?2, ?3)",
+            params![blob, i64::from(index), FIRST_COUNTER as i64],
+        )
+        .map_err(db_err)?;
+        if owns_root {
+            let now = Timestamp::now();
+            let root = Inode {
+                id: ROOT_ID,
+                gen: root_gen,
+                parent: ROOT_ID,
+                attr: Attr {
+                    kind: FileKind::Dir,
+                    mode: 0o755,
+                    uid: 0,
+                    gid: 0,
+                    nlink: 2,
+                    size: 0,
+                    atime: now,
+                    mtime: now,
+                    ctime: now,
+                    rdev: 0,
+                },
+                target: None,
+            };
+            tx.execute(
+                "INSERT INTO inodes (id, gen, data, next_cookie) VALUES (?1, ?2, ?3, 1)",
+                params![sql_id(ROOT_ID), i64::from(root_gen), encode_inode(&root)?],
+            )
+            .map_err(db_err)?;
+        }
+        tx.commit().map_err(db_err)?;
+        if owns_root {
+            self.inodes.fetch_add(1, Ordering::Relaxed);
+        }
+        *slot = Some(Arc::new(formatted));
+        Ok(FormatOutcome::Formatted)
+    }
+
+    /// Reads inode `id`.
+    pub fn get_inode(&self, id: FileId) -> Result<Option<Inode>, WireError> {
+        self.with_reader(|c| load_inode(c, id))
+    }
+
+    /// Reads the inode a handle names; `Stale` if it is gone or was reused.
+    pub fn get_handle(&self, h: Handle) -> Result<Inode, WireError> {
+        check_handle(h, self.get_inode(h.id)?)
+    }
+
+    /// Allocates an id, stores a new inode and returns it.
+    pub fn create_inode(
+        &self,
+        parent: FileId,
+        attr: &Attr,
+        target: Option<&[u8]>,
+        gen: u32,
+    ) -> Result<Inode, WireError> {
+        let (layout, index) = self.layout_and_index()?;
+        let mut attr = attr.clone();
+        attr.mode &= 0o7777;
+        match (attr.kind, target) {
+            (FileKind::Symlink, Some(t)) => {
+                if t.is_empty() || t.len() > MAX_SYMLINK_LEN {
+                    return Err(WireError::new(
+                        ErrorCode::NameTooLong,
+                        format!(
+                            "symlink target of {} bytes (1..={MAX_SYMLINK_LEN})",
+                            t.len()
+                        ),
+                    ));
+                }
+                attr.size = t.len() as u64;
+            }
+            (FileKind::Symlink, None) => {
+                return Err(WireError::new(
+                    ErrorCode::Invalid,
+                    "symlink without a target",
+                ));
+            }
+            (_, Some(_)) => {
+                return Err(WireError::new(
+                    ErrorCode::Invalid,
+                    "only symlinks have a target",
+                ));
+            }
+            (FileKind::Dir, None) => attr.size = 0,
+            (_, None) => {}
+        }
+        if attr.size > MAX_FILE_SIZE {
+            return Err(WireError::new(
+                ErrorCode::FileTooBig,
+                format!("size {} exceeds {MAX_FILE_SIZE}", attr.size),
+            ));
+        }
+        let is_dir = attr.kind == FileKind::Dir;
+        attr.nlink = if is_dir { 2 } else { 1 };
+        let inode = self.write_txn(|tx| {
+            let counter: i64 = tx
+                .query_row("SELECT counter FROM volume WHERE one = 1", [], |r| r.get(0))
+                .map_err(db_err)?;
+            let counter = (counter as u64).max(FIRST_COUNTER);
+            let id = layout.allocate_id(index, counter);
+            if id == FileId::MAX || sql_id(id) < 0 {
+                return Err(WireError::new(ErrorCode::NoSpace, "file ids exhausted"));
+            }
+            tx.execute(
+                "UPDATE volume SET counter = ?1 WHERE one = 1",
+                params![(counter + 1) as i64],
+            )
+            .map_err(db_err)?;
+            let inode = Inode {
+                id,
+                gen,
+                parent: if is_dir { parent } else { 0 },
+                attr,
+                target: target.map(<[u8]>::to_vec),
+            };
+            tx.execute(
+                "INSERT INTO inodes (id, gen, data, next_cookie) VALUES (?1, ?2, ?3, 1)",
+                params![sql_id(id), i64::from(gen), encode_inode(&inode)?],
+            )
+            .map_err(db_err)?;
+            Ok(inode)
+        })?;
+        self.inodes.fetch_add(1, Ordering::Relaxed);
+        Ok(inode)
+    }
+
+    /// Changes attributes of the inode `h` names.
+    pub fn set_attr(&self, h: Handle, set: &SetAttr) -> Result<Inode, WireError> {
+        self.write_txn(|tx| {
+            let mut ino = check_handle(h, load_inode(tx, h.id)?)?;
+            let a = &mut ino.attr;
+            if let Some(size) = set.size {
+                match a.kind {
+                    FileKind::File => {}
+                    FileKind::Dir => {
+                        return Err(WireError::new(
+                            ErrorCode::IsDir,
+                            "cannot set the size of a directory",
+                        ))
+                    }
+                    _ => {
+                        return Err(WireError::new(
+                            ErrorCode::Invalid,
+                            "only regular files have a settable size",
+                        ))
+                    }
+                }
+                if size > MAX_FILE_SIZE {
+                    return Err(WireError::new(
+                        ErrorCode::FileTooBig,
+                        format!("size {size} exceeds {MAX_FILE_SIZE}"),
+                    ));
+                }
+                a.size = size;
+            }
+            if let Some(p) = set.parent {
+                if a.kind != FileKind::Dir {
+                    return Err(WireError::new(
+                        ErrorCode::Invalid,
+                        "only directories record a parent",
+                    ));
+                }
+                ino.parent = p;
+            }
+            let a = &mut ino.attr;
+            if let Some(m) = set.mode {
+                a.mode = m & 0o7777;
+            }
+            if let Some(u) = set.uid {
+                a.uid = u;
+            }
+            if let Some(g) = set.gid {
+                a.gid = g;
+            }
+            if let Some(t) = set.atime {
+                a.atime = t;
+            }
+            if let Some(t) = set.mtime {
+                a.mtime = t;
+            }
+            if let Some(n) = set.nlink {
+                a.nlink = n;
+            }
+            a.ctime = set.ctime.unwrap_or_else(Timestamp::now);
+            tx.execute(
+                "UPDATE inodes SET data = ?2 WHERE id = ?1",
+                params![sql_id(ino.id), encode_inode(&ino)?],
+            )
+            .map_err(db_err)?;
+            Ok(ino)
+        })
+    }
+
+    /// Removes the inode `h` names; a directory must be empty.
+    pub fn delete_inode(&self, h: Handle) -> Result<(), WireError> {
+        if h.id == ROOT_ID {
+            return Err(WireError::new(
+                ErrorCode::Invalid,
+                "the root directory cannot be deleted",
+            ));
+        }
+        self.write_txn(|tx| {
+            let ino = check_handle(h, load_inode(tx, h.id)?)?;
+            if ino.attr.kind == FileKind::Dir {
+                let any: Option<i64> = tx
+                    .prepare_cached("SELECT 1 FROM entries WHERE dir = ?1 LIMIT 1")
+                    .and_then(|mut s| s.query_row(params![sql_id(h.id)], |r| r.get(0)).optional())
+                    .map_err(db_err)?;
+                if any.is_some() {
+                    return Err(WireError::new(
+                        ErrorCode::NotEmpty,
+                        format!("directory {} is not empty", h.id),
+                    ));
+                }
+            }
+            tx.execute("DELETE FROM inodes WHERE id = ?1", params![sql_id(h.id)])
+                .map_err(db_err)?;
+            Ok(())
+        })?;
+        self.inodes.fetch_sub(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Looks `name` up in the directory `dir` names.
+    pub fn lookup(&self, dir: Handle, name: &[u8]) -> Result<Option<DirEntry>, WireError> {
+        check_name(name)?;
+        self.with_reader(|c| {
+            let tx = c.unchecked_transaction().map_err(db_err)?;
+            check_dir(check_handle(dir, load_inode(&tx, dir.id)?)?)?;
+            let e = find_entry(&tx, dir.id, name)?;
+            tx.finish().map_err(db_err)?;
+            Ok(e)
+        })
+    }
+
+    /// Lists entries of `dir` with cookie > `cookie`; returns them and whether
+    /// the listing is complete.
+    pub fn read_dir(
+        &self,
+        dir: Handle,
+        cookie: u64,
+        max: u32,
+    ) -> Result<(Vec<DirEntry>, bool), WireError> {
+        let max = max.clamp(1, MAX_PAGE);
+        self.with_reader(|c| {
+            let tx = c.unchecked_transaction().map_err(db_err)?;
+            check_dir(check_handle(dir, load_inode(&tx, dir.id)?)?)?;
+            let mut stmt = tx
+                .prepare_cached(
+                    "SELECT name, cookie, child, gen, kind FROM entries
+                     WHERE dir = ?1 AND cookie > ?2 ORDER BY cookie LIMIT ?3",
+                )
+                .map_err(db_err)?;
+            let cookie = i64::try_from(cookie).unwrap_or(i64::MAX);
+            let rows = stmt
+                .query_map(params![sql_id(dir.id), cookie, i64::from(max) + 1], |r| {
+                    entry_from_row(r, 0)
+                })
+                .map_err(db_err)?;
+            let mut out = Vec::new();
+            let mut budget = REPLY_BUDGET;
+            let mut eof = true;
+            for row in rows {
+                let e = row.map_err(db_err)?;
+                if out.len() >= max as usize || entry_cost(&e) > budget {
+                    eof = false;
+                    break;
+                }
+                budget -= entry_cost(&e);
+                out.push(e);
+            }
+            drop(stmt);
+            tx.finish().map_err(db_err)?;
+            Ok((out, eof))
+        })
+    }
+
+    /// Adds `name → child` to `dir`, replacing an entry naming `replace`.
+    /// Returns the replaced entry.
+    pub fn link(
+        &self,
+        dir: Handle,
+        name: &[u8],
+        child: Handle,
+        kind: FileKind,
+        replace: Option<FileId>,
+    ) -> Result<Option<DirEntry>, WireError> {
+        check_new_name(name)?;
+        if child.id == 0 {
+            return Err(WireError::new(
+                ErrorCode::Invalid,
+                "file id 0 is not a file",
+            ));
+        }
+        let removed = self.write_txn(|tx| {
+            let mut d = load_dir_row(tx, dir)?;
+            let existing = find_entry(tx, dir.id, name)?;
+            if let Some(e) = &existing {
+                if replace != Some(e.child.id) {
+                    return Err(WireError::new(
+                        ErrorCode::Exists,
+                        format!("{} exists", String::from_utf8_lossy(name)),
+                    ));
+                }
+                delete_entry(tx, dir.id, name)?;
+            }
+            let cookie = d.next_cookie;
+            tx.prepare_cached(
+                "INSERT INTO entries (dir, name, cookie, child, gen, kind)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    sql_id(dir.id),
+                    name,
+                    cookie as i64,
+                    sql_id(child.id),
+                    i64::from(child.gen),
+                    kind_code(kind)
+                ])
+            })
+            .map_err(db_err)?;
+            let a = &mut d.inode.attr;
+            if existing.is_none() {
+                a.size = a.size.saturating_add(1);
+            }
+            let mut nlink = i64::from(a.nlink);
+            if kind == FileKind::Dir {
+                nlink += 1;
+            }
+            if existing.as_ref().is_some_and(|e| e.kind == FileKind::Dir) {
+                nlink -= 1;
+            }
+            a.nlink = u32::try_from(nlink.max(0))
+                .map_err(|_| WireError::new(ErrorCode::TooManyLinks, "too many subdirectories"))?;
+            touch_dir(a);
+            d.next_cookie = cookie.saturating_add(1);
+            store_dir_row(tx, &d)?;
+            Ok(existing)
+        })?;
+        if removed.is_none() {
+            self.entries.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(removed)
+    }
+
+    /// Removes `name` from `dir` (only if it names `expect`, when given).
+    pub fn unlink(
+        &self,
+        dir: Handle,
+        name: &[u8],
+        expect: Option<FileId>,
+    ) -> Result<Option<DirEntry>, WireError> {
+        check_name(name)?;
+        let removed = self.write_txn(|tx| {
+            let mut d = load_dir_row(tx, dir)?;
+            let not_found = || {
+                WireError::new(
+                    ErrorCode::NotFound,
+                    format!("no entry {}", String::from_utf8_lossy(name)),
+                )
+            };
+            let e = find_entry(tx, dir.id, name)?.ok_or_else(not_found)?;
+            if expect.is_some_and(|x| x != e.child.id) {
+                return Err(WireError::new(
+                    ErrorCode::NotFound,
+                    format!(
+                        "{} names file {}, not the expected one",
+                        String::from_utf8_lossy(name),
+                        e.child.id
+                    ),
+                ));
+            }
+            delete_entry(tx, dir.id, name)?;
+            let a = &mut d.inode.attr;
+            a.size = a.size.saturating_sub(1);
+            if e.kind == FileKind::Dir {
+                a.nlink = a.nlink.saturating_sub(1);
+            }
+            touch_dir(a);
+            store_dir_row(tx, &d)?;
+            Ok(e)
+        })?;
+        self.entries.fetch_sub(1, Ordering::Relaxed);
+        Ok(Some(removed))
+    }
+
+    /// Renames `from` to `to` within `dir`; `to` may exist only if it names
+    /// `replace`. Returns the replaced entry.
+    pub fn rename(
+        &self,
+        dir: Handle,
+        from: &[u8],
+        to: &[u8],
+        replace: Option<FileId>,
+    ) -> Result<Option<DirEntry>, WireError> {
+        check_name(from)?;
+        check_new_name(to)?;
+        let removed = self.write_txn(|tx| {
+            let mut d = load_dir_row(tx, dir)?;
+            let src = find_entry(tx, dir.id, from)?.ok_or_else(|| {
+                WireError::new(
+                    ErrorCode::NotFound,
+                    format!("no entry {}", String::from_utf8_lossy(from)),
+                )
+            })?;
+            if from == to {
+                return Ok(None);
+            }
+            let dst = find_entry(tx, dir.id, to)?;
+            if let Some(t) = &dst {
+                if t.child == src.child {
+                    // Two names of one file: POSIX says do nothing.
+                    return Ok(None);
+                }
+                if replace != Some(t.child.id) {
+                    return Err(WireError::new(
+                        ErrorCode::Exists,
+                        format!("{} exists", String::from_utf8_lossy(to)),
+                    ));
+                }
+                delete_entry(tx, dir.id, to)?;
+            }
+            tx.prepare_cached("UPDATE entries SET name = ?3 WHERE dir = ?1 AND name = ?2")
+                .and_then(|mut s| s.execute(params![sql_id(dir.id), from, to]))
+                .map_err(db_err)?;
+            let a = &mut d.inode.attr;
+            if let Some(t) = &dst {
+                a.size = a.size.saturating_sub(1);
+                if t.kind == FileKind::Dir {
+                    a.nlink = a.nlink.saturating_sub(1);
+                }
+            }
+            touch_dir(a);
+            store_dir_row(tx, &d)?;
+            Ok(dst)
+        })?;
+        if removed.is_some() {
+            self.entries.fetch_sub(1, Ordering::Relaxed);
+        }
+        Ok(removed)
+    }
+
+    /// Inodes with id > `after`, ascending.
+    pub fn scan_inodes(&self, after: FileId, max: u32) -> Result<Vec<Inode>, WireError> {
+        let Ok(after) = i64::try_from(after) else {
+            return Ok(Vec::new());
+        };
+        let max = max.clamp(1, MAX_PAGE);
+        self.with_reader(|c| {
+            let mut stmt = c
+                .prepare_cached("SELECT id, data FROM inodes WHERE id > ?1 ORDER BY id LIMIT ?2")
+                .map_err(db_err)?;
+            let rows = stmt
+                .query_map(params![after, i64::from(max)], |r| {
+                    Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?))
+                })
+                .map_err(db_err)?;
+            let mut out = Vec::new();
+            let mut budget = REPLY_BUDGET;
+            for row in rows {
+                let (id, data) = row.map_err(db_err)?;
+                if data.len() + 16 > budget && !out.is_empty() {
+                    break;
+                }
+                budget = budget.saturating_sub(data.len() + 16);
+                out.push(decode_inode(from_sql_id(id), &data)?);
+            }
+            Ok(out)
+        })
+    }
+
+    /// Entries after `(after_dir, after_cookie)`, ascending.
+    pub fn scan_entries(
+        &self,
+        after_dir: FileId,
+        after_cookie: u64,
+        max: u32,
+    ) -> Result<Vec<(FileId, DirEntry)>, WireError> {
+        let Ok(after_dir) = i64::try_from(after_dir) else {
+            return Ok(Vec::new());
+        };
+        let after_cookie = i64::try_from(after_cookie).unwrap_or(i64::MAX);
+        let max = max.clamp(1, MAX_PAGE);
+        self.with_reader(|c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT dir, name, cookie, child, gen, kind FROM entries
+                     WHERE (dir, cookie) > (?1, ?2) ORDER BY dir, cookie LIMIT ?3",
+                )
+                .map_err(db_err)?;
+            let rows = stmt
+                .query_map(params![after_dir, after_cookie, i64::from(max)], |r| {
+                    Ok((from_sql_id(r.get(0)?), entry_from_row(r, 1)?))
+                })
+                .map_err(db_err)?;
+            let mut out = Vec::new();
+            let mut budget = REPLY_BUDGET;
+            for row in rows {
+                let (dir, e) = row.map_err(db_err)?;
+                let cost = entry_cost(&e) + 10;
+                if cost > budget {
+                    break;
+                }
+                budget -= cost;
+                out.push((dir, e));
+            }
+            Ok(out)
+        })
+    }
+
+    /// Records that file `id` has an extent file here (before creating it).
+    pub fn add_data_file(&self, id: FileId) -> Result<(), WireError> {
+        let n = self.write_txn(|tx| {
+            tx.prepare_cached("INSERT OR IGNORE INTO data_files (id) VALUES (?1)")
+                .and_then(|mut s| s.execute(params![sql_id(id)]))
+                .map_err(db_err)
+        })?;
+        if n > 0 {
+            self.data_files.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Forgets file `id`'s extent file (after removing it).
+    pub fn remove_data_file(&self, id: FileId) -> Result<(), WireError> {
+        let n = self.write_txn(|tx| {
+            tx.prepare_cached("DELETE FROM data_files WHERE id = ?1")
+                .and_then(|mut s| s.execute(params![sql_id(id)]))
+                .map_err(db_err)
+        })?;
+        if n > 0 {
+            self.data_files.fetch_sub(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Ids of files with extent files here, > `after`, ascending.
+    pub fn scan_data_files(&self, after: FileId, max: u32) -> Result<Vec<FileId>, WireError> {
+        let Ok(after) = i64::try_from(after) else {
+            return Ok(Vec::new());
+        };
+        let max = max.clamp(1, MAX_PAGE * 4);
+        self.with_reader(|c| {
+            let mut stmt = c
+                .prepare_cached("SELECT id FROM data_files WHERE id > ?1 ORDER BY id LIMIT ?2")
+                .map_err(db_err)?;
+            let rows = stmt
+                .query_map(params![after, i64::from(max)], |r| r.get::<_, i64>(0))
+                .map_err(db_err)?;
+            rows.map(|r| r.map(from_sql_id).map_err(db_err)).collect()
+        })
+    }
+
+    /// Makes every committed transaction durable against power loss.
+    pub fn sync(&self) -> Result<(), WireError> {
+        let conn = self.write.lock();
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(db_err)?;
+        let r = conn.execute(
+            "INSERT INTO sync_marker (one, seq) VALUES (1, 1)
+             ON CONFLICT (one) DO UPDATE SET seq = seq + 1",
+            [],
+        );
+        let back = conn.pragma_update(None, "synchronous", "NORMAL");
+        r.map_err(db_err)?;
+        back.map_err(db_err)?;
+        Ok(())
+    }
+}
+
+fn check_handle(h: Handle, ino: Option<Inode>) -> Result<Inode, WireError> {
+    match ino {
+        Some(i) if i.gen == h.gen => Ok(i),
+        Some(i) => Err(WireError::new(
+            ErrorCode::Stale,
+            format!(
+                "file {} has generation {}, handle has {}",
+                h.id, i.gen, h.gen
+            ),
+        )),
+        None => Err(WireError::new(
+            ErrorCode::Stale,
+            format!("file {} does not exist", h.id),
+        )),
+    }
+}
+
+fn check_dir(ino: Inode) -> Result<Inode, WireError> {
+    if ino.attr.kind != FileKind::Dir {
+        return Err(WireError::new(
+            ErrorCode::NotDir,
+            format!("file {} is not a directory", ino.id),
+        ));
+    }
+    Ok(ino)
+}
+
+fn load_inode(c: &Connection, id: FileId) -> Result<Option<Inode>, WireError> {
+    if sql_id(id) < 0 {
+        return Ok(None);
+    }
+    let data: Option<Vec<u8>> = c
+        .prepare_cached("SELECT data FROM inodes WHERE id = ?1")
+        .and_then(|mut s| s.query_row(params![sql_id(id)], |r| r.get(0)).optional())
+        .map_err(db_err)?;
+    data.map(|d| decode_inode(id, &d)).transpose()
+}
+
+fn load_dir_row(tx: &Transaction<'_>, dir: Handle) -> Result<DirRow, WireError> {
+    if sql_id(dir.id) < 0 {
+        return Err(WireError::new(
+            ErrorCode::Stale,
+            format!("file {} does not exist", dir.id),
+        ));
+    }
+    let row: Option<(Vec<u8>, i64)> = tx
+        .prepare_cached("SELECT data, next_cookie FROM inodes WHERE id = ?1")
+        .and_then(|mut s| {
+            s.query_row(params![sql_id(dir.id)], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()
+        })
+        .map_err(db_err)?;
+    let (inode, next_cookie) = match row {
+        Some((data, next)) => (Some(decode_inode(dir.id, &data)?), next),
+        None => (None, 1),
+    };
+    let inode = check_dir(check_handle(dir, inode)?)?;
+    Ok(DirRow {
+        inode,
+        next_cookie: (next_cookie as u64).max(1),
+    })
+}
+
+fn store_dir_row(tx: &Transaction<'_>, d: &DirRow) -> Result<(), WireError> {
+    let data = encode_inode(&d.inode)?;
+    tx.prepare_cached("UPDATE inodes SET data = ?2, next_cookie = ?3 WHERE id = ?1")
+        .and_then(|mut s| s.execute(params![sql_id(d.inode.id), data, d.next_cookie as i64]))
+        .map_err(db_err)?;
+    Ok(())
+}
+
+fn find_entry(c: &Connection, dir: FileId, name: &[u8]) -> Result<Option<DirEntry>, WireError> {
+    c.prepare_cached(
+        "SELECT name, cookie, child, gen, kind FROM entries WHERE dir = ?1 AND name = ?2",
+    )
+    .and_then(|mut s| {
+        s.query_row(params![sql_id(dir), name], |r| entry_from_row(r, 0))
+            .optional()
+    })
+    .map_err(db_err)
+}
+
+fn delete_entry(tx: &Transaction<'_>, dir: FileId, name: &[u8]) -> Result<(), WireError> {
+    tx.prepare_cached("DELETE FROM entries WHERE dir = ?1 AND name = ?2")
+        .and_then(|mut s| s.execute(params![sql_id(dir), name]))
+        .map_err(db_err)?;
+    Ok(())
+}
+
+fn touch_dir(a: &mut Attr) {
+    let now = Timestamp::now();
+    a.mtime = now;
+    a.ctime = now;
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,556 @@
+use super::*;
+use uuid::Uuid;
+
+fn descriptor(servers: usize) -> VolumeDescriptor {
+    VolumeDescriptor {
+        uuid: Uuid::new_v4(),
+        servers: (0..servers)
+            .map(|i| format!("127.0.0.1:{}", 7000 + i))
+            .collect(),
+        stripe_unit: 4096,
+        replicas: 1,
+        created: Timestamp::now(),
+    }
+}
+
+fn attr(kind: FileKind) -> Attr {
+    Attr {
+        kind,
+        mode: 0o100644,
+        uid: 1000,
+        gid: 1000,
+        nlink: 0,
+        size: 0,
+        atime: Timestamp::default(),
+        mtime: Timestamp::default(),
+        ctime: Timestamp::default(),
+        rdev: 0,
+    }
+}
+
+fn root(s: &Store) -> Handle {
+    s.get_inode(ROOT_ID).unwrap().unwrap().handle()
+}
+
+fn open_formatted(dir: &Path) -> (Store, VolumeDescriptor) {
+    let s = Store::open(&dir.join("m.sqlite")).unwrap();
+    let d = descriptor(1);
+    assert_eq!(s.format(&d, 0, 77).unwrap(), FormatOutcome::Formatted);
+    (s, d)
+}
+
+#[test]
+fn format_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(&dir.path().join("m.sqlite")).unwrap();
+    assert!(s.formatted().is_none());
+    let d = descriptor(3);
+    // Index out of range, invalid descriptor.
+    assert_eq!(s.format(&d, 3, 1).unwrap_err().code, ErrorCode::Invalid);
+    let mut bad = d.clone();
+    bad.stripe_unit = 1000;
+    assert_eq!(s.format(&bad, 0, 1).unwrap_err().code, ErrorCode::Invalid);
+    // ROOT_ID % 3 == 1: server 0 does not own the root.
+    assert_eq!(s.format(&d, 0, 1).unwrap(), FormatOutcome::Formatted);
+    assert!(s.get_inode(ROOT_ID).unwrap().is_none());
+    assert_eq!(s.format(&d, 0, 1).unwrap(), FormatOutcome::AlreadyFormatted);
+    let other = descriptor(3);
+    let e = s.format(&other, 0, 1).unwrap_err();
+    assert_eq!(e.code, ErrorCode::WrongVolume);
+    assert!(e.message.contains(&d.uuid.to_string()));
+    assert!(e.message.contains(&other.uuid.to_string()));
+    assert_eq!(s.format(&d, 1, 1).unwrap_err().code, ErrorCode::Invalid);
+    drop(s);
+    // Server 1 of 3 owns the root.
+    let s1 = Store::open(&dir.path().join("m1.sqlite")).unwrap();
+    s1.format(&d, 1, 5).unwrap();
+    let r = s1.get_inode(ROOT_ID).unwrap().unwrap();
+    assert_eq!(r.gen, 5);
+    assert_eq!(r.parent, ROOT_ID);
+    assert_eq!(r.attr.kind, FileKind::Dir);
+    assert_eq!(r.attr.mode, 0o755);
+    assert_eq!((r.attr.uid, r.attr.gid, r.attr.nlink), (0, 0, 2));
+    // The descriptor survives a reopen.
+    drop(s1);
+    let s1 = Store::open(&dir.path().join("m1.sqlite")).unwrap();
+    let f = s1.formatted().unwrap();
+    assert_eq!(f.descriptor, d);
+    assert_eq!(f.index, 1);
+    assert_eq!(s1.inode_count(), 1);
+}
+
+#[test]
+fn ids_follow_the_layout_and_survive_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.sqlite");
+    let d = descriptor(4);
+    let s = Store::open(&path).unwrap();
+    s.format(&d, 2, 1).unwrap();
+    let layout = s.formatted().unwrap().layout;
+    let a = s.create_inode(0, &attr(FileKind::File), None, 9).unwrap();
+    let b = s.create_inode(0, &attr(FileKind::File), None, 9).unwrap();
+    assert_eq!(a.id, layout.allocate_id(2, FIRST_COUNTER));
+    assert_eq!(b.id, layout.allocate_id(2, FIRST_COUNTER + 1));
+    assert_eq!(layout.inode_server(a.id), 2);
+    assert_eq!(a.attr.nlink, 1);
+    assert_eq!(a.attr.mode, 0o644, "mode keeps only permission bits");
+    drop(s);
+    let s = Store::open(&path).unwrap();
+    let c = s.create_inode(0, &attr(FileKind::File), None, 9).unwrap();
+    assert_eq!(c.id, layout.allocate_id(2, FIRST_COUNTER + 2));
+    assert_eq!(s.inode_count(), 3);
+}
+
+#[test]
+fn create_checks_kinds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, _) = open_formatted(dir.path());
+    let d = s
+        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 3)
+        .unwrap();
+    assert_eq!((d.attr.nlink, d.parent, d.attr.size), (2, ROOT_ID, 0));
+    let l = s
+        .create_inode(ROOT_ID, &attr(FileKind::Symlink), Some(b"../x"), 3)
+        .unwrap();
+    assert_eq!((l.attr.size, l.parent), (4, 0));
+    assert_eq!(l.target.as_deref(), Some(&b"../x"[..]));
+    let e = s
+        .create_inode(0, &attr(FileKind::Symlink), None, 3)
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Invalid);
+    let e = s
+        .create_inode(0, &attr(FileKind::File), Some(b"x"), 3)
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Invalid);
+    let long = vec![b'a'; MAX_SYMLINK_LEN + 1];
+    let e = s
+        .create_inode(0, &attr(FileKind::Symlink), Some(&long), 3)
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::NameTooLong);
+}
+
+#[test]
+fn entries_link_lookup_unlink() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, _) = open_formatted(dir.path());
+    let r = root(&s);
+    let before = s.get_inode(ROOT_ID).unwrap().unwrap();
+    let f = s.create_inode(0, &attr(FileKind::File), None, 3).unwrap();
+    let sub = s
+        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 4)
+        .unwrap();
+    assert_eq!(
+        s.link(r, b"f", f.handle(), FileKind::File, None).unwrap(),
+        None
+    );
+    assert_eq!(
+        s.link(r, b"sub", sub.handle(), FileKind::Dir, None)
+            .unwrap(),
+        None
+    );
+    let after = s.get_inode(ROOT_ID).unwrap().unwrap();
+    assert_eq!(after.attr.size, 2);
+    assert_eq!(after.attr.nlink, 3);
+    assert!(after.attr.mtime >= before.attr.mtime);
+    assert_eq!(after.attr.mtime, after.attr.ctime);
+    let e = s.lookup(r, b"f").unwrap().unwrap();
+    assert_eq!(e.child, f.handle());
+    assert_eq!(e.kind, FileKind::File);
+    assert!(e.cookie > 0);
+    assert_eq!(s.lookup(r, b"nope").unwrap(), None);
+    // Exists unless the replaced child is named.
+    let g = s.create_inode(0, &attr(FileKind::File), None, 5).unwrap();
+    let err = s
+        .link(r, b"f", g.handle(), FileKind::File, None)
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Exists);
+    let err = s
+        .link(r, b"f", g.handle(), FileKind::File, Some(g.id))
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::Exists);
+    let old = s
+        .link(r, b"f", g.handle(), FileKind::File, Some(f.id))
+        .unwrap()
+        .unwrap();
+    assert_eq!(old.child, f.handle());
+    assert_eq!(s.lookup(r, b"f").unwrap().unwrap().child, g.handle());
+    assert_eq!(s.get_inode(ROOT_ID).unwrap().unwrap().attr.size, 2);
+    assert_eq!(s.entry_count(), 2);
+    // Unlink with the wrong expectation fails and changes nothing.
+    let err = s.unlink(r, b"sub", Some(g.id)).unwrap_err();
+    assert_eq!(err.code, ErrorCode::NotFound);
+    let gone = s.unlink(r, b"sub", Some(sub.id)).unwrap().unwrap();
+    assert_eq!(gone.kind, FileKind::Dir);
+    let now = s.get_inode(ROOT_ID).unwrap().unwrap();
+    assert_eq!((now.attr.size, now.attr.nlink), (1, 2));
+    assert_eq!(
+        s.unlink(r, b"sub", None).unwrap_err().code,
+        ErrorCode::NotFound
+    );
+    assert_eq!(s.entry_count(), 1);
+}
+
+#[test]
+fn names_and_handles_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, _) = open_formatted(dir.path());
+    let r = root(&s);
+    let f = s.create_inode(0, &attr(FileKind::File), None, 3).unwrap();
+    let h = f.handle();
+    let code = |res: Result<Option<DirEntry>, WireError>| res.unwrap_err().code;
+    assert_eq!(
+        code(s.link(r, b"", h, FileKind::File, None)),
+        ErrorCode::Invalid
+    );
+    assert_eq!(
+        code(s.link(r, b"a/b", h, FileKind::File, None)),
+        ErrorCode::Invalid
+    );
+    assert_eq!(
+        code(s.link(r, b"a\0", h, FileKind::File, None)),
+        ErrorCode::Invalid
+    );
+    assert_eq!(
+        code(s.link(r, b"..", h, FileKind::File, None)),
+        ErrorCode::Invalid
+    );
+    let long = vec![b'x'; 256];
+    assert_eq!(
+        code(s.link(r, &long, h, FileKind::File, None)),
+        ErrorCode::NameTooLong
+    );
+    assert!(s.link(r, &long[..255], h, FileKind::File, None).is_ok());
+    // A stale directory handle, a file used as a directory.
+    let stale = Handle {
+        id: ROOT_ID,
+        gen: r.gen.wrapping_add(1),
+    };
+    assert_eq!(code(s.lookup(stale, b"a")), ErrorCode::Stale);
+    assert_eq!(
+        code(s.link(stale, b"a", h, FileKind::File, None)),
+        ErrorCode::Stale
+    );
+    assert_eq!(code(s.lookup(h, b"a")), ErrorCode::NotDir);
+    let missing = Handle {
+        id: 999_999,
+        gen: 1,
+    };
+    assert_eq!(code(s.lookup(missing, b"a")), ErrorCode::Stale);
+    let huge = Handle {
+        id: u64::MAX,
+        gen: 1,
+    };
+    assert_eq!(code(s.lookup(huge, b"a")), ErrorCode::Stale);
+    assert_eq!(code(s.unlink(huge, b"a", None)), ErrorCode::Stale);
+    assert!(s.get_inode(u64::MAX).unwrap().is_none());
+}
+
+#[test]
+fn readdir_pages_by_cookie() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, _) = open_formatted(dir.path());
+    let r = root(&s);
+    let f = s.create_inode(0, &attr(FileKind::File), None, 3).unwrap();
+    for i in 0..250 {
+        s.link(
+            r,
+            format!("n{i}").as_bytes(),
+            f.handle(),
+            FileKind::File,
+            None,
+        )
+        .unwrap();
+    }
+    // Remove a few in the middle; cookies of the rest stay.
+    for i in (0..250).step_by(7) {
+        s.unlink(r, format!("n{i}").as_bytes(), None).unwrap();
+    }
+    let mut cookie = 0;
+    let mut names = Vec::new();
+    let mut pages = 0;
+    loop {
+        let (page, eof) = s.read_dir(r, cookie, 40).unwrap();
+        pages += 1;
+        assert!(page.len() <= 40);
+        for e in &page {
+            assert!(e.cookie > cookie, "cookies ascend");
+            cookie = e.cookie;
+            names.push(String::from_utf8(e.name.clone()).unwrap());
+        }
+        if eof {
+            break;
+        }
+    }
+    let want: Vec<String> = (0..250)
+        .filter(|i| i % 7 != 0)
+        .map(|i| format!("n{i}"))
+        .collect();
+    assert_eq!(names, want);
+    assert_eq!(pages, want.len().div_ceil(40));
+    // New entries get cookies after every existing one.
+    s.link(r, b"late", f.handle(), FileKind::File, None)
+        .unwrap();
+    let (page, eof) = s.read_dir(r, cookie, 40).unwrap();
+    assert!(eof);
+    assert_eq!(page.len(), 1);
+    assert_eq!(page[0].name, b"late");
+    // Reading past the end, from a huge cookie, with max 0.
+    let (page, eof) = s.read_dir(r, u64::MAX, 10).unwrap();
+    assert!(page.is_empty() && eof);
+    let (page, _) = s.read_dir(r, 0, 0).unwrap();
+    assert_eq!(page.len(), 1);
+}
+
+#[test]
+fn rename_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, _) = open_formatted(dir.path());
+    let r = root(&s);
+    let a = s.create_inode(0, &attr(FileKind::File), None, 3).unwrap();
+    let b = s
+        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 3)
+        .unwrap();
+    s.link(r, b"a", a.handle(), FileKind::File, None).unwrap();
+    s.link(r, b"b", b.handle(), FileKind::Dir, None).unwrap();
+    let cookie_a = s.lookup(r, b"a").unwrap().unwrap().cookie;
+    assert_eq!(s.rename(r, b"a", b"c", None).unwrap(), None);
+    let c = s.lookup(r, b"c").unwrap().unwrap();
+    assert_eq!((c.child, c.cookie), (a.handle(), cookie_a));
+    assert!(s.lookup(r, b"a").unwrap().is_none());
+    assert_eq!(
+        s.rename(r, b"a", b"d", None).unwrap_err().code,
+        ErrorCode::NotFound
+    );
+    assert_eq!(
+        s.rename(r, b"c", b"b", None).unwrap_err().code,
+        ErrorCode::Exists
+    );
+    assert_eq!(s.rename(r, b"c", b"c", None).unwrap(), None);
+    // Replace the directory entry "b" by "c".
+    let old = s.rename(r, b"c", b"b", Some(b.id)).unwrap().unwrap();
+    assert_eq!(old.child, b.handle());
+    let ri = s.get_inode(ROOT_ID).unwrap().unwrap();
+    assert_eq!((ri.attr.size, ri.attr.nlink), (1, 2));
+    assert_eq!(s.entry_count(), 1);
+    // Two names of one file: nothing happens.
+    s.link(r, b"twin", a.handle(), FileKind::File, None)
+        .unwrap();
+    assert_eq!(s.rename(r, b"b", b"twin", None).unwrap(), None);
+    assert!(s.lookup(r, b"b").unwrap().is_some());
+}
+
+#[test]
+fn setattr_and_delete() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, _) = open_formatted(dir.path());
+    let r = root(&s);
+    let f = s.create_inode(0, &attr(FileKind::File), None, 3).unwrap();
+    let set = SetAttr {
+        mode: Some(0o104755),
+        size: Some(1 << 30),
+        uid: Some(5),
+        ..SetAttr::default()
+    };
+    let n = s.set_attr(f.handle(), &set).unwrap();
+    assert_eq!(n.attr.mode, 0o4755);
+    assert_eq!((n.attr.size, n.attr.uid, n.attr.gid), (1 << 30, 5, 1000));
+    assert!(n.attr.ctime > Timestamp::default());
+    let t = Timestamp { secs: 7, nanos: 8 };
+    let n = s
+        .set_attr(
+            f.handle(),
+            &SetAttr {
+                ctime: Some(t),
+                mtime: Some(t),
+                ..SetAttr::default()
+            },
+        )
+        .unwrap();
+    assert_eq!((n.attr.ctime, n.attr.mtime), (t, t));
+    assert_eq!(s.get_inode(f.id).unwrap().unwrap(), n);
+    let big = SetAttr {
+        size: Some(MAX_FILE_SIZE + 1),
+        ..SetAttr::default()
+    };
+    assert_eq!(
+        s.set_attr(f.handle(), &big).unwrap_err().code,
+        ErrorCode::FileTooBig
+    );
+    let sz = SetAttr {
+        size: Some(0),
+        ..SetAttr::default()
+    };
+    assert_eq!(s.set_attr(r, &sz).unwrap_err().code, ErrorCode::IsDir);
+    // Delete: directories must be empty, the root stays, stale handles fail.
+    let d = s
+        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 3)
+        .unwrap();
+    s.link(d.handle(), b"x", f.handle(), FileKind::File, None)
+        .unwrap();
+    assert_eq!(
+        s.delete_inode(d.handle()).unwrap_err().code,
+        ErrorCode::NotEmpty
+    );
+    s.unlink(d.handle(), b"x", None).unwrap();
+    s.delete_inode(d.handle()).unwrap();
+    assert!(s.get_inode(d.id).unwrap().is_none());
+    assert_eq!(
+        s.delete_inode(d.handle()).unwrap_err().code,
+        ErrorCode::Stale
+    );
+    assert_eq!(s.delete_inode(r).unwrap_err().code, ErrorCode::Invalid);
+    let stale = Handle {
+        id: f.id,
+        gen: f.gen + 1,
+    };
+    assert_eq!(s.set_attr(stale, &sz).unwrap_err().code, ErrorCode::Stale);
+}
+
+#[test]
+fn scans_page_through_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, _) = open_formatted(dir.path());
+    let r = root(&s);
+    let mut dirs = vec![r];
+    for _ in 0..3 {
+        dirs.push(
+            s.create_inode(ROOT_ID, &attr(FileKind::Dir), None, 3)
+                .unwrap()
+                .handle(),
+        );
+    }
+    for (i, d) in dirs.iter().enumerate() {
+        for j in 0..30 {
+            s.link(*d, format!("{i}-{j}").as_bytes(), *d, FileKind::File, None)
+                .unwrap();
+        }
+    }
+    let mut after = 0;
+    let mut ids = Vec::new();
+    loop {
+        let page = s.scan_inodes(after, 2).unwrap();
+        let Some(last) = page.last() else { break };
+        after = last.id;
+        ids.extend(page.iter().map(|i| i.id));
+    }
+    assert_eq!(ids.len(), 4);
+    assert!(ids.windows(2).all(|w| w[0] < w[1]));
+    let (mut ad, mut ac) = (0, 0);
+    let mut all = Vec::new();
+    loop {
+        let page = s.scan_entries(ad, ac, 7).unwrap();
+        let Some((d, e)) = page.last() else { break };
+        (ad, ac) = (*d, e.cookie);
+        all.extend(page);
+    }
+    assert_eq!(all.len(), 120);
+    assert!(all
+        .windows(2)
+        .all(|w| (w[0].0, w[0].1.cookie) < (w[1].0, w[1].1.cookie)));
+    assert!(s.scan_inodes(u64::MAX, 10).unwrap().is_empty());
+    assert!(s.scan_entries(u64::MAX, 0, 10).unwrap().is_empty());
+}
+
+#[test]
+fn data_file_records_and_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, _) = open_formatted(dir.path());
+    for id in [5, 3, 9, 3] {
+        s.add_data_file(id).unwrap();
+    }
+    assert_eq!(s.data_file_count(), 3);
+    assert_eq!(s.scan_data_files(0, 10).unwrap(), vec![3, 5, 9]);
+    assert_eq!(s.scan_data_files(3, 1).unwrap(), vec![5]);
+    s.remove_data_file(5).unwrap();
+    s.remove_data_file(5).unwrap();
+    assert_eq!(s.data_file_count(), 2);
+    s.sync().unwrap();
+    s.sync().unwrap();
+    // Still NORMAL afterwards.
+    let mode: i64 = s
+        .write
+        .lock()
+        .query_row("PRAGMA synchronous", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, 1);
+}
+
+#[test]
+fn committed_state_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, _) = open_formatted(dir.path());
+    let r = root(&s);
+    let f = s.create_inode(0, &attr(FileKind::File), None, 3).unwrap();
+    s.link(r, b"keep", f.handle(), FileKind::File, None)
+        .unwrap();
+    // Dropped without any checkpoint or sync: the WAL holds the commits.
+    drop(s);
+    let s = Store::open(&dir.path().join("m.sqlite")).unwrap();
+    assert_eq!(s.lookup(r, b"keep").unwrap().unwrap().child, f.handle());
+    assert_eq!(s.entry_count(), 1);
+    assert_eq!(s.inode_count(), 2);
+    // Cookies continue after the old ones.
+    s.link(r, b"next", f.handle(), FileKind::File, None)
+        .unwrap();
+    let (page, _) = s.read_dir(r, 0, 10).unwrap();
+    assert_eq!(page.len(), 2);
+    assert!(page[1].cookie > page[0].cookie);
+}
+
+/// A million-entry directory: Link and Lookup must not slow down with size.
+/// Slow in debug builds; run with
+/// `cargo test -p morris-server --release -- --ignored million`.
+#[test]
+#[ignore]
+fn million_entry_directory_stays_fast() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, _) = open_formatted(dir.path());
+    let r = root(&s);
+    let f = s.create_inode(0, &attr(FileKind::File), None, 3).unwrap();
+    let n = 1_000_000u32;
+    let t0 = std::time::Instant::now();
+    let mut first = None;
+    for i in 0..n {
+        s.link(
+            r,
+            format!("file-{i:08}").as_bytes(),
+            f.handle(),
+            FileKind::File,
+            None,
+        )
+        .unwrap();
+        if i == 9_999 {
+            first = Some(t0.elapsed());
+        }
+    }
+    let total = t0.elapsed();
+    let first = first.unwrap();
+    let t1 = std::time::Instant::now();
+    for i in (0..n).step_by(97) {
+        assert!(s
+            .lookup(r, format!("file-{i:08}").as_bytes())
+            .unwrap()
+            .is_some());
+    }
+    let lookups = t1.elapsed();
+    let t2 = std::time::Instant::now();
+    let (page, _) = s.read_dir(r, 999_000, 100).unwrap();
+    assert_eq!(page.len(), 100);
+    let tail_page = t2.elapsed();
+    eprintln!(
+        "first 10k links {first:?}, all {n} links {total:?}, {} lookups {lookups:?}, tail page {tail_page:?}",
+        n.div_ceil(97)
+    );
+    // The average link over the whole run stays within 4x of the first 10k.
+    let avg_all = total.as_secs_f64() / f64::from(n);
+    let avg_first = first.as_secs_f64() / 10_000.0;
+    assert!(
+        avg_all < 4.0 * avg_first,
+        "links slow down: {avg_all} vs {avg_first}"
+    );
+    assert!(tail_page < std::time::Duration::from_millis(50));
+    assert_eq!(
+        s.get_inode(ROOT_ID).unwrap().unwrap().attr.size,
+        u64::from(n)
+    );
+}

@@ -1,0 +1,969 @@
+//! End-to-end tests: a real server on 127.0.0.1, spoken to over the wire.
+
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use morris_proto::messages::LeaseMode;
+use morris_proto::net::{RpcClient, RpcError};
+use morris_proto::{
+    Attr, DirEntry, ErrorCode, FileKind, Handle, Inode, Push, Reply, Request, SetAttr, Timestamp,
+    VolumeDescriptor, PROTOCOL_VERSION, ROOT_ID,
+};
+use morris_server::{start, ServerConfig, ServerHandle};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+const LEASE_MS: u32 = 800;
+const UNIT: u32 = 4096;
+
+async fn server(dir: &std::path::Path) -> ServerHandle {
+    start(ServerConfig {
+        data_dir: dir.to_path_buf(),
+        listen: "127.0.0.1:0".into(),
+        lease_ms: LEASE_MS,
+    })
+    .await
+    .expect("server starts")
+}
+
+fn descriptor(servers: Vec<String>) -> VolumeDescriptor {
+    VolumeDescriptor {
+        uuid: Uuid::new_v4(),
+        servers,
+        stripe_unit: UNIT,
+        replicas: 1,
+        created: Timestamp::now(),
+    }
+}
+
+struct Client {
+    rpc: RpcClient,
+    pushes: mpsc::UnboundedReceiver<Push>,
+}
+
+async fn connect(h: &ServerHandle) -> Client {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let rpc = RpcClient::connect(&h.local_addr().to_string(), Some(tx))
+        .await
+        .expect("connects");
+    Client { rpc, pushes: rx }
+}
+
+impl Client {
+    async fn call(&self, req: Request) -> Result<Reply, RpcError> {
+        self.rpc.call(&req, Bytes::new()).await.map(|(r, _)| r)
+    }
+
+    async fn ok(&self, req: Request) -> Reply {
+        let name = req.name();
+        match self.call(req).await {
+            Ok(r) => r,
+            Err(e) => panic!("{name} failed: {e}"),
+        }
+    }
+
+    async fn code(&self, req: Request) -> ErrorCode {
+        match self.call(req).await {
+            Ok(r) => panic!("expected an error, got {r:?}"),
+            Err(e) => e.code(),
+        }
+    }
+
+    async fn hello(&self, volume: Option<Uuid>, client_id: u64) -> Result<Reply, RpcError> {
+        self.call(Request::Hello {
+            volume,
+            client_id,
+            client_name: format!("test-{client_id}"),
+            version: PROTOCOL_VERSION,
+        })
+        .await
+    }
+
+    async fn inode(&self, req: Request) -> Inode {
+        match self.ok(req).await {
+            Reply::Inode(i) => i,
+            r => panic!("expected an inode, got {r:?}"),
+        }
+    }
+
+    async fn root(&self) -> Handle {
+        self.inode(Request::GetInode { ino: ROOT_ID })
+            .await
+            .handle()
+    }
+
+    async fn create(&self, kind: FileKind) -> Inode {
+        self.inode(Request::CreateInode {
+            parent: ROOT_ID,
+            attr: attr(kind),
+            target: None,
+        })
+        .await
+    }
+
+    async fn link(&self, dir: Handle, name: &str, child: &Inode) -> Option<DirEntry> {
+        match self
+            .ok(Request::Link {
+                dir,
+                name: name.as_bytes().to_vec(),
+                child: child.handle(),
+                kind: child.attr.kind,
+                replace: None,
+            })
+            .await
+        {
+            Reply::Removed(r) => r,
+            r => panic!("unexpected {r:?}"),
+        }
+    }
+
+    async fn lookup(&self, dir: Handle, name: &str) -> Option<DirEntry> {
+        match self
+            .ok(Request::Lookup {
+                dir,
+                name: name.as_bytes().to_vec(),
+            })
+            .await
+        {
+            Reply::Entry(e) => e,
+            r => panic!("unexpected {r:?}"),
+        }
+    }
+
+    async fn write(&self, id: u64, index: u64, offset: u32, data: &[u8]) {
+        let req = Request::Write {
+            id,
+            index,
+            offset,
+            sync: false,
+        };
+        match self.rpc.call(&req, Bytes::copy_from_slice(data)).await {
+            Ok((Reply::Ok, _)) => {}
+            other => panic!("write failed: {other:?}"),
+        }
+    }
+
+    async fn read(&self, id: u64, index: u64, offset: u32, len: u32) -> Bytes {
+        let req = Request::Read {
+            id,
+            index,
+            offset,
+            len,
+        };
+        match self.rpc.call(&req, Bytes::new()).await {
+            Ok((Reply::Data, b)) => b,
+            other => panic!("read failed: {other:?}"),
+        }
+    }
+
+    async fn stats(&self) -> morris_proto::ServerStats {
+        match self.ok(Request::Status).await {
+            Reply::Status(s) => s,
+            r => panic!("unexpected {r:?}"),
+        }
+    }
+
+    /// Waits for the next push (bounded).
+    async fn push(&mut self, within: Duration) -> Option<Push> {
+        tokio::time::timeout(within, self.pushes.recv())
+            .await
+            .ok()
+            .flatten()
+    }
+}
+
+fn attr(kind: FileKind) -> Attr {
+    Attr {
+        kind,
+        mode: 0o644,
+        uid: 1000,
+        gid: 1000,
+        nlink: 0,
+        size: 0,
+        atime: Timestamp::now(),
+        mtime: Timestamp::now(),
+        ctime: Timestamp::now(),
+        rdev: 0,
+    }
+}
+
+/// A server formatted as the only server of a fresh volume, and a client
+/// with a session on it.
+async fn formatted(
+    dir: &std::path::Path,
+    client_id: u64,
+) -> (ServerHandle, VolumeDescriptor, Client) {
+    let h = server(dir).await;
+    let admin = connect(&h).await;
+    let d = descriptor(vec![h.local_addr().to_string()]);
+    admin
+        .ok(Request::Format {
+            descriptor: d.clone(),
+            index: 0,
+        })
+        .await;
+    let c = connect(&h).await;
+    c.hello(Some(d.uuid), client_id).await.expect("hello");
+    (h, d, c)
+}
+
+#[tokio::test]
+async fn hello_format_and_volume_checks() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = server(dir.path()).await;
+    let c = connect(&h).await;
+    // Nothing but Hello/Status/Statfs/Format before a Hello.
+    assert_eq!(c.code(Request::Renew).await, ErrorCode::Protocol);
+    assert_eq!(
+        c.code(Request::GetInode { ino: ROOT_ID }).await,
+        ErrorCode::Protocol
+    );
+    assert!(matches!(c.ok(Request::Statfs).await, Reply::Statfs { .. }));
+    let s = c.stats().await;
+    assert_eq!((s.index, s.volume), (None, None));
+    // Unformatted: a client naming a volume is refused, an admin is not.
+    let e = c.hello(Some(Uuid::new_v4()), 1).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::WrongVolume);
+    match c.hello(None, 1).await.unwrap() {
+        Reply::Hello {
+            index, descriptor, ..
+        } => assert_eq!((index, descriptor), (None, None)),
+        r => panic!("unexpected {r:?}"),
+    }
+    assert_eq!(c.code(Request::Renew).await, ErrorCode::WrongVolume);
+    // A bad descriptor and a bad index are refused.
+    let d = descriptor(vec![h.local_addr().to_string()]);
+    assert_eq!(
+        c.code(Request::Format {
+            descriptor: d.clone(),
+            index: 1
+        })
+        .await,
+        ErrorCode::Invalid
+    );
+    let mut bad = d.clone();
+    bad.replicas = 2;
+    assert_eq!(
+        c.code(Request::Format {
+            descriptor: bad,
+            index: 0
+        })
+        .await,
+        ErrorCode::Invalid
+    );
+    c.ok(Request::Format {
+        descriptor: d.clone(),
+        index: 0,
+    })
+    .await;
+    // Again: a no-op. Another volume: refused, naming both.
+    c.ok(Request::Format {
+        descriptor: d.clone(),
+        index: 0,
+    })
+    .await;
+    let other = descriptor(vec![h.local_addr().to_string()]);
+    match c
+        .call(Request::Format {
+            descriptor: other.clone(),
+            index: 0,
+        })
+        .await
+    {
+        Err(RpcError::Remote(e)) => {
+            assert_eq!(e.code, ErrorCode::WrongVolume);
+            assert!(e.message.contains(&d.uuid.to_string()), "{}", e.message);
+            assert!(e.message.contains(&other.uuid.to_string()), "{}", e.message);
+        }
+        r => panic!("unexpected {r:?}"),
+    }
+    // Hello checks.
+    let c2 = connect(&h).await;
+    match c2.hello(Some(other.uuid), 2).await {
+        Err(RpcError::Remote(e)) => {
+            assert_eq!(e.code, ErrorCode::WrongVolume);
+            assert!(e.message.contains(&d.uuid.to_string()), "{}", e.message);
+        }
+        r => panic!("unexpected {r:?}"),
+    }
+    let e = c2
+        .call(Request::Hello {
+            volume: Some(d.uuid),
+            client_id: 2,
+            client_name: "old".into(),
+            version: PROTOCOL_VERSION + 1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Protocol);
+    match c2.hello(Some(d.uuid), 2).await.unwrap() {
+        Reply::Hello {
+            index,
+            epoch,
+            descriptor,
+            lease_ms,
+        } => {
+            assert_eq!(index, Some(0));
+            assert_eq!(epoch, h.epoch());
+            assert_eq!(descriptor, Some(d.clone()));
+            assert_eq!(lease_ms, LEASE_MS);
+        }
+        r => panic!("unexpected {r:?}"),
+    }
+    // A fresh format needs no grace period; the root exists.
+    let root = c2
+        .inode(Request::AcquireRead {
+            ino: c2.root().await,
+        })
+        .await;
+    assert_eq!(root.id, ROOT_ID);
+    assert_eq!(root.attr.mode, 0o755);
+    assert_eq!(root.attr.nlink, 2);
+    // The admin session (volume None) may not take leases.
+    assert_eq!(
+        c.code(Request::AcquireRead { ino: root.handle() }).await,
+        ErrorCode::Protocol
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn directory_operations_and_paged_listing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (h, _, c) = formatted(dir.path(), 7).await;
+    let root = c.root().await;
+    let file = c.create(FileKind::File).await;
+    assert_eq!(file.attr.nlink, 1);
+    assert_ne!(file.gen, 0);
+    let sub = c.create(FileKind::Dir).await;
+    assert_eq!((sub.attr.nlink, sub.parent), (2, ROOT_ID));
+    assert_eq!(c.link(root, "sub", &sub).await, None);
+    let r = c.inode(Request::GetInode { ino: ROOT_ID }).await;
+    assert_eq!((r.attr.size, r.attr.nlink), (1, 3));
+    // 2,000 entries in the subdirectory, listed in pages of 100.
+    for i in 0..2000 {
+        c.link(sub.handle(), &format!("f{i:04}"), &file).await;
+    }
+    let mut cookie = 0;
+    let mut names = Vec::new();
+    let mut pages = 0;
+    loop {
+        let (entries, eof) = match c
+            .ok(Request::ReadDir {
+                dir: sub.handle(),
+                cookie,
+                max: 100,
+            })
+            .await
+        {
+            Reply::Entries { entries, eof } => (entries, eof),
+            r => panic!("unexpected {r:?}"),
+        };
+        pages += 1;
+        assert!(entries.len() <= 100);
+        for e in entries {
+            assert!(e.cookie > cookie);
+            assert_eq!(e.child, file.handle());
+            cookie = e.cookie;
+            names.push(String::from_utf8(e.name).unwrap());
+        }
+        if eof {
+            break;
+        }
+    }
+    assert_eq!(pages, 20);
+    let want: Vec<String> = (0..2000).map(|i| format!("f{i:04}")).collect();
+    assert_eq!(names, want);
+    let s = c.inode(Request::GetInode { ino: sub.id }).await;
+    assert_eq!(s.attr.size, 2000);
+    // Rename, with and without replacing.
+    let rn = |from: &str, to: &str, replace| Request::Rename {
+        dir: sub.handle(),
+        from: from.as_bytes().to_vec(),
+        to: to.as_bytes().to_vec(),
+        replace,
+    };
+    assert_eq!(c.ok(rn("f0000", "zero", None)).await, Reply::Removed(None));
+    assert!(c.lookup(sub.handle(), "f0000").await.is_none());
+    assert_eq!(
+        c.lookup(sub.handle(), "zero").await.unwrap().child,
+        file.handle()
+    );
+    let other = c.create(FileKind::File).await;
+    c.link(sub.handle(), "other", &other).await;
+    assert_eq!(c.code(rn("zero", "other", None)).await, ErrorCode::Exists);
+    match c.ok(rn("zero", "other", Some(other.id))).await {
+        Reply::Removed(Some(e)) => assert_eq!(e.child, other.handle()),
+        r => panic!("unexpected {r:?}"),
+    }
+    // Unlink.
+    let unlink = |name: &str, expect| Request::Unlink {
+        dir: sub.handle(),
+        name: name.as_bytes().to_vec(),
+        expect,
+    };
+    assert_eq!(
+        c.code(unlink("other", Some(other.id))).await,
+        ErrorCode::NotFound
+    );
+    match c.ok(unlink("other", Some(file.id))).await {
+        Reply::Removed(Some(e)) => assert_eq!(e.name, b"other"),
+        r => panic!("unexpected {r:?}"),
+    }
+    assert_eq!(c.code(unlink("other", None)).await, ErrorCode::NotFound);
+    let s = c.inode(Request::GetInode { ino: sub.id }).await;
+    assert_eq!(s.attr.size, 1999);
+    // A non-empty directory cannot be deleted; SetAttr works.
+    assert_eq!(
+        c.code(Request::DeleteInode { ino: sub.handle() }).await,
+        ErrorCode::NotEmpty
+    );
+    let set = c
+        .inode(Request::SetAttr {
+            ino: file.handle(),
+            set: SetAttr {
+                size: Some(12345),
+                mode: Some(0o600),
+                ..SetAttr::default()
+            },
+        })
+        .await;
+    assert_eq!((set.attr.size, set.attr.mode), (12345, 0o600));
+    c.ok(Request::DeleteInode {
+        ino: other.handle(),
+    })
+    .await;
+    assert_eq!(
+        c.code(Request::AcquireRead {
+            ino: other.handle()
+        })
+        .await,
+        ErrorCode::Stale
+    );
+    assert_eq!(
+        c.code(Request::GetInode { ino: other.id }).await,
+        ErrorCode::NotFound
+    );
+    // Scans.
+    match c.ok(Request::ScanInodes { after: 0, max: 10 }).await {
+        Reply::Inodes(v) => assert_eq!(v.len(), 3),
+        r => panic!("unexpected {r:?}"),
+    }
+    match c
+        .ok(Request::ScanEntries {
+            after_dir: 0,
+            after_cookie: 0,
+            max: 5,
+        })
+        .await
+    {
+        Reply::ScanEntries(v) => {
+            assert_eq!(v.len(), 5);
+            assert_eq!(v[0].0, ROOT_ID);
+        }
+        r => panic!("unexpected {r:?}"),
+    }
+    let st = c.stats().await;
+    assert_eq!(st.inodes, 3);
+    assert_eq!(st.entries, 2000);
+    assert_eq!(st.sessions, 1);
+    assert!(st.requests > 2000);
+    let links = st
+        .requests_by_op
+        .iter()
+        .find(|(n, _)| n == "Link")
+        .map(|x| x.1);
+    assert_eq!(links, Some(2002));
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn block_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let (h, _, c) = formatted(dir.path(), 7).await;
+    let f = c.create(FileKind::File).await;
+    let id = f.id;
+    // Nothing written yet: reads are empty (all zeros for the client).
+    assert!(c.read(id, 1, 0, UNIT).await.is_empty());
+    // Block 3 only: blocks 1 and 2 are a hole that reads as zeros.
+    let block: Vec<u8> = (0..UNIT).map(|i| (i % 251) as u8).collect();
+    c.write(id, 3, 0, &block).await;
+    let hole = c.read(id, 1, 0, UNIT).await;
+    assert_eq!(hole.len(), UNIT as usize);
+    assert!(hole.iter().all(|&b| b == 0));
+    assert_eq!(c.read(id, 3, 0, UNIT).await, Bytes::from(block.clone()));
+    assert_eq!(
+        c.read(id, 3, 100, 10).await,
+        Bytes::from(block[100..110].to_vec())
+    );
+    // Past the end: a short read.
+    assert!(c.read(id, 4, 0, UNIT).await.is_empty());
+    c.write(id, 4, 0, b"tail").await;
+    assert_eq!(&c.read(id, 4, 0, UNIT).await[..], b"tail");
+    // Partial overwrite inside a block.
+    c.write(id, 3, 10, b"XYZ").await;
+    let b3 = c.read(id, 3, 8, 7).await;
+    assert_eq!(
+        &b3[..],
+        &[block[8], block[9], b'X', b'Y', b'Z', block[13], block[14]]
+    );
+    // Bad addresses.
+    let bad_read = |index, offset, len| Request::Read {
+        id,
+        index,
+        offset,
+        len,
+    };
+    assert_eq!(c.code(bad_read(0, 0, 1)).await, ErrorCode::Invalid);
+    assert_eq!(c.code(bad_read(1, UNIT, 1)).await, ErrorCode::Invalid);
+    assert_eq!(c.code(bad_read(1, 1, UNIT)).await, ErrorCode::Invalid);
+    assert_eq!(c.code(bad_read(1, 0, u32::MAX)).await, ErrorCode::Invalid);
+    assert_eq!(
+        c.code(bad_read(u64::MAX, 0, 1)).await,
+        ErrorCode::FileTooBig
+    );
+    let too_long = Request::Write {
+        id,
+        index: 1,
+        offset: 1,
+        sync: true,
+    };
+    let e = c
+        .rpc
+        .call(&too_long, Bytes::from(vec![0u8; UNIT as usize]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Invalid);
+    // A synchronous write and Sync.
+    let sw = Request::Write {
+        id,
+        index: 2,
+        offset: 0,
+        sync: true,
+    };
+    c.rpc
+        .call(&sw, Bytes::from_static(b"durable"))
+        .await
+        .unwrap();
+    c.ok(Request::Sync { id: Some(id) }).await;
+    c.ok(Request::Sync { id: None }).await;
+    assert_eq!(&c.read(id, 2, 0, 7).await[..], b"durable");
+    // Status and ScanData see the file's allocation.
+    let st = c.stats().await;
+    assert_eq!(st.data_files, 1);
+    assert!(st.data_bytes >= u64::from(UNIT), "{}", st.data_bytes);
+    match c.ok(Request::ScanData { after: 0, max: 10 }).await {
+        Reply::DataFiles(v) => {
+            assert_eq!(v.len(), 1);
+            assert_eq!(v[0].0, id);
+            assert!(v[0].1 >= u64::from(UNIT));
+        }
+        r => panic!("unexpected {r:?}"),
+    }
+    // Truncate to 2.5 blocks: block 3 keeps its first half, block 4 is gone.
+    let size = 2 * u64::from(UNIT) + u64::from(UNIT / 2);
+    c.ok(Request::Truncate { id, size }).await;
+    assert_eq!(c.read(id, 3, 0, UNIT).await.len(), (UNIT / 2) as usize);
+    assert!(c.read(id, 4, 0, UNIT).await.is_empty());
+    assert_eq!(&c.read(id, 2, 0, 7).await[..], b"durable");
+    // Truncate never grows the extent file; reading past stays short.
+    c.ok(Request::Truncate { id, size: 1 << 30 }).await;
+    assert!(c.read(id, 5, 0, UNIT).await.is_empty());
+    // DeleteData removes everything; again is fine.
+    c.ok(Request::DeleteData { id }).await;
+    c.ok(Request::DeleteData { id }).await;
+    assert!(c.read(id, 2, 0, UNIT).await.is_empty());
+    let st = c.stats().await;
+    assert_eq!((st.data_files, st.data_bytes), (0, 0));
+    // Large block-sized payloads round-trip.
+    let mut big = BytesMut::with_capacity(UNIT as usize);
+    big.resize(UNIT as usize, 0xab);
+    c.write(id, 9, 0, &big).await;
+    assert_eq!(c.read(id, 9, 0, UNIT).await, big.freeze());
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn inodes_and_blocks_of_other_servers_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = server(dir.path()).await;
+    let c = connect(&h).await;
+    // Server 0 of 2: ROOT_ID (1) belongs to server 1.
+    let d = descriptor(vec![h.local_addr().to_string(), "127.0.0.1:9".into()]);
+    c.ok(Request::Format {
+        descriptor: d.clone(),
+        index: 0,
+    })
+    .await;
+    c.hello(Some(d.uuid), 3).await.unwrap();
+    assert_eq!(
+        c.code(Request::GetInode { ino: ROOT_ID }).await,
+        ErrorCode::Invalid
+    );
+    let root = Handle {
+        id: ROOT_ID,
+        gen: 1,
+    };
+    assert_eq!(
+        c.code(Request::Lookup {
+            dir: root,
+            name: b"x".to_vec()
+        })
+        .await,
+        ErrorCode::Invalid
+    );
+    let f = c.create(FileKind::File).await;
+    assert_eq!(f.id % 2, 0);
+    // Block 1 of an even id lives on server 1; block 2 here.
+    assert_eq!(
+        c.code(Request::Read {
+            id: f.id,
+            index: 1,
+            offset: 0,
+            len: 1
+        })
+        .await,
+        ErrorCode::Invalid
+    );
+    c.write(f.id, 2, 0, b"ok").await;
+    assert_eq!(&c.read(f.id, 2, 0, 2).await[..], b"ok");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn recall_flow_between_two_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let (h, d, mut a) = formatted(dir.path(), 100).await;
+    let b = connect(&h).await;
+    b.hello(Some(d.uuid), 200).await.unwrap();
+    let root = a.root().await;
+    // A reads the root (Lookup takes the read lease implicitly).
+    assert!(a.lookup(root, "x").await.is_none());
+    // B wants to write it: A is recalled, B waits.
+    let b_task = {
+        let rpc = b.rpc;
+        tokio::spawn(async move {
+            let t = Instant::now();
+            let r = rpc
+                .call(&Request::AcquireWrite { ino: root }, Bytes::new())
+                .await;
+            (r.map(|x| x.0), t.elapsed(), rpc)
+        })
+    };
+    let p = a.push(Duration::from_secs(5)).await.expect("recall push");
+    assert_eq!(
+        p,
+        Push::Recall {
+            ino: ROOT_ID,
+            want: LeaseMode::Write
+        }
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !b_task.is_finished(),
+        "B granted while A still holds the read lease"
+    );
+    a.ok(Request::Release { ino: ROOT_ID }).await;
+    let (r, waited, b_rpc) = b_task.await.unwrap();
+    match r {
+        Ok(Reply::Inode(i)) => assert_eq!(i.id, ROOT_ID),
+        other => panic!("unexpected {other:?}"),
+    }
+    assert!(
+        waited < Duration::from_millis(u64::from(LEASE_MS)),
+        "{waited:?}"
+    );
+    // Now A's read waits for B, and B is recalled for a read.
+    let mut b = Client {
+        rpc: b_rpc,
+        pushes: b.pushes,
+    };
+    let a_rpc = a.rpc;
+    let a_task = tokio::spawn(async move {
+        let r = a_rpc
+            .call(
+                &Request::ReadDir {
+                    dir: root,
+                    cookie: 0,
+                    max: 10,
+                },
+                Bytes::new(),
+            )
+            .await;
+        (r.map(|x| x.0), a_rpc)
+    });
+    let p = b.push(Duration::from_secs(5)).await.expect("recall push");
+    assert_eq!(
+        p,
+        Push::Recall {
+            ino: ROOT_ID,
+            want: LeaseMode::Read
+        }
+    );
+    b.ok(Request::Release { ino: ROOT_ID }).await;
+    let (r, _a_rpc) = a_task.await.unwrap();
+    assert!(matches!(r, Ok(Reply::Entries { .. })), "{r:?}");
+    let st = b.stats().await;
+    assert_eq!(st.recalls, 2);
+    assert_eq!(st.sessions, 2);
+    assert_eq!(st.leases, 1);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn silent_and_deaf_holders_lose_their_leases() {
+    let dir = tempfile::tempdir().unwrap();
+    let (h, d, mut a) = formatted(dir.path(), 1).await;
+    let b = connect(&h).await;
+    b.hello(Some(d.uuid), 2).await.unwrap();
+    let f = a.create(FileKind::File).await; // A holds the write lease.
+                                            // A goes silent for longer than a lease: B gets the lease at once and
+                                            // no recall is needed.
+    tokio::time::sleep(Duration::from_millis(u64::from(LEASE_MS) * 3 / 2)).await;
+    let t = Instant::now();
+    b.inode(Request::AcquireWrite { ino: f.handle() }).await;
+    assert!(t.elapsed() < Duration::from_millis(u64::from(LEASE_MS) / 2));
+    assert!(a.push(Duration::from_millis(50)).await.is_none());
+    // B now keeps renewing but ignores the recall: it is revoked lease_ms
+    // after the recall.
+    let b_rpc = std::sync::Arc::new(b.rpc);
+    let renewer = {
+        let rpc = b_rpc.clone();
+        tokio::spawn(async move {
+            loop {
+                if rpc.call(&Request::Renew, Bytes::new()).await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(u64::from(LEASE_MS) / 8)).await;
+            }
+        })
+    };
+    let t = Instant::now();
+    let got = a.inode(Request::AcquireRead { ino: f.handle() }).await;
+    let waited = t.elapsed();
+    assert_eq!(got.id, f.id);
+    assert!(
+        waited >= Duration::from_millis(u64::from(LEASE_MS) * 8 / 10),
+        "granted after {waited:?}, before the recall ran out"
+    );
+    assert!(
+        waited < Duration::from_millis(u64::from(LEASE_MS) * 3),
+        "{waited:?}"
+    );
+    renewer.abort();
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_dropped_waiter_does_not_block_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let (h, d, a) = formatted(dir.path(), 1).await;
+    let f = a.create(FileKind::File).await;
+    let b = connect(&h).await;
+    b.hello(Some(d.uuid), 2).await.unwrap();
+    let c = connect(&h).await;
+    c.hello(Some(d.uuid), 3).await.unwrap();
+    let handle = f.handle();
+    let b_rpc = b.rpc;
+    let waiting = tokio::spawn(async move {
+        let _ = b_rpc
+            .call(&Request::AcquireWrite { ino: handle }, Bytes::new())
+            .await;
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // B's connection goes away while it waits.
+    waiting.abort();
+    let _ = waiting.await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    a.ok(Request::Release { ino: f.id }).await;
+    let t = Instant::now();
+    c.inode(Request::AcquireRead { ino: handle }).await;
+    assert!(
+        t.elapsed() < Duration::from_millis(u64::from(LEASE_MS) / 2),
+        "C waited {:?} behind an abandoned request",
+        t.elapsed()
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn restart_keeps_data_and_answers_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let (h, d, c) = formatted(dir.path(), 1).await;
+    let root = c.root().await;
+    let f = c.create(FileKind::File).await;
+    c.link(root, "kept", &f).await;
+    c.write(f.id, 1, 0, b"persisted bytes").await;
+    let old_epoch = h.epoch();
+    let addr = h.local_addr();
+    h.shutdown().await;
+    drop(c);
+    // Same directory, same port if it is still free (any port otherwise).
+    let h = match start(ServerConfig {
+        data_dir: dir.path().to_path_buf(),
+        listen: addr.to_string(),
+        lease_ms: LEASE_MS,
+    })
+    .await
+    {
+        Ok(h) => h,
+        Err(_) => server(dir.path()).await,
+    };
+    assert_ne!(h.epoch(), old_epoch);
+    let c = connect(&h).await;
+    match c.hello(Some(d.uuid), 1).await.unwrap() {
+        Reply::Hello { epoch, .. } => assert_eq!(epoch, h.epoch()),
+        r => panic!("unexpected {r:?}"),
+    }
+    // In grace: lease-taking requests are refused, others are served.
+    assert_eq!(
+        c.code(Request::Lookup {
+            dir: root,
+            name: b"kept".to_vec()
+        })
+        .await,
+        ErrorCode::Grace
+    );
+    assert_eq!(
+        c.code(Request::CreateInode {
+            parent: ROOT_ID,
+            attr: attr(FileKind::File),
+            target: None
+        })
+        .await,
+        ErrorCode::Grace
+    );
+    assert_eq!(c.inode(Request::GetInode { ino: f.id }).await, f);
+    assert_eq!(&c.read(f.id, 1, 0, 15).await[..], b"persisted bytes");
+    tokio::time::sleep(Duration::from_millis(u64::from(LEASE_MS) + 100)).await;
+    let e = c.lookup(root, "kept").await.unwrap();
+    assert_eq!(e.child, f.handle());
+    // Ids keep counting from where they were.
+    let g = c.create(FileKind::File).await;
+    assert!(g.id > f.id);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_second_server_cannot_share_the_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = server(dir.path()).await;
+    let second = start(ServerConfig {
+        data_dir: dir.path().to_path_buf(),
+        listen: "127.0.0.1:0".into(),
+        lease_ms: LEASE_MS,
+    })
+    .await;
+    assert!(matches!(second, Err(morris_server::ServerError::Locked(_))));
+    h.shutdown().await;
+    let again = server(dir.path()).await;
+    again.shutdown().await;
+}
+
+#[tokio::test]
+async fn garbage_frames_do_not_hurt_other_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let (h, _, c) = formatted(dir.path(), 1).await;
+    let addr = h.local_addr();
+    // Random bytes.
+    let mut seed = 0x1234_5678_9abc_def0u64;
+    let mut junk = vec![0u8; 4096];
+    for b in junk.iter_mut() {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        *b = seed as u8;
+    }
+    let mut s1 = TcpStream::connect(addr).await.unwrap();
+    let _ = s1.write_all(&junk).await;
+    // An oversized length prefix.
+    let mut s2 = TcpStream::connect(addr).await.unwrap();
+    s2.write_all(&[0xff, 0xff, 0xff, 0xff, 1, 2, 3])
+        .await
+        .unwrap();
+    // A well-framed request whose header is not a request.
+    let mut s3 = TcpStream::connect(addr).await.unwrap();
+    let mut frame = Vec::new();
+    let header = [250u8, 1, 2, 3];
+    let body_len = 1 + 8 + 4 + header.len();
+    frame.extend_from_slice(&(body_len as u32).to_be_bytes());
+    frame.push(0);
+    frame.extend_from_slice(&42u64.to_be_bytes());
+    frame.extend_from_slice(&(header.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&header);
+    s3.write_all(&frame).await.unwrap();
+    // The oversized and the random ones are closed by the server.
+    for s in [&mut s1, &mut s2] {
+        let mut buf = [0u8; 64];
+        let closed = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "server kept a garbage connection open");
+    }
+    // The undecodable request gets a Protocol error answer.
+    let mut len = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(5), s3.read_exact(&mut len))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    s3.read_exact(&mut body).await.unwrap();
+    let f = morris_proto::frame::decode_frame(Bytes::from(body)).unwrap();
+    assert_eq!(f.id, 42);
+    match morris_proto::frame::decode_response(&f.header).unwrap() {
+        Err(e) => assert_eq!(e.code, ErrorCode::Protocol),
+        Ok(r) => panic!("unexpected {r:?}"),
+    }
+    // Everyone else is still served.
+    let root = c.root().await;
+    assert!(c.lookup(root, "nothing").await.is_none());
+    let st = c.stats().await;
+    assert!(st.requests > 0);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn requests_in_flight_on_one_connection_interleave() {
+    let dir = tempfile::tempdir().unwrap();
+    let (h, _, c) = formatted(dir.path(), 1).await;
+    let root = c.root().await;
+    let f = c.create(FileKind::File).await;
+    let rpc = std::sync::Arc::new(c.rpc);
+    let mut tasks = Vec::new();
+    for i in 0..64u64 {
+        let rpc = rpc.clone();
+        let child = f.handle();
+        tasks.push(tokio::spawn(async move {
+            let req = Request::Link {
+                dir: root,
+                name: format!("p{i}").into_bytes(),
+                child,
+                kind: FileKind::File,
+                replace: None,
+            };
+            rpc.call(&req, Bytes::new()).await.map(|x| x.0)
+        }));
+    }
+    for t in futures::future::join_all(tasks).await {
+        assert_eq!(t.unwrap().unwrap(), Reply::Removed(None));
+    }
+    match rpc
+        .call(&Request::GetInode { ino: ROOT_ID }, Bytes::new())
+        .await
+        .unwrap()
+        .0
+    {
+        Reply::Inode(r) => assert_eq!(r.attr.size, 64),
+        r => panic!("unexpected {r:?}"),
+    }
+    h.shutdown().await;
+}
+
