@@ -21,6 +21,9 @@ use crate::perm::{check_access, check_delete, check_setattr, W_OK, X_OK};
 use crate::pool::unexpected;
 use crate::{Caller, Client, Error, FsStat, RenameFlags, Result};
 
+/// Most names cached per directory; past it the cache starts over.
+const MAX_CACHED_NAMES: usize = 200_000;
+
 /// How often a namespace operation restarts when another client changed the
 /// directory between its lookup and its locking.
 const RETRIES: usize = 8;
@@ -73,8 +76,14 @@ impl Client {
 
     /// Looks `name` up under a lease on the directory, using the entry cache.
     async fn entry_in(&self, g: &LeaseGuard, name: &[u8]) -> Result<Option<DirEntry>> {
-        if let Some(hit) = g.entry.state.lock().names.get(name) {
-            return Ok(hit.clone());
+        {
+            let st = g.entry.state.lock();
+            if let Some(hit) = st.names.get(name) {
+                return Ok(hit.clone());
+            }
+            if st.complete {
+                return Ok(None);
+            }
         }
         let r = self
             .call(
@@ -93,6 +102,27 @@ impl Client {
         }
         g.entry.state.lock().names.insert(name.to_vec(), e.clone());
         Ok(e)
+    }
+
+    /// Applies the answer of `Link`/`Unlink`/`Rename` to the cached directory:
+    /// `name` now maps to `now`, and the directory inode is the server's.
+    fn dir_changed(g: &LeaseGuard, reply: Reply, name: &[u8], now: Option<DirEntry>) -> Result<Option<DirEntry>> {
+        let Reply::Removed { entry, dir } = reply else {
+            return Err(unexpected(&reply));
+        };
+        let mut st = g.entry.state.lock();
+        if dir.id == st.inode.id {
+            st.inode = dir;
+            st.attr_valid = true;
+        } else {
+            st.attr_valid = false;
+        }
+        if st.names.len() >= MAX_CACHED_NAMES {
+            st.names.clear();
+            st.complete = false;
+        }
+        st.names.insert(name.to_vec(), now);
+        Ok(entry)
     }
 
     /// The inode under `g`, refetched if the server changed it behind our copy.
@@ -413,29 +443,28 @@ impl Client {
                 },
             )
             .await;
-        if let Err(e) = r {
-            let _ = self
-                .set_inode(
-                    cg,
-                    SetAttr {
-                        nlink: Some(c.attr.nlink),
-                        ..SetAttr::default()
-                    },
-                )
-                .await;
-            return Err(e);
-        }
-        let mut st = dg.entry.state.lock();
-        st.names.insert(
-            new_name.to_vec(),
-            Some(DirEntry {
-                name: new_name.to_vec(),
-                child,
-                kind: c.attr.kind,
-                cookie: 0,
-            }),
-        );
-        st.attr_valid = false;
+        let reply = match r {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = self
+                    .set_inode(
+                        cg,
+                        SetAttr {
+                            nlink: Some(c.attr.nlink),
+                            ..SetAttr::default()
+                        },
+                    )
+                    .await;
+                return Err(e);
+            }
+        };
+        let entry = DirEntry {
+            name: new_name.to_vec(),
+            child,
+            kind: c.attr.kind,
+            cookie: 0,
+        };
+        Self::dir_changed(dg, reply, new_name, Some(entry))?;
         Ok(bumped)
     }
 
@@ -490,22 +519,36 @@ impl Client {
             .await?;
             return Ok(());
         }
-        self.delete_file(c.handle(), c.attr.kind).await
+        self.delete_file(&c).await
     }
 
-    /// Removes an inode, then its data on every server.
-    pub(crate) async fn delete_file(&self, h: Handle, kind: FileKind) -> Result<()> {
-        self.call_owner(h.id, Request::DeleteInode { ino: h })
-            .await?;
+    /// Removes an inode and the data of its blocks (the entry is already gone).
+    /// Data goes only to the servers that hold blocks below the file's size;
+    /// anything past it (a client that died before storing its size) is
+    /// garbage that fsck reclaims.
+    pub(crate) async fn delete_file(&self, inode: &Inode) -> Result<()> {
+        let h = inode.handle();
+        let mut servers: Vec<u32> = Vec::new();
+        if inode.attr.kind == FileKind::File && inode.attr.size > 0 {
+            let last = self.layout.block_of(inode.attr.size - 1).0;
+            for i in 1..=last.min(u64::from(self.layout.servers)) {
+                servers.push(self.layout.block_server(h.id, i));
+            }
+        }
+        let data = futures::future::join_all(
+            servers
+                .into_iter()
+                .map(|s| self.call(s, Request::DeleteData { id: h.id })),
+        );
+        let (gone, data) = futures::join!(
+            self.call_owner(h.id, Request::DeleteInode { ino: h }),
+            data
+        );
+        gone?;
         self.leases.forget(h.id);
-        if kind == FileKind::File {
-            let calls =
-                (0..self.layout.servers).map(|s| self.call(s, Request::DeleteData { id: h.id }));
-            for r in futures::future::join_all(calls).await {
-                // Leftover data is garbage that fsck reclaims; the file is gone.
-                if let Err(e) = r {
-                    tracing::warn!(id = h.id, error = %e, "could not delete data");
-                }
+        for r in data {
+            if let Err(e) = r {
+                tracing::warn!(id = h.id, error = %e, "could not delete data");
             }
         }
         Ok(())
@@ -573,20 +616,17 @@ impl Client {
                 return Err(Error::new(ErrorCode::NotEmpty, "directory not empty"));
             }
             // Removing: the entry first.
-            self.call(
-                dg.entry.owner,
-                Request::Unlink {
-                    dir: dh,
-                    name: name.to_vec(),
-                    expect: Some(e.child.id),
-                },
-            )
-            .await?;
-            {
-                let mut st = dg.entry.state.lock();
-                st.names.insert(name.to_vec(), None);
-                st.attr_valid = false;
-            }
+            let reply = self
+                .call(
+                    dg.entry.owner,
+                    Request::Unlink {
+                        dir: dh,
+                        name: name.to_vec(),
+                        expect: Some(e.child.id),
+                    },
+                )
+                .await?;
+            Self::dir_changed(dg, reply, name, None)?;
             if let Some(inv) = self.leases.invalidator() {
                 inv.entry(dir, name);
             }
@@ -685,39 +725,48 @@ impl Client {
                 }
             }
             let replace = d.as_ref().map(|e| e.child.id);
+            let mut moved = s.clone();
+            moved.name = dname.to_vec();
             if sdir == ddir {
-                self.call(
-                    sg.entry.owner,
-                    Request::Rename {
-                        dir: sh,
-                        from: sname.to_vec(),
-                        to: dname.to_vec(),
-                        replace,
-                    },
-                )
-                .await?;
+                let reply = self
+                    .call(
+                        sg.entry.owner,
+                        Request::Rename {
+                            dir: sh,
+                            from: sname.to_vec(),
+                            to: dname.to_vec(),
+                            replace,
+                        },
+                    )
+                    .await?;
+                Self::dir_changed(sg, reply, dname, Some(moved))?;
+                sg.entry.state.lock().names.insert(sname.to_vec(), None);
             } else {
                 // Moving between directories: add the new entry, then remove the old.
-                self.call(
-                    dg.entry.owner,
-                    Request::Link {
-                        dir: dh,
-                        name: dname.to_vec(),
-                        child: s.child,
-                        kind: s.kind,
-                        replace,
-                    },
-                )
-                .await?;
-                self.call(
-                    sg.entry.owner,
-                    Request::Unlink {
-                        dir: sh,
-                        name: sname.to_vec(),
-                        expect: Some(s.child.id),
-                    },
-                )
-                .await?;
+                let reply = self
+                    .call(
+                        dg.entry.owner,
+                        Request::Link {
+                            dir: dh,
+                            name: dname.to_vec(),
+                            child: s.child,
+                            kind: s.kind,
+                            replace,
+                        },
+                    )
+                    .await?;
+                Self::dir_changed(dg, reply, dname, Some(moved))?;
+                let reply = self
+                    .call(
+                        sg.entry.owner,
+                        Request::Unlink {
+                            dir: sh,
+                            name: sname.to_vec(),
+                            expect: Some(s.child.id),
+                        },
+                    )
+                    .await?;
+                Self::dir_changed(sg, reply, sname, None)?;
                 if moving_dir {
                     let cg = pick(&gs, s.child.id)?;
                     self.set_inode(
@@ -853,9 +902,28 @@ impl Client {
             return Err(unexpected(&r));
         };
         let mut st = g.entry.state.lock();
+        // A listing that runs from cookie 0 to the end under this one lease
+        // has seen every name: the cache becomes complete.
+        let contiguous = cookie == 0 || st.listed_upto == Some(cookie);
+        st.listed_upto = if contiguous {
+            entries.last().map(|e| e.cookie).or(Some(cookie))
+        } else {
+            None
+        };
+        if st.names.len() + entries.len() > MAX_CACHED_NAMES {
+            st.names.clear();
+            st.complete = false;
+            st.listed_upto = None;
+        } else {
+            for e in &entries {
+                st.names.insert(e.name.clone(), Some(e.clone()));
+            }
+            if contiguous && eof {
+                st.complete = true;
+            }
+        }
         for e in &entries {
             self.leases.learn(e.child);
-            st.names.insert(e.name.clone(), Some(e.clone()));
         }
         Ok((entries, eof))
     }

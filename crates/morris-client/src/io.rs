@@ -344,10 +344,10 @@ impl Client {
         };
         if orphan {
             // The last name went while it was open: delete it now.
-            let kind = FileKind::File;
             if let Ok(g) = self.leases.get(f.h, Mode::Write).await {
+                let inode = g.inode();
                 drop(g);
-                self.delete_file(f.h, kind).await?;
+                self.delete_file(&inode).await?;
             }
         }
         flushed

@@ -42,6 +42,11 @@ pub(crate) struct EntryState {
     pub dirty: bool,
     /// Directory entry cache: name → entry, `None` for known-absent.
     pub names: HashMap<Vec<u8>, Option<DirEntry>>,
+    /// `names` holds every entry of the directory (answers absent names
+    /// without asking the server).
+    pub complete: bool,
+    /// While listing from cookie 0 under this lease: the last cookie seen.
+    pub listed_upto: Option<u64>,
     /// Bumped by every local write, so read-ahead data fetched before it is dropped.
     pub local_writes: u64,
     recalled: bool,
@@ -282,7 +287,12 @@ impl Leases {
     pub(crate) fn install_granted(&self, mode: Mode, inode: Inode) {
         let owner = self.layout.inode_server(inode.id);
         let epoch = self.pool.epoch(owner);
-        let _ = self.install(owner, epoch, mode, inode, false);
+        let new_dir = inode.attr.kind == morris_proto::FileKind::Dir;
+        let (e, _) = self.install(owner, epoch, mode, inode, false);
+        if new_dir {
+            // A directory we just created is empty and ours alone.
+            e.state.lock().complete = true;
+        }
     }
 
     fn install(
@@ -307,6 +317,8 @@ impl Leases {
                 attr_valid: true,
                 dirty: false,
                 names: HashMap::new(),
+                complete: false,
+                listed_upto: None,
                 local_writes: 0,
                 recalled,
                 released: false,

@@ -155,7 +155,7 @@ pub enum Request {
     /// size and (for a directory child) nlink in the same transaction; takes the
     /// write lease on `dir` implicitly. If `name` exists it is replaced only when
     /// its child is `replace`, else `Exists`. [`Reply::Removed`] with the
-    /// replaced entry.
+    /// replaced entry and the updated directory inode.
     Link {
         /// The directory.
         dir: Handle,
@@ -332,8 +332,15 @@ pub enum Reply {
         /// No entries follow the last one.
         eof: bool,
     },
-    /// Answer to `Link`, `Unlink`, `Rename`: the entry that was removed or replaced.
-    Removed(Option<DirEntry>),
+    /// Answer to `Link`, `Unlink`, `Rename`: the entry that was removed or
+    /// replaced, and the directory's inode as the change left it (so the
+    /// caller's cached copy needs no second round trip).
+    Removed {
+        /// The removed or replaced entry.
+        entry: Option<DirEntry>,
+        /// The directory after the change.
+        dir: Inode,
+    },
     /// Answer to `Read`; the bytes are the frame's payload.
     Data,
     /// Answer to `ScanInodes`.

@@ -682,7 +682,7 @@ impl Server {
                     store.link(dir, &name, child, kind, replace)
                 })
                 .await
-                .map(Reply::Removed)
+                .map(|(entry, dir)| Reply::Removed { entry, dir })
             }
             Request::Unlink { dir, name, expect } => {
                 Self::check_owner(vol, dir.id)?;
@@ -691,7 +691,7 @@ impl Server {
                     store.unlink(dir, &name, expect)
                 })
                 .await
-                .map(Reply::Removed)
+                .map(|(entry, dir)| Reply::Removed { entry, dir })
             }
             Request::Rename {
                 dir,
@@ -706,7 +706,7 @@ impl Server {
                     store.rename(dir, &from, &to, replace)
                 })
                 .await
-                .map(Reply::Removed)
+                .map(|(entry, dir)| Reply::Removed { entry, dir })
             }
             Request::Write {
                 id,

@@ -746,7 +746,7 @@ impl Store {
         child: Handle,
         kind: FileKind,
         replace: Option<FileId>,
-    ) -> Result<Option<DirEntry>, WireError> {
+    ) -> Result<(Option<DirEntry>, Inode), WireError> {
         check_new_name(name)?;
         if child.id == 0 {
             return Err(WireError::new(
@@ -798,9 +798,9 @@ impl Store {
             touch_dir(a);
             d.next_cookie = cookie.saturating_add(1);
             store_dir_row(tx, &d)?;
-            Ok(existing)
+            Ok((existing, d.inode))
         })?;
-        if removed.is_none() {
+        if removed.0.is_none() {
             self.entries.fetch_add(1, Ordering::Relaxed);
         }
         Ok(removed)
@@ -812,7 +812,7 @@ impl Store {
         dir: Handle,
         name: &[u8],
         expect: Option<FileId>,
-    ) -> Result<Option<DirEntry>, WireError> {
+    ) -> Result<(Option<DirEntry>, Inode), WireError> {
         check_name(name)?;
         let removed = self.write_txn(|tx| {
             let mut d = load_dir_row(tx, dir)?;
@@ -841,10 +841,10 @@ impl Store {
             }
             touch_dir(a);
             store_dir_row(tx, &d)?;
-            Ok(e)
+            Ok((e, d.inode))
         })?;
         self.entries.fetch_sub(1, Ordering::Relaxed);
-        Ok(Some(removed))
+        Ok((Some(removed.0), removed.1))
     }
 
     /// Renames `from` to `to` within `dir`; `to` may exist only if it names
@@ -855,7 +855,7 @@ impl Store {
         from: &[u8],
         to: &[u8],
         replace: Option<FileId>,
-    ) -> Result<Option<DirEntry>, WireError> {
+    ) -> Result<(Option<DirEntry>, Inode), WireError> {
         check_name(from)?;
         check_new_name(to)?;
         let removed = self.write_txn(|tx| {
@@ -867,13 +867,13 @@ impl Store {
                 )
             })?;
             if from == to {
-                return Ok(None);
+                return Ok((None, d.inode));
             }
             let dst = find_entry(tx, dir.id, to)?;
             if let Some(t) = &dst {
                 if t.child == src.child {
                     // Two names of one file: POSIX says do nothing.
-                    return Ok(None);
+                    return Ok((None, d.inode));
                 }
                 if replace != Some(t.child.id) {
                     return Err(WireError::new(
@@ -895,9 +895,9 @@ impl Store {
             }
             touch_dir(a);
             store_dir_row(tx, &d)?;
-            Ok(dst)
+            Ok((dst, d.inode))
         })?;
-        if removed.is_some() {
+        if removed.0.is_some() {
             self.entries.fetch_sub(1, Ordering::Relaxed);
         }
         Ok(removed)

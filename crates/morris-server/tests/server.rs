@@ -114,7 +114,7 @@ impl Client {
             })
             .await
         {
-            Reply::Removed(r) => r,
+            Reply::Removed { entry: r, .. } => r,
             r => panic!("unexpected {r:?}"),
         }
     }
@@ -385,7 +385,10 @@ async fn directory_operations_and_paged_listing() {
         to: to.as_bytes().to_vec(),
         replace,
     };
-    assert_eq!(c.ok(rn("f0000", "zero", None)).await, Reply::Removed(None));
+    assert!(matches!(
+        c.ok(rn("f0000", "zero", None)).await,
+        Reply::Removed { entry: None, .. }
+    ));
     assert!(c.lookup(sub.handle(), "f0000").await.is_none());
     assert_eq!(
         c.lookup(sub.handle(), "zero").await.unwrap().child,
@@ -395,7 +398,7 @@ async fn directory_operations_and_paged_listing() {
     c.link(sub.handle(), "other", &other).await;
     assert_eq!(c.code(rn("zero", "other", None)).await, ErrorCode::Exists);
     match c.ok(rn("zero", "other", Some(other.id))).await {
-        Reply::Removed(Some(e)) => assert_eq!(e.child, other.handle()),
+        Reply::Removed { entry: Some(e), .. } => assert_eq!(e.child, other.handle()),
         r => panic!("unexpected {r:?}"),
     }
     // Unlink.
@@ -409,7 +412,7 @@ async fn directory_operations_and_paged_listing() {
         ErrorCode::NotFound
     );
     match c.ok(unlink("other", Some(file.id))).await {
-        Reply::Removed(Some(e)) => assert_eq!(e.name, b"other"),
+        Reply::Removed { entry: Some(e), .. } => assert_eq!(e.name, b"other"),
         r => panic!("unexpected {r:?}"),
     }
     assert_eq!(c.code(unlink("other", None)).await, ErrorCode::NotFound);
@@ -953,7 +956,10 @@ async fn requests_in_flight_on_one_connection_interleave() {
         }));
     }
     for t in futures::future::join_all(tasks).await {
-        assert_eq!(t.unwrap().unwrap(), Reply::Removed(None));
+        assert!(matches!(
+            t.unwrap().unwrap(),
+            Reply::Removed { entry: None, .. }
+        ));
     }
     match rpc
         .call(&Request::GetInode { ino: ROOT_ID }, Bytes::new())
