@@ -5,6 +5,7 @@
 //! cluster in one go (`up`). Logs go to stderr, filtered by `RUST_LOG`.
 
 mod admin;
+mod bench;
 mod daemon;
 mod format;
 mod fsck;
@@ -47,6 +48,8 @@ enum Command {
     Status(status::StatusArgs),
     /// Check a volume's namespace and data for inconsistencies and garbage.
     Fsck(fsck::FsckArgs),
+    /// Measure throughput of a directory (a mount, or a local disk to compare).
+    Bench(bench::BenchArgs),
 }
 
 /// How verbose logging is when `RUST_LOG` is not set.
@@ -93,6 +96,7 @@ fn main() -> ExitCode {
         Command::Up(a) => up::run(a),
         Command::Status(a) => status::run(a),
         Command::Fsck(a) => fsck::run(a),
+        Command::Bench(a) => bench::run(a),
     };
     match result {
         Ok(code) => code,

@@ -106,7 +106,12 @@ impl Client {
 
     /// Applies the answer of `Link`/`Unlink`/`Rename` to the cached directory:
     /// `name` now maps to `now`, and the directory inode is the server's.
-    fn dir_changed(g: &LeaseGuard, reply: Reply, name: &[u8], now: Option<DirEntry>) -> Result<Option<DirEntry>> {
+    fn dir_changed(
+        g: &LeaseGuard,
+        reply: Reply,
+        name: &[u8],
+        now: Option<DirEntry>,
+    ) -> Result<Option<DirEntry>> {
         let Reply::Removed { entry, dir } = reply else {
             return Err(unexpected(&reply));
         };
@@ -289,32 +294,29 @@ impl Client {
                 },
             )
             .await;
-        if let Err(e) = linked {
-            // Nothing names the new inode; remove it (fsck would otherwise).
-            let _ = self
-                .call(
-                    server,
-                    Request::DeleteInode {
-                        ino: inode.handle(),
-                    },
-                )
-                .await;
-            self.leases.forget(inode.id);
-            return Err(e);
-        }
-        {
-            let mut st = g.entry.state.lock();
-            st.names.insert(
-                name.to_vec(),
-                Some(DirEntry {
-                    name: name.to_vec(),
-                    child: inode.handle(),
-                    kind,
-                    cookie: 0,
-                }),
-            );
-            st.attr_valid = false;
-        }
+        let reply = match linked {
+            Ok(r) => r,
+            Err(e) => {
+                // Nothing names the new inode; remove it (fsck would otherwise).
+                let _ = self
+                    .call(
+                        server,
+                        Request::DeleteInode {
+                            ino: inode.handle(),
+                        },
+                    )
+                    .await;
+                self.leases.forget(inode.id);
+                return Err(e);
+            }
+        };
+        let entry = DirEntry {
+            name: name.to_vec(),
+            child: inode.handle(),
+            kind,
+            cookie: 0,
+        };
+        Self::dir_changed(&g, reply, name, Some(entry))?;
         Ok(inode)
     }
 
@@ -540,10 +542,8 @@ impl Client {
                 .into_iter()
                 .map(|s| self.call(s, Request::DeleteData { id: h.id })),
         );
-        let (gone, data) = futures::join!(
-            self.call_owner(h.id, Request::DeleteInode { ino: h }),
-            data
-        );
+        let (gone, data) =
+            futures::join!(self.call_owner(h.id, Request::DeleteInode { ino: h }), data);
         gone?;
         self.leases.forget(h.id);
         for r in data {
@@ -779,17 +779,6 @@ impl Client {
                     )
                     .await?;
                 }
-            }
-            for (g, n, e) in [(sg, sname, None), (dg, dname, Some(s.clone()))] {
-                let mut st = g.entry.state.lock();
-                st.names.insert(
-                    n.to_vec(),
-                    e.map(|mut e| {
-                        e.name = n.to_vec();
-                        e
-                    }),
-                );
-                st.attr_valid = false;
             }
             if let Some(inv) = self.leases.invalidator() {
                 inv.entry(sdir, sname);

@@ -102,17 +102,28 @@ impl Client {
 
     pub(crate) async fn do_open(&self, id: FileId, write: bool, truncate: bool) -> Result<u64> {
         let h = self.leases.handle(id)?;
-        {
+        let empty = {
             let g = self
                 .leases
                 .get(h, if write { Mode::Write } else { Mode::Read })
                 .await?;
-            let kind = g.inode().attr.kind;
-            if kind == FileKind::Dir && write {
+            if g.inode().attr.kind == FileKind::Dir && write {
                 return Err(Error::new(ErrorCode::IsDir, "open a directory for writing"));
             }
-        }
-        if truncate && write {
+            let mut st = g.entry.state.lock();
+            let empty = st.inode.attr.size == 0;
+            if empty && truncate && write {
+                // Truncating an empty file only touches its times: do that
+                // under the write lease, stored with the size at close (the
+                // common O_CREAT|O_TRUNC of a new file costs no round trip).
+                let now = Timestamp::now();
+                st.inode.attr.mtime = now;
+                st.inode.attr.ctime = now;
+                st.dirty = true;
+            }
+            empty
+        };
+        if truncate && write && !empty {
             self.do_setattr(
                 id,
                 morris_proto::SetAttr {
@@ -130,7 +141,7 @@ impl Client {
                 id,
                 h,
                 write,
-                wrote: AtomicBool::new(false),
+                wrote: AtomicBool::new(truncate && write),
                 ra: tokio::sync::Mutex::new(ReadAhead::default()),
             }),
         );

@@ -246,6 +246,7 @@ impl Pool {
         payload: Bytes,
     ) -> Result<(Reply, Bytes)> {
         *self.counters.lock().entry(req.name()).or_insert(0) += 1;
+        tracing::trace!(server = i, op = req.name(), ?req, "call");
         let deadline = Instant::now() + self.retry_window;
         let mut backoff = Duration::from_millis(20);
         loop {

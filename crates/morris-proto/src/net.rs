@@ -62,9 +62,46 @@ impl RpcError {
     }
 }
 
-struct OutFrame {
-    head: Bytes,
-    payload: Bytes,
+/// The sending half of a socket, shared by every task that sends on it: each
+/// frame is written whole under the lock, straight from the caller's task (no
+/// hop through a writer task on the request path).
+struct Writer {
+    w: tokio::sync::Mutex<BufWriter<OwnedWriteHalf>>,
+    closed: Arc<AtomicBool>,
+}
+
+impl Writer {
+    fn new(wr: OwnedWriteHalf, closed: Arc<AtomicBool>) -> Arc<Self> {
+        Arc::new(Writer {
+            w: tokio::sync::Mutex::new(BufWriter::with_capacity(64 << 10, wr)),
+            closed,
+        })
+    }
+
+    async fn send(&self, head: &[u8], payload: &[u8]) -> std::io::Result<()> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(std::io::ErrorKind::BrokenPipe.into());
+        }
+        let mut w = self.w.lock().await;
+        let r = async {
+            w.write_all(head).await?;
+            if !payload.is_empty() {
+                w.write_all(payload).await?;
+            }
+            w.flush().await
+        }
+        .await;
+        if r.is_err() {
+            self.closed.store(true, Ordering::SeqCst);
+            let _ = w.shutdown().await;
+        }
+        r
+    }
+
+    async fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        let _ = self.w.lock().await.shutdown().await;
+    }
 }
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<(Reply, Bytes), RpcError>>>>>;
@@ -72,14 +109,11 @@ type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<(Reply, Bytes), Rpc
 /// The client end of a connection.
 pub struct RpcClient {
     addr: String,
-    tx: mpsc::Sender<OutFrame>,
+    writer: Arc<Writer>,
     pending: Pending,
     next_id: AtomicU64,
     closed: Arc<AtomicBool>,
 }
-
-/// How many frames may wait for the socket before senders block.
-const OUT_QUEUE: usize = 1024;
 
 impl RpcClient {
     /// Connects to `addr`; pushes from the server go to `pushes`.
@@ -95,10 +129,9 @@ impl RpcClient {
             })?;
         let _ = stream.set_nodelay(true);
         let (rd, wr) = stream.into_split();
-        let (tx, rx) = mpsc::channel::<OutFrame>(OUT_QUEUE);
         let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
         let closed = Arc::new(AtomicBool::new(false));
-        tokio::spawn(write_loop(wr, rx, closed.clone()));
+        let writer = Writer::new(wr, closed.clone());
         let reader_pending = pending.clone();
         let reader_closed = closed.clone();
         let reader_addr = addr.to_string();
@@ -154,7 +187,7 @@ impl RpcClient {
         });
         Ok(RpcClient {
             addr: addr.to_string(),
-            tx,
+            writer,
             pending,
             next_id: AtomicU64::new(1),
             closed,
@@ -187,7 +220,7 @@ impl RpcClient {
             self.pending.lock().remove(&id);
             return Err(RpcError::Disconnected(self.addr.clone()));
         }
-        if self.tx.send(OutFrame { head, payload }).await.is_err() {
+        if self.writer.send(&head, &payload).await.is_err() {
             self.pending.lock().remove(&id);
             return Err(RpcError::Disconnected(self.addr.clone()));
         }
@@ -201,6 +234,10 @@ impl RpcClient {
 impl Drop for RpcClient {
     fn drop(&mut self) {
         self.closed.store(true, Ordering::SeqCst);
+        let w = self.writer.clone();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { w.close().await });
+        }
     }
 }
 
@@ -211,57 +248,38 @@ fn codec() -> LengthDelimitedCodec {
         .new_codec()
 }
 
-async fn write_loop(wr: OwnedWriteHalf, mut rx: mpsc::Receiver<OutFrame>, closed: Arc<AtomicBool>) {
-    let mut w = BufWriter::with_capacity(256 << 10, wr);
-    'outer: while let Some(mut f) = rx.recv().await {
-        loop {
-            if w.write_all(&f.head).await.is_err() {
-                break 'outer;
-            }
-            if !f.payload.is_empty() && w.write_all(&f.payload).await.is_err() {
-                break 'outer;
-            }
-            match rx.try_recv() {
-                Ok(next) => f = next,
-                Err(_) => break,
-            }
-        }
-        if w.flush().await.is_err() {
-            break;
-        }
-    }
-    closed.store(true, Ordering::SeqCst);
-    let _ = w.shutdown().await;
-}
-
 /// The server end of one connection, handed to the [`Service`] with every request.
 pub struct Conn {
     /// Unique per connection within the process.
     pub id: u64,
     /// The peer's address.
     pub peer: SocketAddr,
-    tx: mpsc::Sender<OutFrame>,
+    writer: Arc<Writer>,
 }
 
 impl Conn {
     /// Pushes a message to this client. Returns false if the connection is gone
     /// or its queue is full (the push is dropped; lease expiry covers the loss).
     pub fn push(&self, msg: &Push) -> bool {
-        match encode_frame_head(FrameKind::Push, 0, msg, 0) {
-            Ok(head) => self
-                .tx
-                .try_send(OutFrame {
-                    head,
-                    payload: Bytes::new(),
-                })
-                .is_ok(),
-            Err(_) => false,
+        if !self.is_open() {
+            return false;
         }
+        let Ok(head) = encode_frame_head(FrameKind::Push, 0, msg, 0) else {
+            return false;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        let w = self.writer.clone();
+        rt.spawn(async move {
+            let _ = w.send(&head, &[]).await;
+        });
+        true
     }
 
     /// True while the connection's writer is alive.
     pub fn is_open(&self) -> bool {
-        !self.tx.is_closed()
+        !self.writer.closed.load(Ordering::SeqCst)
     }
 }
 
@@ -306,10 +324,13 @@ pub async fn serve_connection<S: Service>(
 ) {
     let _ = stream.set_nodelay(true);
     let (rd, wr) = stream.into_split();
-    let (tx, rx) = mpsc::channel::<OutFrame>(OUT_QUEUE);
     let closed = Arc::new(AtomicBool::new(false));
-    let writer = tokio::spawn(write_loop(wr, rx, closed));
-    let conn = Arc::new(Conn { id, peer, tx });
+    let writer = Writer::new(wr, closed);
+    let conn = Arc::new(Conn {
+        id,
+        peer,
+        writer: writer.clone(),
+    });
     let limit = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONN));
     let mut frames = FramedRead::new(rd, codec());
     debug!(%peer, conn = id, "connection opened");
@@ -355,13 +376,7 @@ pub async fn serve_connection<S: Service>(
                         ));
                         match encode_frame_head(FrameKind::Response, frame.id, &err, 0) {
                             Ok(h) => {
-                                let _ = conn2
-                                    .tx
-                                    .send(OutFrame {
-                                        head: h,
-                                        payload: Bytes::new(),
-                                    })
-                                    .await;
+                                let _ = conn2.writer.send(&h, &[]).await;
                             }
                             Err(_) => warn!("cannot encode an error reply"),
                         }
@@ -369,12 +384,12 @@ pub async fn serve_connection<S: Service>(
                         return;
                     }
                 };
-            let _ = conn2.tx.send(OutFrame { head, payload }).await;
+            let _ = conn2.writer.send(&head, &payload).await;
             drop(permit);
         });
     }
     svc.disconnected(&conn);
     drop(conn);
-    let _ = writer.await;
+    writer.close().await;
     debug!(%peer, conn = id, "connection closed");
 }
