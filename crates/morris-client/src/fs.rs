@@ -104,6 +104,65 @@ impl Client {
         Ok(e)
     }
 
+    /// The entry `name` of the directory under `g` as its server has it now
+    /// (never from the cache; waits for the server to come back).
+    async fn server_entry(&self, g: &LeaseGuard, name: &[u8]) -> Result<Option<DirEntry>> {
+        let r = self
+            .call(
+                g.entry.owner,
+                Request::Lookup {
+                    dir: g.handle(),
+                    name: name.to_vec(),
+                },
+            )
+            .await?;
+        match r {
+            Reply::Entry(e) => Ok(e),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Sends `Link`, `Unlink` or `Rename` (moving `child`) to the directory
+    /// under `g`. When the connection is lost after sending, the outcome is
+    /// unknown: the names are looked up again once the server answers, and the
+    /// change counts as done if it is there (a retry could not tell "already
+    /// done" from "refused").
+    async fn dir_call(&self, g: &LeaseGuard, req: Request, child: Option<Handle>) -> Result<Reply> {
+        let err = match self.call(g.entry.owner, req.clone()).await {
+            Ok(r) => return Ok(r),
+            Err(e) if e.code == ErrorCode::Unavailable => e,
+            Err(e) => return Err(e),
+        };
+        let applied = match &req {
+            Request::Link { name, child, .. } => {
+                self.server_entry(g, name).await?.map(|e| e.child) == Some(*child)
+            }
+            Request::Unlink { name, expect, .. } => match self.server_entry(g, name).await? {
+                None => true,
+                Some(e) => expect.is_some_and(|id| e.child.id != id),
+            },
+            Request::Rename { from, to, .. } => {
+                let to_now = self.server_entry(g, to).await?.map(|e| e.child);
+                let from_now = self.server_entry(g, from).await?.map(|e| e.child);
+                to_now.is_some() && to_now == child && from_now != child
+            }
+            _ => false,
+        };
+        if !applied {
+            return Err(err);
+        }
+        tracing::info!(
+            op = req.name(),
+            "outcome settled after a lost connection: applied"
+        );
+        // The reply is lost; the lease we hold makes this answer at once.
+        let dir = inode_reply(
+            self.call(g.entry.owner, Request::AcquireWrite { ino: g.handle() })
+                .await?,
+        )?;
+        Ok(Reply::Removed { entry: None, dir })
+    }
+
     /// Applies the answer of `Link`/`Unlink`/`Rename` to the cached directory:
     /// `name` now maps to `now`, and the directory inode is the server's.
     fn dir_changed(
@@ -283,8 +342,8 @@ impl Client {
         )?;
         self.leases.install_granted(Mode::Write, inode.clone());
         let linked = self
-            .call(
-                g.entry.owner,
+            .dir_call(
+                &g,
                 Request::Link {
                     dir: g.handle(),
                     name: name.to_vec(),
@@ -292,6 +351,7 @@ impl Client {
                     kind,
                     replace: None,
                 },
+                None,
             )
             .await;
         let reply = match linked {
@@ -434,8 +494,8 @@ impl Client {
             )
             .await?;
         let r = self
-            .call(
-                dg.entry.owner,
+            .dir_call(
+                dg,
                 Request::Link {
                     dir,
                     name: new_name.to_vec(),
@@ -443,6 +503,7 @@ impl Client {
                     kind: c.attr.kind,
                     replace: None,
                 },
+                None,
             )
             .await;
         let reply = match r {
@@ -472,23 +533,21 @@ impl Client {
 
     /// SetAttr under a held write lease; merges unsaved local size/mtime.
     async fn set_inode(&self, g: &LeaseGuard, mut set: SetAttr) -> Result<Inode> {
-        let h = {
+        let _one_at_a_time = self.leases.store_lock(g.entry.id).await;
+        let (h, seq) = {
             let st = g.entry.state.lock();
             if st.dirty {
                 set.size.get_or_insert(st.inode.attr.size);
                 set.mtime.get_or_insert(st.inode.attr.mtime);
             }
-            st.inode.handle()
+            (st.inode.handle(), self.leases.unstored_seq(g.entry.id))
         };
         let inode = inode_reply(
             self.call(g.entry.owner, Request::SetAttr { ino: h, set })
                 .await?,
         )?;
-        let mut st = g.entry.state.lock();
-        st.inode = inode.clone();
-        st.dirty = false;
-        st.attr_valid = true;
-        Ok(inode)
+        self.leases.stored(&g.entry, inode, seq);
+        Ok(g.inode())
     }
 
     /// One directory entry of `child` is gone: count it down, or remove the
@@ -544,7 +603,12 @@ impl Client {
         );
         let (gone, data) =
             futures::join!(self.call_owner(h.id, Request::DeleteInode { ino: h }), data);
-        gone?;
+        match gone {
+            Ok(_) => {}
+            // A retry after a lost reply finds it already gone.
+            Err(e) if e.code == ErrorCode::Stale => {}
+            Err(e) => return Err(e),
+        }
         self.leases.forget(h.id);
         for r in data {
             if let Err(e) = r {
@@ -617,13 +681,14 @@ impl Client {
             }
             // Removing: the entry first.
             let reply = self
-                .call(
-                    dg.entry.owner,
+                .dir_call(
+                    dg,
                     Request::Unlink {
                         dir: dh,
                         name: name.to_vec(),
                         expect: Some(e.child.id),
                     },
+                    None,
                 )
                 .await?;
             Self::dir_changed(dg, reply, name, None)?;
@@ -729,14 +794,15 @@ impl Client {
             moved.name = dname.to_vec();
             if sdir == ddir {
                 let reply = self
-                    .call(
-                        sg.entry.owner,
+                    .dir_call(
+                        sg,
                         Request::Rename {
                             dir: sh,
                             from: sname.to_vec(),
                             to: dname.to_vec(),
                             replace,
                         },
+                        Some(s.child),
                     )
                     .await?;
                 Self::dir_changed(sg, reply, dname, Some(moved))?;
@@ -744,8 +810,8 @@ impl Client {
             } else {
                 // Moving between directories: add the new entry, then remove the old.
                 let reply = self
-                    .call(
-                        dg.entry.owner,
+                    .dir_call(
+                        dg,
                         Request::Link {
                             dir: dh,
                             name: dname.to_vec(),
@@ -753,17 +819,19 @@ impl Client {
                             kind: s.kind,
                             replace,
                         },
+                        None,
                     )
                     .await?;
                 Self::dir_changed(dg, reply, dname, Some(moved))?;
                 let reply = self
-                    .call(
-                        sg.entry.owner,
+                    .dir_call(
+                        sg,
                         Request::Unlink {
                             dir: sh,
                             name: sname.to_vec(),
                             expect: Some(s.child.id),
                         },
+                        None,
                     )
                     .await?;
                 Self::dir_changed(sg, reply, sname, None)?;

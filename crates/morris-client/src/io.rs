@@ -119,7 +119,7 @@ impl Client {
                 let now = Timestamp::now();
                 st.inode.attr.mtime = now;
                 st.inode.attr.ctime = now;
-                st.dirty = true;
+                self.leases.local_change(id, &mut st);
             }
             empty
         };
@@ -300,24 +300,23 @@ impl Client {
             st.inode.attr.size = st.inode.attr.size.max(end);
             st.inode.attr.mtime = now;
             st.inode.attr.ctime = now;
-            st.dirty = true;
             st.local_writes += 1;
+            self.leases.local_change(f.id, &mut st);
         }
         f.wrote.store(true, Ordering::Relaxed);
         Ok(len as u32)
     }
 
-    /// Stores the size and times this client changed (close-to-open).
+    /// Stores the size and times this client changed (close-to-open). If the
+    /// lease they were made under was lost (owner restarted, expired), takes
+    /// the write lease again first: a successful close means they are stored.
     pub(crate) async fn do_flush(&self, fh: u64) -> Result<()> {
         let f = self.open_file(fh)?;
-        if !f.wrote.load(Ordering::Relaxed) {
+        if !self.leases.has_unstored(f.id) {
             return Ok(());
         }
-        if let Some(g) = self.leases.try_use(f.id).await {
-            self.leases.write_back(&g.entry).await?;
-        }
-        // Without a usable lease, the recall that took it already wrote back.
-        Ok(())
+        let g = self.leases.get(f.h, Mode::Write).await?;
+        self.leases.write_back(&g.entry).await
     }
 
     pub(crate) async fn do_fsync(&self, fh: u64, datasync: bool) -> Result<()> {

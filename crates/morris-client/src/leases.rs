@@ -102,6 +102,18 @@ impl LeaseGuard {
 
 const ACQUIRE_SHARDS: usize = 256;
 
+/// Size and times changed locally under a write lease and not yet stored at
+/// the owner. Kept outside the lease entries, so that losing a lease (owner
+/// restart, expiry, a failed write-back on recall) cannot lose them: the next
+/// write lease on the inode starts from them, and close stores them.
+#[derive(Debug, Clone, Copy)]
+struct Unstored {
+    size: u64,
+    mtime: morris_proto::Timestamp,
+    ctime: morris_proto::Timestamp,
+    seq: u64,
+}
+
 /// The lease cache of one client.
 pub(crate) struct Leases {
     pool: Arc<Pool>,
@@ -115,6 +127,11 @@ pub(crate) struct Leases {
     /// Acquires in flight, per inode.
     inflight: Mutex<HashMap<FileId, usize>>,
     acquiring: Vec<tokio::sync::Mutex<()>>,
+    /// Serializes attribute stores per inode: two SetAttrs of one inode in
+    /// flight at once could be applied by the server in either order.
+    storing: Vec<tokio::sync::Mutex<()>>,
+    unstored: Mutex<HashMap<FileId, Unstored>>,
+    next_seq: AtomicU64,
     next_generation: AtomicU64,
     pub recalls: AtomicU64,
     inv: RwLock<Option<Arc<dyn Invalidator>>>,
@@ -133,6 +150,11 @@ impl Leases {
             acquiring: (0..ACQUIRE_SHARDS)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
+            storing: (0..ACQUIRE_SHARDS)
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
+            unstored: Mutex::new(HashMap::new()),
+            next_seq: AtomicU64::new(1),
             next_generation: AtomicU64::new(1),
             recalls: AtomicU64::new(0),
             inv: RwLock::new(None),
@@ -161,6 +183,54 @@ impl Leases {
     pub(crate) fn forget(&self, id: FileId) {
         self.gens.lock().remove(&id);
         self.map.lock().remove(&id);
+        self.unstored.lock().remove(&id);
+    }
+
+    /// Records that the cached inode in `st` (of `id`) changed locally: it is
+    /// dirty until a write-back that saw this change succeeds.
+    pub(crate) fn local_change(&self, id: FileId, st: &mut EntryState) {
+        st.dirty = true;
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        self.unstored.lock().insert(
+            id,
+            Unstored {
+                size: st.inode.attr.size,
+                mtime: st.inode.attr.mtime,
+                ctime: st.inode.attr.ctime,
+                seq,
+            },
+        );
+    }
+
+    /// True while `id` has local changes not yet stored at its owner.
+    pub(crate) fn has_unstored(&self, id: FileId) -> bool {
+        self.unstored.lock().contains_key(&id)
+    }
+
+    /// The change sequence a write-back of `id` covers (taken before sending).
+    pub(crate) fn unstored_seq(&self, id: FileId) -> Option<u64> {
+        self.unstored.lock().get(&id).map(|u| u.seq)
+    }
+
+    /// Takes the owner's answer to a SetAttr that carried the local changes
+    /// up to `seq`: clean if nothing changed meanwhile, else keep the newer
+    /// local size and times (still dirty).
+    pub(crate) fn stored(&self, entry: &LeaseEntry, inode: Inode, seq: Option<u64>) {
+        let mut st = entry.state.lock();
+        let mut unstored = self.unstored.lock();
+        let now = unstored.get(&entry.id).map(|u| u.seq);
+        let keep = st.inode.attr.clone();
+        st.inode = inode;
+        st.attr_valid = true;
+        if now.is_some() && now != seq {
+            st.inode.attr.size = keep.size;
+            st.inode.attr.mtime = keep.mtime;
+            st.inode.attr.ctime = keep.ctime;
+            st.dirty = true;
+        } else {
+            unstored.remove(&entry.id);
+            st.dirty = false;
+        }
     }
 
     /// The handle of a file id handed out before.
@@ -188,6 +258,14 @@ impl Leases {
     /// owning server if it is not cached (one round trip, which also returns
     /// the inode).
     pub(crate) async fn get(self: &Arc<Self>, h: Handle, want: Mode) -> Result<LeaseGuard> {
+        // Local changes not yet stored must carry over into the next lease,
+        // which only a write lease can hold (a read lease would show the
+        // owner's older size).
+        let want = if want == Mode::Read && self.has_unstored(h.id) {
+            Mode::Write
+        } else {
+            want
+        };
         loop {
             let cached = self.map.lock().get(&h.id).cloned();
             if let Some(e) = cached {
@@ -325,6 +403,16 @@ impl Leases {
             }),
             gone: tokio::sync::watch::channel(false).0,
         });
+        if mode == Mode::Write {
+            if let Some(u) = self.unstored.lock().get(&id).copied() {
+                // A lease lost before its changes were stored: they carry over.
+                let mut st = entry.state.lock();
+                st.inode.attr.size = u.size;
+                st.inode.attr.mtime = u.mtime;
+                st.inode.attr.ctime = u.ctime;
+                st.dirty = true;
+            }
+        }
         let old = self.map.lock().insert(id, entry.clone());
         (entry, old)
     }
@@ -348,20 +436,6 @@ impl Leases {
             out.push(self.get(h, Mode::Write).await?);
         }
         Ok(out)
-    }
-
-    /// A guard for `id` that is not recalled and not expired, if cached; never
-    /// asks the server.
-    pub(crate) async fn try_use(&self, id: FileId) -> Option<LeaseGuard> {
-        let e = self.map.lock().get(&id).cloned()?;
-        if !self.usable(&e, Mode::Read) {
-            return None;
-        }
-        let g = e.uses.clone().read_owned().await;
-        if !self.usable(&e, Mode::Read) {
-            return None;
-        }
-        Some(LeaseGuard { entry: e, _use: g })
     }
 
     /// Handles a recall pushed by server `from`.
@@ -417,9 +491,15 @@ impl Leases {
         entry.gone.send_replace(true);
     }
 
+    /// Holds the per-inode store lock: one attribute store of `id` at a time.
+    pub(crate) async fn store_lock(&self, id: FileId) -> tokio::sync::MutexGuard<'_, ()> {
+        self.storing[(id as usize) % ACQUIRE_SHARDS].lock().await
+    }
+
     /// Stores a dirty inode's size and times at its owner.
     pub(crate) async fn write_back(&self, entry: &LeaseEntry) -> Result<()> {
-        let (h, set) = {
+        let _one_at_a_time = self.store_lock(entry.id).await;
+        let (h, set, seq) = {
             let st = entry.state.lock();
             if !st.dirty || entry.mode != Mode::Write {
                 return Ok(());
@@ -432,6 +512,7 @@ impl Leases {
                     ctime: Some(st.inode.attr.ctime),
                     ..SetAttr::default()
                 },
+                self.unstored_seq(entry.id),
             )
         };
         let (reply, _) = self
@@ -441,10 +522,7 @@ impl Leases {
         let Reply::Inode(inode) = reply else {
             return Err(unexpected(&reply));
         };
-        let mut st = entry.state.lock();
-        st.inode = inode;
-        st.dirty = false;
-        st.attr_valid = true;
+        self.stored(entry, inode, seq);
         Ok(())
     }
 

@@ -86,11 +86,15 @@ pub(crate) fn unexpected(r: &Reply) -> Error {
 }
 
 /// Requests that may be sent again after a lost connection without changing
-/// their effect.
+/// their effect (`CreateInode` at worst leaves an unnamed inode for fsck;
+/// `DeleteInode` answers `Stale` the second time). Link, Unlink and Rename
+/// are not: the caller settles their outcome by looking the names up.
 fn retryable(req: &Request) -> bool {
     matches!(
         req,
         Request::Renew
+            | Request::CreateInode { .. }
+            | Request::DeleteInode { .. }
             | Request::Statfs
             | Request::Status
             | Request::AcquireRead { .. }
@@ -253,7 +257,8 @@ impl Pool {
             let conn = match self.conn(i).await {
                 Ok(c) => c,
                 Err(e) => {
-                    if retryable(&req) && Instant::now() < deadline {
+                    // Nothing was sent: any request may wait for the server.
+                    if Instant::now() < deadline {
                         tokio::time::sleep(backoff).await;
                         backoff = (backoff * 2).min(Duration::from_millis(500));
                         continue;

@@ -715,6 +715,7 @@ impl Server {
                 sync,
             } => {
                 let pos = Self::block_pos(vol, id, index, offset, payload.len() as u64)?;
+                self.check_reserve(payload.len() as u64)?;
                 let blocks = self.blocks.clone();
                 blocking(move || blocks.write(id, pos, &payload, sync, &store)).await?;
                 Ok(Reply::Ok)
@@ -802,6 +803,26 @@ impl Server {
             }
         }
         r
+    }
+
+    /// Refuses a data write that would eat into the space kept for metadata:
+    /// the last 1 % of the disk (at least 1 MiB, at most 1 GiB) stays free so
+    /// that a full volume can still commit the unlinks that empty it.
+    fn check_reserve(&self, len: u64) -> Result<(), WireError> {
+        let (total, free) = self.disk();
+        if total == 0 {
+            return Ok(());
+        }
+        let reserve = (total / 100).clamp(1 << 20, 1 << 30);
+        if free < reserve.saturating_add(len) {
+            return Err(err(
+                ErrorCode::NoSpace,
+                format!(
+                    "disk nearly full: {free} bytes free, the last {reserve} are kept for metadata"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     // ----------------------------------------------------------------- stats

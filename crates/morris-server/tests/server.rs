@@ -972,4 +972,3 @@ async fn requests_in_flight_on_one_connection_interleave() {
     }
     h.shutdown().await;
 }
-

@@ -584,13 +584,9 @@ pub fn expect_errno<T: std::fmt::Debug>(r: std::io::Result<T>, want: i32, what: 
     }
 }
 
-/// Calls `f` until it returns `Some`, at most for `limit`; panics with a
+/// Calls `f` until it returns `Ok`, at most for `limit`; panics with a
 /// message naming `what` (and the last thing `f` reported) if it never does.
-pub fn wait_for<T>(
-    limit: Duration,
-    what: &str,
-    mut f: impl FnMut() -> Result<T, String>,
-) -> T {
+pub fn wait_for<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Result<T, String>) -> T {
     let start = Instant::now();
     let mut last;
     loop {
@@ -625,7 +621,8 @@ pub fn pattern(seed: u64, offset: u64, len: usize) -> Vec<u8> {
     let mut pos = offset;
     while out.len() < len {
         let word = pos / 8;
-        let mut x = (seed ^ word.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_add(0x632B_E59B_D9B4_E019);
+        let mut x =
+            (seed ^ word.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_add(0x632B_E59B_D9B4_E019);
         x ^= x >> 30;
         x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
         x ^= x >> 27;

@@ -1,0 +1,330 @@
+//! Coherence between two mounts of one volume (two `morris mount`
+//! processes, so two clients): what one writes or changes in the namespace,
+//! the other sees right afterwards, even where its kernel had cached the old
+//! state (attribute TTL 1 s, page cache) — lease recalls invalidate it.
+
+mod common;
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use common::{close_checked, expect_errno, pattern, read_log, Cluster, ClusterOpts, Mount};
+
+/// Two mounts of one four-server volume, each through a different server.
+struct Two {
+    a: Mount,
+    b: Mount,
+    _c: Cluster,
+}
+
+impl Two {
+    fn new() -> Two {
+        let c = Cluster::start(4, ClusterOpts::default());
+        let a = Mount::start(c.addr(0), &[]);
+        let b = Mount::start(c.addr(2), &[]);
+        Two { a, b, _c: c }
+    }
+
+    /// Both mounts' logs, for failure messages.
+    fn logs(&self) -> String {
+        format!(
+            "--- mount A log\n{}--- mount B log\n{}",
+            read_log(&self.a.log),
+            read_log(&self.b.log)
+        )
+    }
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("readdir {}: {e}", dir.display()))
+        .map(|e| {
+            e.expect("readdir entry")
+                .file_name()
+                .into_string()
+                .expect("utf-8 name")
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn same(t: &Two, got: &[u8], want: &[u8], what: &str) {
+    if got != want {
+        let first = got
+            .iter()
+            .zip(want)
+            .position(|(x, y)| x != y)
+            .unwrap_or(got.len().min(want.len()));
+        let around = |d: &[u8]| {
+            let from = first.saturating_sub(16).min(d.len());
+            let to = (first + 48).min(d.len());
+            format!("{:?}", String::from_utf8_lossy(&d[from..to]))
+        };
+        panic!(
+            "{what}: got {} bytes, want {} bytes, first difference at offset {first}\n\
+             got  (from offset {}): {}\nwant (from offset {}): {}\n{}",
+            got.len(),
+            want.len(),
+            first.saturating_sub(16),
+            around(got),
+            first.saturating_sub(16),
+            around(want),
+            t.logs()
+        );
+    }
+}
+
+fn write_closed(p: &Path, data: &[u8]) {
+    let mut f = File::create(p).unwrap_or_else(|e| panic!("create {}: {e}", p.display()));
+    f.write_all(data)
+        .unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
+    close_checked(f).unwrap_or_else(|e| panic!("close {}: {e}", p.display()));
+}
+
+#[test]
+fn data_written_on_one_mount_is_read_whole_on_the_other() {
+    let t = Two::new();
+    // A fresh file, over several stripe units, odd length.
+    let data = pattern(11, 0, 3 * 1024 * 1024 + 4321);
+    write_closed(&t.a.path.join("fresh"), &data);
+    same(
+        &t,
+        &fs::read(t.b.path.join("fresh")).expect("read on B"),
+        &data,
+        "fresh file read on B",
+    );
+
+    // B has it cached (kernel page cache and client); A overwrites it in
+    // place, then with a shorter, then with a longer version.
+    let p_a = t.a.path.join("fresh");
+    let p_b = t.b.path.join("fresh");
+    for (round, len) in [(1u64, data.len()), (2, 100_000), (3, 5 * 1024 * 1024 + 1)] {
+        let _ = fs::read(&p_b).expect("read on B to cache it");
+        let _ = fs::metadata(&p_b).expect("stat on B to cache it");
+        let new = pattern(100 + round, 0, len);
+        write_closed(&p_a, &new);
+        assert_eq!(
+            fs::metadata(&p_b).expect("stat on B").len(),
+            len as u64,
+            "round {round}: size on B after A rewrote the file"
+        );
+        same(
+            &t,
+            &fs::read(&p_b).expect("read on B"),
+            &new,
+            &format!("round {round}: B after A rewrote the file"),
+        );
+    }
+
+    // B keeps a descriptor open (and has read through it); A rewrites part
+    // of the file; B's next pread through the same descriptor sees it.
+    let held = File::open(&p_b).expect("open on B");
+    let mut before = vec![0u8; 8192];
+    held.read_exact_at(&mut before, 70_000).expect("pread on B");
+    let patch = pattern(999, 0, 8192);
+    let f = OpenOptions::new()
+        .write(true)
+        .open(&p_a)
+        .expect("open on A");
+    f.write_all_at(&patch, 70_000).expect("pwrite on A");
+    close_checked(f).expect("close on A");
+    let mut after = vec![0u8; 8192];
+    held.read_exact_at(&mut after, 70_000)
+        .expect("pread on B again");
+    same(&t, &after, &patch, "B's open descriptor after A's pwrite");
+
+    // And the other way round, through the same names.
+    let back = pattern(12, 0, 777_777);
+    write_closed(&t.b.path.join("from-b"), &back);
+    same(
+        &t,
+        &fs::read(t.a.path.join("from-b")).expect("read on A"),
+        &back,
+        "file written on B read on A",
+    );
+}
+
+#[test]
+fn namespace_changes_on_one_mount_are_seen_on_the_other_at_once() {
+    let t = Two::new();
+    let (a, b) = (&t.a.path, &t.b.path);
+
+    // B looks the name up first (a negative entry its kernel may cache).
+    expect_errno(
+        fs::metadata(b.join("n")),
+        libc::ENOENT,
+        "B: stat before create",
+    );
+    assert_eq!(names(b), Vec::<String>::new(), "B: empty root");
+    write_closed(&a.join("n"), b"hello");
+    let md = fs::metadata(b.join("n")).expect("B: stat right after A created it");
+    assert_eq!(md.len(), 5);
+    assert_eq!(names(b), vec!["n"], "B: listing after A created n");
+
+    // Rename in one directory.
+    fs::rename(a.join("n"), a.join("m")).expect("A: rename");
+    expect_errno(
+        fs::metadata(b.join("n")),
+        libc::ENOENT,
+        "B: old name after A renamed it",
+    );
+    assert_eq!(fs::read(b.join("m")).expect("B: read new name"), b"hello");
+    assert_eq!(names(b), vec!["m"], "B: listing after rename");
+
+    // Directories, and a rename across them.
+    fs::create_dir(a.join("d1")).expect("A: mkdir d1");
+    fs::create_dir(a.join("d2")).expect("A: mkdir d2");
+    assert!(fs::metadata(b.join("d1")).expect("B: stat d1").is_dir());
+    assert_eq!(names(&b.join("d2")), Vec::<String>::new(), "B: d2 empty");
+    fs::rename(a.join("m"), a.join("d2/m")).expect("A: move into d2");
+    assert_eq!(names(b), vec!["d1", "d2"], "B: root after the move");
+    assert_eq!(names(&b.join("d2")), vec!["m"], "B: d2 after the move");
+    assert_eq!(fs::read(b.join("d2/m")).expect("B: read moved"), b"hello");
+
+    // Attributes.
+    fs::set_permissions(a.join("d2/m"), fs::Permissions::from_mode(0o600)).expect("A: chmod");
+    assert_eq!(
+        fs::metadata(b.join("d2/m")).expect("B: stat").mode() & 0o7777,
+        0o600,
+        "B: mode after A's chmod"
+    );
+
+    // Removal.
+    fs::remove_file(a.join("d2/m")).expect("A: unlink");
+    expect_errno(
+        fs::metadata(b.join("d2/m")),
+        libc::ENOENT,
+        "B: stat after A's unlink",
+    );
+    expect_errno(
+        File::open(b.join("d2/m")),
+        libc::ENOENT,
+        "B: open after A's unlink",
+    );
+    assert_eq!(
+        names(&b.join("d2")),
+        Vec::<String>::new(),
+        "B: d2 after unlink"
+    );
+    fs::remove_dir(a.join("d1")).expect("A: rmdir");
+    expect_errno(
+        fs::metadata(b.join("d1")),
+        libc::ENOENT,
+        "B: stat after A's rmdir",
+    );
+    assert_eq!(names(b), vec!["d2"], "B: root after rmdir");
+
+    // B changes, A sees: B removes a directory A had listed.
+    assert_eq!(names(&a.join("d2")), Vec::<String>::new());
+    fs::remove_dir(b.join("d2")).expect("B: rmdir d2");
+    expect_errno(
+        fs::metadata(a.join("d2")),
+        libc::ENOENT,
+        "A: stat after B's rmdir",
+    );
+    expect_errno(
+        File::create(a.join("d2/x")),
+        libc::ENOENT,
+        "A: create inside a directory B removed",
+    );
+    // A name reused for another kind is seen as the new kind.
+    write_closed(&b.join("d2"), b"file now");
+    assert!(
+        fs::metadata(a.join("d2")).expect("A: stat").is_file(),
+        "A: d2 is a file now"
+    );
+    assert_eq!(names(a), vec!["d2"]);
+}
+
+#[test]
+fn alternate_appends_from_two_mounts_all_land() {
+    let t = Two::new();
+    write_closed(&t.a.path.join("log"), b"");
+    let mut want = Vec::new();
+    for round in 0..20 {
+        for (who, m) in [("A", &t.a), ("B", &t.b)] {
+            let line = format!("{who}{round} {}\n", "x".repeat(round * 997 % 5000));
+            let mut f = OpenOptions::new()
+                .append(true)
+                .open(m.path.join("log"))
+                .unwrap_or_else(|e| panic!("{who}: open for append, round {round}: {e}"));
+            f.write_all(line.as_bytes())
+                .unwrap_or_else(|e| panic!("{who}: append, round {round}: {e}"));
+            close_checked(f).unwrap_or_else(|e| panic!("{who}: close, round {round}: {e}"));
+            want.extend_from_slice(line.as_bytes());
+        }
+    }
+    for (who, m) in [("A", &t.a), ("B", &t.b)] {
+        same(
+            &t,
+            &fs::read(m.path.join("log")).expect("read the log"),
+            &want,
+            &format!("log read on {who}"),
+        );
+    }
+}
+
+#[test]
+fn a_reader_keeping_a_file_open_sees_it_grow() {
+    let t = Two::new();
+    let first = pattern(21, 0, 300_000);
+    write_closed(&t.a.path.join("grow"), &first);
+
+    let held = File::open(t.b.path.join("grow")).expect("B: open");
+    assert_eq!(held.metadata().expect("B: fstat").len(), 300_000);
+    let mut buf = vec![0u8; 300_000];
+    held.read_exact_at(&mut buf, 0).expect("B: read it all");
+    same(&t, &buf, &first, "B: first contents");
+
+    // A appends (across stripe units) and closes, twice.
+    let mut want = first.clone();
+    for round in 1..=2u64 {
+        let more = pattern(21 + round, 0, 200_001);
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(t.a.path.join("grow"))
+            .expect("A: open for append");
+        f.write_all(&more).expect("A: append");
+        close_checked(f).expect("A: close");
+        want.extend_from_slice(&more);
+        let seen = held.metadata().expect("B: fstat").len();
+        assert_eq!(
+            seen,
+            want.len() as u64,
+            "round {round}: size B's open descriptor sees after A extended the file\n{}",
+            t.logs()
+        );
+        let mut tail = vec![0u8; 200_001];
+        held.read_exact_at(&mut tail, want.len() as u64 - 200_001)
+            .unwrap_or_else(|e| panic!("round {round}: B: read the new tail: {e}"));
+        same(
+            &t,
+            &tail,
+            &want[want.len() - 200_001..],
+            &format!("round {round}: new tail read by B"),
+        );
+    }
+    // A truncates it; B's descriptor sees the smaller size and EOF there.
+    let f = OpenOptions::new()
+        .write(true)
+        .open(t.a.path.join("grow"))
+        .expect("A: open");
+    f.set_len(1000).expect("A: truncate");
+    close_checked(f).expect("A: close");
+    assert_eq!(
+        held.metadata().expect("B: fstat").len(),
+        1000,
+        "size after A truncated"
+    );
+    let mut buf = vec![0u8; 5000];
+    let n = held.read_at(&mut buf, 0).expect("B: read after truncate");
+    same(
+        &t,
+        &buf[..n],
+        &first[..1000],
+        "B: contents after A truncated",
+    );
+}

@@ -1,0 +1,472 @@
+//! Crashes: `kill -9` of servers under load and of all servers at once, and
+//! of a mount holding a write lease. After each, the volume must work again,
+//! `morris fsck` must find no errors (garbage is allowed) and whatever an
+//! application was told is done must still be there.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use common::{close_checked, fsck, pattern, read_log, wait_for, Cluster, ClusterOpts, Mount};
+
+/// How long a recovery may take before the test calls it a hang. Generous:
+/// the servers' lease time is 1.5 s and the client retries for 5 s.
+const RECOVERY: Duration = Duration::from_secs(90);
+
+/// Size of every file the churn writes: three 64 KiB stripe units and a bit,
+/// so each file touches every server.
+const CHURN_LEN: usize = 3 * 64 * 1024 + 100;
+
+/// What the churn thread knows for sure: the files whose every operation
+/// succeeded, where they are (or that they are gone).
+#[derive(Default)]
+struct Churn {
+    /// Iterations whose every step succeeded.
+    ok: u64,
+    /// Steps that failed (tolerated: servers are being killed).
+    failed: u64,
+    /// Failures by message, for the report.
+    errors: BTreeMap<String, u64>,
+    /// Relative path → seed of its contents, for files known to exist.
+    present: BTreeMap<String, u64>,
+    /// Paths known to be removed.
+    removed: Vec<String>,
+}
+
+fn churn_step(root: &Path, n: u64) -> Result<(Option<String>, Option<String>), String> {
+    let created = format!("a/f{n}");
+    let mut f = File::create(root.join(&created)).map_err(|e| format!("create: {e}"))?;
+    f.write_all(&pattern(n, 0, CHURN_LEN))
+        .map_err(|e| format!("write: {e}"))?;
+    close_checked(f).map_err(|e| format!("close: {e}"))?;
+    // Across directories, then (sometimes) within one, then (sometimes) away.
+    let moved = format!("b/g{n}");
+    fs::rename(root.join(&created), root.join(&moved))
+        .map_err(|e| format!("rename across dirs: {e}"))?;
+    let mut last = moved;
+    if n % 4 == 1 {
+        let again = format!("b/h{n}");
+        fs::rename(root.join(&last), root.join(&again))
+            .map_err(|e| format!("rename in a dir: {e}"))?;
+        last = again;
+    }
+    // Every third file is removed again.
+    match n % 3 {
+        0 => {
+            fs::remove_file(root.join(&last)).map_err(|e| format!("unlink: {e}"))?;
+            Ok((None, Some(last)))
+        }
+        _ => Ok((Some(last), None)),
+    }
+}
+
+/// Creates, renames and removes files under `root` until `stop` is set;
+/// file numbers start after `first`.
+fn start_churn(
+    root: PathBuf,
+    first: u64,
+    stop: Arc<AtomicBool>,
+    state: Arc<Mutex<Churn>>,
+) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut n = first;
+        while !stop.load(Ordering::SeqCst) {
+            n += 1;
+            let res = churn_step(&root, n);
+            let mut s = state.lock().expect("churn state");
+            match res {
+                Ok((present, removed)) => {
+                    s.ok += 1;
+                    if let Some(p) = present {
+                        s.present.insert(p, n);
+                    }
+                    if let Some(r) = removed {
+                        s.removed.push(r);
+                    }
+                }
+                Err(e) => {
+                    s.failed += 1;
+                    let kind = e.split(" (os error").next().unwrap_or(&e).to_string();
+                    *s.errors.entry(kind).or_insert(0) += 1;
+                    drop(s);
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+    })
+}
+
+/// Waits until the churn has completed `more` iterations beyond `from`.
+fn wait_churn(state: &Mutex<Churn>, from: u64, more: u64, what: &str) {
+    wait_for(RECOVERY, what, || {
+        let s = state.lock().expect("churn state");
+        if s.ok >= from + more {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} iterations done ({} wanted), {} failed steps: {:?}",
+                s.ok,
+                from + more,
+                s.failed,
+                s.errors
+            ))
+        }
+    });
+}
+
+/// One full round trip through the mount: create, write, read, rename, unlink.
+fn probe(root: &Path, tag: &str) -> Result<(), String> {
+    let p = root.join(format!("probe-{tag}"));
+    let q = root.join(format!("b/probe-{tag}"));
+    let data = pattern(42, 0, 100_000);
+    let mut f = File::create(&p).map_err(|e| format!("create: {e}"))?;
+    f.write_all(&data).map_err(|e| format!("write: {e}"))?;
+    close_checked(f).map_err(|e| format!("close: {e}"))?;
+    if fs::read(&p).map_err(|e| format!("read: {e}"))? != data {
+        return Err("read back different data".into());
+    }
+    fs::rename(&p, &q).map_err(|e| format!("rename: {e}"))?;
+    fs::remove_file(&q).map_err(|e| format!("unlink: {e}"))?;
+    Ok(())
+}
+
+/// Asserts `morris fsck` finds no errors (garbage is allowed); `context`
+/// goes into the failure message.
+fn assert_fsck_clean(c: &Cluster, when: &str, context: &str) {
+    let (ok, out, all) = fsck(c.addr(0));
+    let all = format!("{all}{context}");
+    let summary = out
+        .lines()
+        .find(|l| l.starts_with("fsck: volume"))
+        .unwrap_or_else(|| panic!("{when}: no summary line in fsck's output:\n{all}"));
+    assert!(
+        summary.contains(" 0 errors (0 dangling entries,"),
+        "{when}: fsck found dangling entries or other errors:\n{all}"
+    );
+    assert!(
+        summary.contains(
+            " 0 errors (0 dangling entries, 0 entries of missing directories, 0 mismatches)"
+        ),
+        "{when}: fsck found errors:\n{all}"
+    );
+    assert!(ok, "{when}: fsck exited with an error status:\n{all}");
+}
+
+/// Every file under `dir` can be read whole (as many bytes as its size).
+fn assert_all_readable(dir: &Path, when: &str) -> usize {
+    let mut n = 0;
+    for e in fs::read_dir(dir).unwrap_or_else(|e| panic!("{when}: readdir {}: {e}", dir.display()))
+    {
+        let e = e.unwrap_or_else(|e| panic!("{when}: readdir entry in {}: {e}", dir.display()));
+        let p = e.path();
+        let md = fs::symlink_metadata(&p)
+            .unwrap_or_else(|e| panic!("{when}: {} is listed but stat fails: {e}", p.display()));
+        if md.is_dir() {
+            n += assert_all_readable(&p, when);
+        } else {
+            let data = fs::read(&p).unwrap_or_else(|e| {
+                panic!("{when}: {} is listed but unreadable: {e}", p.display())
+            });
+            assert_eq!(
+                data.len() as u64,
+                md.len(),
+                "{when}: {} reads {} bytes but its size is {}",
+                p.display(),
+                data.len(),
+                md.len()
+            );
+            n += 1;
+        }
+    }
+    n
+}
+
+/// The files the churn knows about are as it left them.
+fn assert_churn_state(root: &Path, s: &Churn, when: &str) {
+    for (rel, seed) in &s.present {
+        let got = fs::read(root.join(rel)).unwrap_or_else(|e| {
+            panic!("{when}: {rel} was created, written, closed and renamed successfully, but: {e}")
+        });
+        if got != pattern(*seed, 0, CHURN_LEN) {
+            let md = fs::metadata(root.join(rel)).expect("stat");
+            let zeros = got.iter().filter(|&&b| b == 0).count();
+            panic!(
+                "{when}: {rel} (file id {}, its inode on server {}; written and closed \
+                 successfully) has different contents: {} bytes (want {CHURN_LEN}), {zeros} of them zero",
+                md.ino(),
+                md.ino() % 4,
+                got.len()
+            );
+        }
+    }
+    for rel in &s.removed {
+        assert!(
+            fs::symlink_metadata(root.join(rel)).is_err(),
+            "{when}: {rel} was removed successfully but is back"
+        );
+    }
+}
+
+#[test]
+fn killing_each_server_under_load_leaves_a_consistent_volume() {
+    let mut c = Cluster::start(4, ClusterOpts::default());
+    let m = c.mount();
+    let root = m.path.clone();
+    fs::create_dir(root.join("a")).expect("mkdir a");
+    fs::create_dir(root.join("b")).expect("mkdir b");
+    let state = Arc::new(Mutex::new(Churn::default()));
+
+    for victim in 0..4 {
+        let stop = Arc::new(AtomicBool::new(false));
+        let start = state.lock().expect("churn state").ok;
+        let worker = start_churn(
+            root.clone(),
+            1_000_000 * (victim as u64 + 1),
+            stop.clone(),
+            state.clone(),
+        );
+        wait_churn(
+            &state,
+            start,
+            10,
+            &format!("churn before killing server {victim}"),
+        );
+
+        c.kill9(victim);
+        // Let the churn run into the outage.
+        std::thread::sleep(Duration::from_millis(1500));
+        c.restart(victim);
+
+        wait_for(
+            RECOVERY,
+            &format!(
+                "the mount working again after server {victim} restarted (mount log: {})",
+                m.log.display()
+            ),
+            || probe(&root, &victim.to_string()),
+        );
+        let now = state.lock().expect("churn state").ok;
+        wait_churn(
+            &state,
+            now,
+            10,
+            &format!("churn after server {victim} restarted"),
+        );
+        stop.store(true, Ordering::SeqCst);
+        worker.join().expect("the churn thread panicked");
+
+        let when = format!("after killing server {victim}");
+        let context = {
+            let s = state.lock().expect("churn state");
+            let warnings: String = read_log(&m.log)
+                .lines()
+                .filter(|l| l.contains("WARN"))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            format!(
+                "--- churn: {} iterations ok, failed steps: {:?}\n--- mount warnings\n{warnings}",
+                s.ok, s.errors
+            )
+        };
+        assert_fsck_clean(&c, &when, &context);
+        let files = assert_all_readable(&root, &when);
+        let s = state.lock().expect("churn state");
+        assert_churn_state(&root, &s, &when);
+        eprintln!(
+            "{when}: {} iterations ok, {} failed steps {:?}, {files} files listed",
+            s.ok, s.failed, s.errors
+        );
+    }
+}
+
+#[test]
+fn closed_and_fsynced_data_survive_killing_every_server() {
+    let mut c = Cluster::start(4, ClusterOpts::default());
+    let m = c.mount();
+    let closed = pattern(77, 0, 2 * 1024 * 1024 + 333);
+    fs::create_dir(m.path.join("dir")).expect("mkdir");
+    let mut f = File::create(m.path.join("dir/closed")).expect("create");
+    f.write_all(&closed).expect("write");
+    close_checked(f).expect("close (must succeed for this test to mean anything)");
+    fs::rename(m.path.join("dir/closed"), m.path.join("closed")).expect("rename");
+    // A second file, fsynced but still open when the servers die.
+    let synced = pattern(78, 0, 700_001);
+    let mut held = File::create(m.path.join("synced")).expect("create");
+    held.write_all(&synced).expect("write");
+    held.sync_all().expect("fsync");
+    // A rewrite in place of part of a closed file.
+    let f = OpenOptions::new()
+        .write(true)
+        .open(m.path.join("closed"))
+        .expect("open");
+    let patch = pattern(79, 0, 100_000);
+    f.write_all_at(&patch, 1_000_000).expect("pwrite");
+    close_checked(f).expect("close after pwrite");
+    let mut want = closed.clone();
+    want[1_000_000..1_100_000].copy_from_slice(&patch);
+
+    for i in 0..4 {
+        c.kill9(i);
+    }
+    for i in 0..4 {
+        c.restart(i);
+    }
+    drop(held);
+
+    let fresh = Mount::start(c.addr(3), &[]);
+    let got = wait_for(
+        RECOVERY,
+        "reading the closed file through a fresh mount",
+        || fs::read(fresh.path.join("closed")).map_err(|e| e.to_string()),
+    );
+    assert!(
+        got == want,
+        "the closed file differs after every server was killed ({} bytes, want {})",
+        got.len(),
+        want.len()
+    );
+    let got = fs::read(fresh.path.join("synced")).expect("read the fsynced file");
+    assert!(
+        got == synced,
+        "the fsynced file differs after every server was killed ({} bytes, want {})",
+        got.len(),
+        synced.len()
+    );
+    assert!(
+        fs::read_dir(fresh.path.join("dir"))
+            .expect("readdir dir")
+            .next()
+            .is_none(),
+        "the renamed file is still in its old directory"
+    );
+    // The old mount recovers too.
+    let got = wait_for(RECOVERY, "the old mount reading the file again", || {
+        fs::read(m.path.join("closed")).map_err(|e| e.to_string())
+    });
+    assert!(got == want, "the old mount reads different data");
+    wait_for(RECOVERY, "the old mount writing again", || {
+        probe_write(&m.path)
+    });
+    assert_fsck_clean(&c, "after killing every server", "");
+}
+
+fn probe_write(root: &Path) -> Result<(), String> {
+    let p = root.join("after-restart");
+    fs::write(&p, b"works").map_err(|e| format!("write: {e}"))?;
+    match fs::read(&p) {
+        Ok(d) if d == b"works" => Ok(()),
+        Ok(d) => Err(format!("read back {d:?}")),
+        Err(e) => Err(format!("read: {e}")),
+    }
+}
+
+#[test]
+fn a_killed_clients_write_lease_expires() {
+    let c = Cluster::start(4, ClusterOpts::default());
+    let mut a = Mount::start(c.addr(0), &[]);
+    let b = Mount::start(c.addr(1), &[]);
+    fs::write(b.path.join("shared"), b"before").expect("B: create");
+
+    // A takes the file's write lease (and the root's, by creating a file)
+    // and dies holding them.
+    let mut f = OpenOptions::new()
+        .write(true)
+        .open(a.path.join("shared"))
+        .expect("A: open for writing");
+    f.write_all(&pattern(5, 0, 200_000)).expect("A: write");
+    f.flush().expect("A: flush");
+    let g = File::create(a.path.join("a-only")).expect("A: create");
+    a.kill9();
+    drop(f);
+    drop(g);
+
+    // B's requests wait for the leases to expire, then complete.
+    let root = b.path.clone();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let res = (|| -> Result<Vec<u8>, String> {
+            let p = root.join("shared");
+            let mut f = OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(&p)
+                .map_err(|e| format!("open: {e}"))?;
+            f.write_all(b"B wrote this")
+                .map_err(|e| format!("write: {e}"))?;
+            close_checked(f).map_err(|e| format!("close: {e}"))?;
+            fs::write(root.join("b-new"), b"new").map_err(|e| format!("create: {e}"))?;
+            fs::read(&p).map_err(|e| format!("read: {e}"))
+        })();
+        let _ = tx.send(res);
+    });
+    let res = rx.recv_timeout(RECOVERY).unwrap_or_else(|_| {
+        panic!(
+            "B's write to a file whose write lease a killed mount held did not complete in \
+             {RECOVERY:?} (the lease never expired?); B's log:\n{}\n{}",
+            read_log(&b.log),
+            c.logs()
+        )
+    });
+    let got = res.unwrap_or_else(|e| {
+        panic!(
+            "B failed after A was killed: {e}; B's log:\n{}",
+            read_log(&b.log)
+        )
+    });
+    assert_eq!(got, b"B wrote this", "what B reads back");
+    let names: HashMap<String, u64> = fs::read_dir(&b.path)
+        .expect("B: readdir")
+        .map(|e| {
+            let e = e.expect("entry");
+            (
+                e.file_name().into_string().expect("utf-8"),
+                e.metadata().expect("stat").len(),
+            )
+        })
+        .collect();
+    assert_eq!(names.get("shared"), Some(&12), "B sees: {names:?}");
+    assert_eq!(names.get("b-new"), Some(&3), "B sees: {names:?}");
+    assert_fsck_clean(&c, "after a mount holding leases was killed", "");
+}
+
+#[test]
+fn a_close_after_the_inode_server_restarted_stores_the_data_or_fails() {
+    let mut c = Cluster::start(4, ClusterOpts::default());
+    let m = c.mount();
+    let p = m.path.join("pending");
+    let data = pattern(90, 0, 300_000);
+    let mut f = File::create(&p).expect("create");
+    f.write_all(&data).expect("write");
+    // The size is now cached in the client (dirty) under its write lease.
+    // The server that owns the inode restarts before the file is closed.
+    let owner = (f.metadata().expect("fstat").ino() % 4) as usize;
+    c.kill9(owner);
+    std::thread::sleep(Duration::from_millis(300));
+    c.restart(owner);
+    let closed = close_checked(f);
+
+    let fresh = Mount::start(c.addr((owner + 1) % 4), &[]);
+    let got = wait_for(RECOVERY, "reading the file through a fresh mount", || {
+        fs::read(fresh.path.join("pending")).map_err(|e| e.to_string())
+    });
+    match closed {
+        // The application was told: nothing more is promised.
+        Err(e) => eprintln!("close reported {e}; the file has {} bytes", got.len()),
+        Ok(()) => assert!(
+            got == data,
+            "close() succeeded after the server owning the inode (server {owner}) restarted, \
+             but the file reads {} bytes instead of the {} written: the size was not stored",
+            got.len(),
+            data.len()
+        ),
+    }
+    assert_fsck_clean(&c, "after a close across a server restart", "");
+}
