@@ -96,12 +96,19 @@ fn err(code: ErrorCode, msg: impl Into<String>) -> WireError {
     WireError::new(code, msg)
 }
 
-/// Runs `f` on the blocking pool.
+/// Runs blocking work (SQLite, file I/O). On a multi-threaded runtime it runs
+/// in place, the worker handing its other tasks to the rest of the pool:
+/// no thread hop on the request path. Elsewhere (single-threaded test
+/// runtimes) it goes to the blocking pool.
 async fn blocking<T, F>(f: F) -> Result<T, WireError>
 where
     T: Send + 'static,
     F: FnOnce() -> Result<T, WireError> + Send + 'static,
 {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    if Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread {
+        return tokio::task::block_in_place(f);
+    }
     match tokio::task::spawn_blocking(f).await {
         Ok(r) => r,
         Err(e) => Err(err(ErrorCode::Io, format!("server worker failed: {e}"))),

@@ -21,7 +21,7 @@
 //! blocking thread. Writes go through one connection; reads use a small pool.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use morris_proto::layout::{Layout, FIRST_COUNTER};
@@ -30,15 +30,13 @@ use morris_proto::{
     VolumeDescriptor, WireError, MAX_FILE_SIZE, MAX_NAME_LEN, MAX_SYMLINK_LEN, ROOT_ID,
 };
 use parking_lot::{Mutex, RwLock};
-use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Transaction};
+use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
 /// Most bytes of encoded entries or inodes one listing reply carries, so a
 /// reply stays well below the protocol's header limit.
 const REPLY_BUDGET: usize = 768 << 10;
 /// Most items one listing reply carries.
 const MAX_PAGE: u32 = 4096;
-/// Read connections in the pool.
-const READERS: usize = 4;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS volume (
@@ -257,9 +255,10 @@ fn entry_cost(e: &DirEntry) -> usize {
 
 /// The metadata store of one server.
 pub struct Store {
+    /// The one connection: this process is the database's only user, so it
+    /// holds the lock for good (`locking_mode=EXCLUSIVE`: no file locking per
+    /// transaction, WAL index in memory) and reads share the writer's cache.
     write: Mutex<Connection>,
-    readers: Vec<Mutex<Connection>>,
-    next_reader: AtomicUsize,
     formatted: RwLock<Option<Arc<Formatted>>>,
     inodes: AtomicU64,
     entries: AtomicU64,
@@ -275,6 +274,9 @@ impl Store {
             source,
         };
         let write = Connection::open(path).map_err(err)?;
+        write
+            .execute_batch("PRAGMA locking_mode = EXCLUSIVE;")
+            .map_err(err)?;
         let mode: String = write
             .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
             .map_err(err)?;
@@ -293,22 +295,6 @@ impl Store {
             .map_err(err)?;
         write.execute_batch(SCHEMA).map_err(err)?;
         write.set_prepared_statement_cache_capacity(64);
-        let mut readers = Vec::with_capacity(READERS);
-        for _ in 0..READERS {
-            let r = Connection::open_with_flags(
-                path,
-                OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-            )
-            .map_err(err)?;
-            r.execute_batch(
-                "PRAGMA busy_timeout = 10000;
-                 PRAGMA cache_size = -16384;
-                 PRAGMA query_only = 1;",
-            )
-            .map_err(err)?;
-            r.set_prepared_statement_cache_capacity(32);
-            readers.push(Mutex::new(r));
-        }
         let volume: Option<(Vec<u8>, i64)> = write
             .query_row(
                 "SELECT descriptor, own_index FROM volume WHERE one = 1",
@@ -341,8 +327,6 @@ impl Store {
         let data_files = count("SELECT count(*) FROM data_files")?;
         Ok(Store {
             write: Mutex::new(write),
-            readers,
-            next_reader: AtomicUsize::new(0),
             formatted: RwLock::new(formatted),
             inodes: AtomicU64::new(inodes),
             entries: AtomicU64::new(entries),
@@ -371,14 +355,7 @@ impl Store {
     }
 
     fn with_reader<T>(&self, f: impl FnOnce(&Connection) -> T) -> T {
-        let n = self.readers.len();
-        let start = self.next_reader.fetch_add(1, Ordering::Relaxed);
-        for i in 0..n {
-            if let Some(c) = self.readers[(start + i) % n].try_lock() {
-                return f(&c);
-            }
-        }
-        let c = self.readers[start % n].lock();
+        let c = self.write.lock();
         f(&c)
     }
 
