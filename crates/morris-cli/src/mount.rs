@@ -50,15 +50,12 @@ pub struct MountTuning {
     #[arg(long, value_name = "NAME")]
     pub fsname: Option<String>,
     /// How long the kernel may cache attributes and names, in milliseconds
-    /// (default: the FUSE adapter's).
+    /// (default: the volume's lease time; other clients' changes invalidate sooner).
     #[arg(long, value_name = "MS")]
     pub attr_ttl_ms: Option<u64>,
     /// Largest readahead window per open file (e.g. 64M).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub readahead: Option<u64>,
-    /// Most bytes of written data in flight to the servers (e.g. 64M).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    pub write_behind: Option<u64>,
     /// Most leases (locks) kept cached before the least recently used are given back.
     #[arg(long, value_name = "N")]
     pub max_leases: Option<usize>,
@@ -70,9 +67,6 @@ impl MountTuning {
         let mut c = ClientConfig::default();
         if let Some(r) = self.readahead {
             c.readahead_max = r;
-        }
-        if let Some(w) = self.write_behind {
-            c.write_behind = w;
         }
         if let Some(n) = self.max_leases {
             c.max_cached_leases = n;
@@ -91,7 +85,7 @@ impl MountTuning {
             o.fsname = n.clone();
         }
         if let Some(ms) = self.attr_ttl_ms {
-            o.attr_ttl = Duration::from_millis(ms);
+            o.attr_ttl = Some(Duration::from_millis(ms));
         }
         o.allow_other = !self.no_allow_other;
         o

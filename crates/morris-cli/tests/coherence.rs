@@ -22,8 +22,12 @@ struct Two {
 impl Two {
     fn new() -> Two {
         let c = Cluster::start(4, ClusterOpts::default());
-        let a = Mount::start(c.addr(0), &[]);
-        let b = Mount::start(c.addr(2), &[]);
+        // A kernel cache TTL far beyond any test's length: what each mount
+        // sees of the other's changes can only come from lease recalls
+        // invalidating the kernel's caches.
+        let ttl = ["--attr-ttl-ms", "600000"];
+        let a = Mount::start(c.addr(0), &ttl);
+        let b = Mount::start(c.addr(2), &ttl);
         Two { a, b, _c: c }
     }
 

@@ -21,7 +21,8 @@ use crate::perm::{check_access, check_delete, check_setattr, W_OK, X_OK};
 use crate::pool::unexpected;
 use crate::{Caller, Client, Error, FsStat, RenameFlags, Result};
 
-/// Most names cached per directory; past it the cache starts over.
+/// Most names a directory listing adds to the cache; past it the directory
+/// is not cached whole (lookups still are).
 const MAX_CACHED_NAMES: usize = 200_000;
 
 /// How often a namespace operation restarts when another client changed the
@@ -181,10 +182,8 @@ impl Client {
         } else {
             st.attr_valid = false;
         }
-        if st.names.len() >= MAX_CACHED_NAMES {
-            st.names.clear();
-            st.complete = false;
-        }
+        // Every name the kernel may hold a dentry for is kept (so a recall can
+        // invalidate it); only listings are capped (see do_readdir).
         st.names.insert(name.to_vec(), now);
         Ok(entry)
     }
@@ -968,7 +967,8 @@ impl Client {
             None
         };
         if st.names.len() + entries.len() > MAX_CACHED_NAMES {
-            st.names.clear();
+            // Too big to hold whole: stop collecting the listing. (Names the
+            // kernel looked up stay: recalls must invalidate them.)
             st.complete = false;
             st.listed_upto = None;
         } else {

@@ -96,8 +96,6 @@ pub struct ClientConfig {
     pub name: String,
     /// Largest readahead window per open file, in bytes.
     pub readahead_max: u64,
-    /// Most bytes of writes in flight (written but not acknowledged) per client.
-    pub write_behind: u64,
     /// Most leases kept cached before the least recently used are released.
     pub max_cached_leases: usize,
 }
@@ -107,7 +105,6 @@ impl Default for ClientConfig {
         ClientConfig {
             name: "morris-client".into(),
             readahead_max: 64 << 20,
-            write_behind: 64 << 20,
             max_cached_leases: 100_000,
         }
     }
@@ -232,6 +229,12 @@ impl Client {
     /// The volume descriptor.
     pub fn descriptor(&self) -> &VolumeDescriptor {
         &self.desc
+    }
+
+    /// The volume's lease time: how long this client may trust what it caches
+    /// without hearing from the servers.
+    pub fn lease_duration(&self) -> std::time::Duration {
+        self.pool.lease()
     }
 
     /// Registers the front end's invalidation sink.

@@ -55,9 +55,10 @@ pub struct MountOptions {
     /// The mount's source name, shown by `mount` and `df`.
     pub fsname: String,
     /// How long the kernel caches attributes and directory entries without
-    /// asking again (default 1 s). Coherence with other clients comes from
-    /// invalidations, not from a short TTL.
-    pub attr_ttl: Duration,
+    /// asking again; `None` (the default): the volume's lease time, as long as
+    /// the client itself may trust them. Coherence with other clients comes
+    /// from invalidations when leases are recalled, not from a short TTL.
+    pub attr_ttl: Option<Duration>,
 }
 
 impl Default for MountOptions {
@@ -66,7 +67,7 @@ impl Default for MountOptions {
             allow_other: true,
             threads: 4,
             fsname: "morris".into(),
-            attr_ttl: Duration::from_secs(1),
+            attr_ttl: None,
         }
     }
 }
@@ -159,7 +160,8 @@ pub fn mount(
     opts: &MountOptions,
 ) -> anyhow::Result<MountGuard> {
     let blksize = client.descriptor().stripe_unit;
-    let fs = fs::MorrisFs::new(client.clone(), rt, opts.attr_ttl, blksize);
+    let ttl = opts.attr_ttl.unwrap_or_else(|| client.lease_duration());
+    let fs = fs::MorrisFs::new(client.clone(), rt, ttl, blksize);
     start(fs, mountpoint, opts, |inv| client.set_invalidator(inv))
 }
 
