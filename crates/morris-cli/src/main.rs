@@ -11,6 +11,7 @@ mod format;
 mod fsck;
 mod mount;
 mod mountinfo;
+mod nfs;
 mod runtime;
 mod server;
 mod size;
@@ -50,12 +51,14 @@ enum Command {
     Fsck(fsck::FsckArgs),
     /// Measure throughput of a directory (a mount, or a local disk to compare).
     Bench(bench::BenchArgs),
+    /// Serve a volume over NFSv3 (with MOUNT v3 on the same port).
+    Nfs(nfs::NfsArgs),
 }
 
 /// How verbose logging is when `RUST_LOG` is not set.
 fn default_filter(cmd: &Command) -> &'static str {
     match cmd {
-        Command::Server(_) | Command::Mount(_) | Command::Up(_) => "info",
+        Command::Server(_) | Command::Mount(_) | Command::Up(_) | Command::Nfs(_) => "info",
         _ => "warn",
     }
 }
@@ -97,6 +100,7 @@ fn main() -> ExitCode {
         Command::Status(a) => status::run(a),
         Command::Fsck(a) => fsck::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Nfs(a) => nfs::run(a),
     };
     match result {
         Ok(code) => code,

@@ -179,6 +179,11 @@ impl Leases {
         self.gens.lock().insert(h.id, h.gen);
     }
 
+    /// Remembers the generation of `id` unless one is known already.
+    pub(crate) fn learn_if_unknown(&self, h: Handle) {
+        self.gens.lock().entry(h.id).or_insert(h.gen);
+    }
+
     /// Forgets a deleted file.
     pub(crate) fn forget(&self, id: FileId) {
         self.gens.lock().remove(&id);

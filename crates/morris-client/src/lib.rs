@@ -242,6 +242,14 @@ impl Client {
         self.leases.set_invalidator(inv);
     }
 
+    /// Makes a handle handed out earlier nameable by its id again (an NFS file
+    /// handle presented after a gateway restart). Nothing is trusted: the
+    /// owning server still checks the generation, and a known generation is
+    /// never replaced.
+    pub fn learn(&self, h: Handle) {
+        self.leases.learn_if_unknown(h);
+    }
+
     /// Attributes of `id` (cached while the read lease is held).
     pub async fn getattr(&self, id: FileId) -> Result<Inode> {
         self.do_getattr(id).await

@@ -1,0 +1,72 @@
+//! `morris nfs`: serves a volume over NFSv3 + MOUNT v3 until SIGINT or SIGTERM.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use morris_client::{Client, ClientConfig};
+use morris_nfs::{Cidr, Gateway, GatewayConfig};
+use tracing::info;
+
+use crate::runtime::{self, Terminate};
+
+/// Arguments of `morris nfs`.
+#[derive(Debug, Args)]
+pub struct NfsArgs {
+    /// Address HOST:PORT of any server of the volume.
+    pub addr: String,
+    /// Address to serve NFS and MOUNT on (both on this one port; export path "/").
+    #[arg(long, value_name = "HOST:PORT", default_value_t = format!("127.0.0.1:{}", morris_nfs::DEFAULT_PORT))]
+    pub listen: String,
+    /// Networks allowed to use the export, comma-separated (e.g. 10.0.0.0/8,127.0.0.1);
+    /// default: everyone who can reach --listen.
+    #[arg(long, value_name = "CIDR,...", value_delimiter = ',')]
+    pub export_allow: Vec<Cidr>,
+    /// Seconds an open file kept between NFS READ/WRITE calls stays open unused.
+    #[arg(long, value_name = "SECS", default_value_t = morris_nfs::DEFAULT_OPEN_IDLE.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub open_idle_secs: u64,
+}
+
+/// Runs the gateway.
+pub fn run(args: NfsArgs) -> Result<ExitCode> {
+    let rt = runtime::build()?;
+    let result = rt.block_on(async {
+        let mut term = Terminate::install()?;
+        let config = ClientConfig {
+            name: format!("nfs-gateway@{}", args.listen),
+            ..ClientConfig::default()
+        };
+        let client = Client::connect(&args.addr, config)
+            .await
+            .with_context(|| format!("cannot connect to the volume at {}", args.addr))?;
+        let gw = Gateway::bind(
+            client.clone(),
+            GatewayConfig {
+                listen: args.listen.clone(),
+                allow: args.export_allow.clone(),
+                open_idle: Duration::from_secs(args.open_idle_secs),
+            },
+        )
+        .await?;
+        let local = gw.local_addr()?;
+        let allow: Vec<String> = args.export_allow.iter().map(ToString::to_string).collect();
+        info!(listen = %local, volume = %args.addr, allow = %allow.join(","), "nfs gateway serving");
+        let r = gw
+            .run(async {
+                let sig = term.recv().await;
+                info!(signal = sig, "stopping nfs gateway");
+            })
+            .await;
+        if tokio::time::timeout(morris_nfs::SHUTDOWN_LIMIT, client.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!("releasing the gateway's leases timed out");
+        }
+        r.context("nfs gateway failed")
+    });
+    rt.shutdown_timeout(Duration::from_secs(5));
+    result.map(|()| ExitCode::SUCCESS)
+}

@@ -1,0 +1,137 @@
+//! The morris NFSv3 gateway: serves a volume over NFSv3 (RFC 1813) and
+//! MOUNT v3 on one TCP port, through the same `morris_client::Client` a FUSE
+//! mount uses.
+//!
+//! Most procedures are served by the `nfs3_server` crate, whose file-system
+//! traits `fs` implements over the client. In front of it, `front` reads
+//! every RPC call: it refuses hosts outside `--export-allow`, answers the
+//! procedures the crate cannot express itself (`local`: MOUNT MNT, ACCESS,
+//! FSSTAT, LINK, MKNOD), relays the rest to one crate instance per caller
+//! credential (so permissions are checked for the real caller) and puts a
+//! per-run write verifier into WRITE/COMMIT replies. `files` keeps open
+//! files between READ/WRITE calls; `status` maps error classes to NFS status
+//! once. See docs/architecture.md ("NFS gateway").
+
+mod files;
+mod front;
+mod fs;
+mod local;
+mod status;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use morris_client::Client;
+
+pub use front::{Cidr, CidrError};
+pub use fs::NfsHandle;
+pub use status::nfsstat;
+
+/// The port `morris nfs` listens on by default (2049 is the NFS port; one
+/// above it needs no privilege clash with a kernel NFS server on the host).
+pub const DEFAULT_PORT: u16 = 2050;
+
+/// How long an open file cached between READ/WRITE calls stays open unused.
+pub const DEFAULT_OPEN_IDLE: Duration = Duration::from_secs(30);
+
+/// Longest the gateway waits for its open files to close when it stops.
+pub const SHUTDOWN_LIMIT: Duration = Duration::from_secs(10);
+
+/// Errors starting or running the gateway.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The listening socket could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The volume could not be reached.
+    #[error("cannot reach the volume: {0}")]
+    Client(#[from] morris_client::Error),
+    /// Accepting connections failed.
+    #[error("gateway stopped: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Settings of a gateway.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// Address to serve NFS and MOUNT on (`host:port`).
+    pub listen: String,
+    /// Source networks allowed to use the export; empty: everyone.
+    pub allow: Vec<Cidr>,
+    /// Idle time after which a cached open file is closed.
+    pub open_idle: Duration,
+}
+
+/// A bound, not yet running NFS gateway.
+pub struct Gateway {
+    front: tokio::net::TcpListener,
+    shared: Arc<front::Shared>,
+    files: Arc<files::OpenFiles>,
+    open_idle: Duration,
+}
+
+impl Gateway {
+    /// Binds the listening socket for `client`'s volume.
+    pub async fn bind(client: Arc<Client>, config: GatewayConfig) -> Result<Gateway, GatewayError> {
+        let files = Arc::new(files::OpenFiles::new(client.clone(), config.open_idle));
+        let nfs = fs::MorrisNfs::new(client.clone(), files.clone()).await?;
+        // nfs3_server prefixes handles with a generation number of its own
+        // (by default its start time); one fixed per volume keeps handles
+        // valid across gateway restarts.
+        let uuid = client.descriptor().uuid.as_bytes();
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&uuid[8..]);
+        let generation = u64::from_be_bytes(b);
+        let front = tokio::net::TcpListener::bind(&config.listen)
+            .await
+            .map_err(|source| GatewayError::Bind {
+                addr: config.listen.clone(),
+                source,
+            })?;
+        Ok(Gateway {
+            front,
+            shared: Arc::new(front::Shared::new(nfs, generation, config.allow)),
+            files,
+            open_idle: config.open_idle,
+        })
+    }
+
+    /// The address NFS and MOUNT answer on.
+    pub fn local_addr(&self) -> Result<SocketAddr, GatewayError> {
+        Ok(self.front.local_addr()?)
+    }
+
+    /// Serves until `shutdown` completes, then closes every cached open file.
+    pub async fn run(
+        self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<(), GatewayError> {
+        let files = self.files.clone();
+        let period = (self.open_idle / 2).max(Duration::from_millis(100));
+        let expiry = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                files.expire().await;
+            }
+        });
+        let result = tokio::select! {
+            r = front::accept_loop(self.front, self.shared.clone()) => r.map_err(GatewayError::from),
+            () = shutdown => Ok(()),
+        };
+        expiry.abort();
+        // An unreachable volume must not keep the gateway from stopping.
+        if tokio::time::timeout(SHUTDOWN_LIMIT, self.files.close_all())
+            .await
+            .is_err()
+        {
+            tracing::warn!("closing the gateway's open files timed out; unstored sizes are lost");
+        }
+        result
+    }
+}
