@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use parking_lot::Mutex;
 use tokio::io::{AsyncWriteExt, BufWriter};
@@ -297,6 +298,53 @@ pub trait Service: Send + Sync + 'static {
 /// Most requests one connection may have in progress on the server.
 pub const MAX_IN_FLIGHT_PER_CONN: usize = 256;
 
+/// Requests that move block data (and may wait for the disk).
+fn is_data_request(req: &Request) -> bool {
+    matches!(
+        req,
+        Request::Read { .. }
+            | Request::Write { .. }
+            | Request::Truncate { .. }
+            | Request::DeleteData { .. }
+            | Request::Sync { .. }
+            | Request::Status
+            | Request::ScanInodes { .. }
+            | Request::ScanEntries { .. }
+            | Request::ScanData { .. }
+    )
+}
+
+/// Runs one request and writes its answer.
+async fn respond<S: Service>(
+    conn: Arc<Conn>,
+    svc: Arc<S>,
+    id: u64,
+    req: Result<Request, WireError>,
+    payload: Bytes,
+) {
+    let (result, payload) = match req {
+        Ok(req) => svc.call(conn.clone(), req, payload).await,
+        Err(e) => (Err(e), Bytes::new()),
+    };
+    let head = match encode_frame_head(FrameKind::Response, id, &result, payload.len()) {
+        Ok(h) => h,
+        Err(e) => {
+            let err: Result<Reply, WireError> = Err(WireError::new(
+                ErrorCode::Io,
+                format!("cannot encode reply: {e}"),
+            ));
+            match encode_frame_head(FrameKind::Response, id, &err, 0) {
+                Ok(h) => {
+                    let _ = conn.writer.send(&h, &[]).await;
+                }
+                Err(_) => warn!("cannot encode an error reply"),
+            }
+            return;
+        }
+    };
+    let _ = conn.writer.send(&head, &payload).await;
+}
+
 /// Accepts connections forever, serving each with `svc`.
 pub async fn serve<S: Service>(listener: TcpListener, svc: Arc<S>) -> std::io::Result<()> {
     let next = AtomicU64::new(1);
@@ -333,8 +381,19 @@ pub async fn serve_connection<S: Service>(
     });
     let limit = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONN));
     let mut frames = FramedRead::new(rd, codec());
+    // Metadata requests run inside this task (no hop to another worker on the
+    // request path), many at once; data requests, which may wait for the
+    // disk, get tasks of their own.
+    let mut inline: FuturesUnordered<Pin<Box<dyn Future<Output = ()> + Send>>> =
+        FuturesUnordered::new();
     debug!(%peer, conn = id, "connection opened");
-    while let Some(item) = frames.next().await {
+    loop {
+        let item = tokio::select! {
+            biased;
+            Some(()) = inline.next(), if !inline.is_empty() => continue,
+            item = frames.next() => item,
+        };
+        let Some(item) = item else { break };
         let body = match item {
             Ok(b) => b.freeze(),
             Err(e) => {
@@ -353,40 +412,24 @@ pub async fn serve_connection<S: Service>(
             warn!(%peer, "client sent a non-request frame; closing connection");
             break;
         }
-        let Ok(permit) = limit.clone().acquire_owned().await else {
-            break;
-        };
-        let conn2 = conn.clone();
-        let svc2 = svc.clone();
-        tokio::spawn(async move {
-            let (result, payload) = match decode_request(&frame.header) {
-                Ok(req) => svc2.call(conn2.clone(), req, frame.payload).await,
-                Err(e) => (
-                    Err(WireError::new(ErrorCode::Protocol, e.to_string())),
-                    Bytes::new(),
-                ),
+        let req = decode_request(&frame.header)
+            .map_err(|e| WireError::new(ErrorCode::Protocol, e.to_string()));
+        let data = req.as_ref().is_ok_and(is_data_request);
+        let fut = respond(conn.clone(), svc.clone(), frame.id, req, frame.payload);
+        if data {
+            let Ok(permit) = limit.clone().acquire_owned().await else {
+                break;
             };
-            let head =
-                match encode_frame_head(FrameKind::Response, frame.id, &result, payload.len()) {
-                    Ok(h) => h,
-                    Err(e) => {
-                        let err: Result<Reply, WireError> = Err(WireError::new(
-                            ErrorCode::Io,
-                            format!("cannot encode reply: {e}"),
-                        ));
-                        match encode_frame_head(FrameKind::Response, frame.id, &err, 0) {
-                            Ok(h) => {
-                                let _ = conn2.writer.send(&h, &[]).await;
-                            }
-                            Err(_) => warn!("cannot encode an error reply"),
-                        }
-                        drop(permit);
-                        return;
-                    }
-                };
-            let _ = conn2.writer.send(&head, &payload).await;
-            drop(permit);
-        });
+            tokio::spawn(async move {
+                fut.await;
+                drop(permit);
+            });
+        } else {
+            while inline.len() >= MAX_IN_FLIGHT_PER_CONN {
+                inline.next().await;
+            }
+            inline.push(Box::pin(fut));
+        }
     }
     svc.disconnected(&conn);
     drop(conn);

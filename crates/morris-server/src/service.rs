@@ -115,6 +115,14 @@ where
     }
 }
 
+/// Runs a metadata store operation right here on the async worker. These are
+/// short (one indexed SQLite transaction, no fsync), and handing them to
+/// another thread costs more in wake-ups than it saves; block I/O and scans
+/// use [`blocking`].
+fn metadata<T>(f: impl FnOnce() -> Result<T, WireError>) -> Result<T, WireError> {
+    f()
+}
+
 /// Whether a request takes a lease (and so waits out the grace period).
 fn takes_lease(req: &Request) -> bool {
     matches!(
@@ -622,7 +630,7 @@ impl Server {
             }
             Request::GetInode { ino } => {
                 Self::check_owner(vol, ino)?;
-                match blocking(move || store.get_inode(ino)).await? {
+                match metadata(move || store.get_inode(ino))? {
                     Some(i) => Ok(Reply::Inode(i)),
                     None => Err(err(ErrorCode::NotFound, format!("no inode {ino}"))),
                 }
@@ -634,8 +642,7 @@ impl Server {
             } => {
                 let gen = random_gen();
                 let inode =
-                    blocking(move || store.create_inode(parent, &attr, target.as_deref(), gen))
-                        .await?;
+                    metadata(move || store.create_inode(parent, &attr, target.as_deref(), gen))?;
                 // A fresh id: nobody else can hold or wait for it.
                 self.lease(client, conn_id, inode.id, LeaseMode::Write)
                     .await?;
@@ -803,7 +810,7 @@ impl Server {
         F: FnOnce() -> Result<T, WireError> + Send + 'static,
     {
         self.lease(client, conn_id, ino.id, mode).await?;
-        let r = blocking(op).await;
+        let r = metadata(op);
         if let Err(e) = &r {
             if e.code == ErrorCode::Stale {
                 self.release(client, ino.id);
