@@ -4,64 +4,7 @@
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
-/// One line of `/proc/self/mountinfo`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MountEntry {
-    /// Where it is mounted.
-    pub mount_point: PathBuf,
-    /// File system type (`fuse`, `fuse.morris`, `ext4`, ...).
-    pub fs_type: String,
-    /// The mount source (for FUSE: the `fsname`).
-    pub source: String,
-}
-
-impl MountEntry {
-    /// True for FUSE mounts.
-    pub fn is_fuse(&self) -> bool {
-        self.fs_type == "fuse" || self.fs_type.starts_with("fuse.")
-    }
-}
-
-/// Undoes the kernel's octal escapes (`\040` for a space, ...).
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Parses the text of a mountinfo file; malformed lines are skipped.
-pub fn parse(text: &str) -> Vec<MountEntry> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let fields: Vec<&str> = line.split(' ').collect();
-        let Some(sep) = fields.iter().position(|f| *f == "-") else {
-            continue;
-        };
-        if sep < 6 || fields.len() < sep + 3 {
-            continue;
-        }
-        out.push(MountEntry {
-            mount_point: PathBuf::from(unescape(fields[4])),
-            fs_type: fields[sep + 1].to_string(),
-            source: unescape(fields[sep + 2]),
-        });
-    }
-    out
-}
+pub use morris_fuse::mountinfo::{parse, MountEntry};
 
 /// The mount at exactly `path` (the last one, if stacked), if any.
 pub fn find(path: &Path) -> io::Result<Option<MountEntry>> {
@@ -121,13 +64,6 @@ garbage line
         assert!(m[1].is_fuse());
         assert_eq!(m[2].source, "morris@127.0.0.1:7700");
         assert!(m[2].is_fuse());
-    }
-
-    #[test]
-    fn unescapes() {
-        assert_eq!(unescape("a\\040b\\011c"), "a b\tc");
-        assert_eq!(unescape("trailing\\04"), "trailing\\04");
-        assert_eq!(unescape("\\\\x"), "\\\\x");
     }
 
     #[test]

@@ -27,7 +27,7 @@ mod dirents;
 mod errno;
 mod fs;
 mod invalidate;
-mod mountinfo;
+pub mod mountinfo;
 
 use std::ffi::CString;
 use std::io;

@@ -1,39 +1,70 @@
-//! Which kernel device a mount point has, and the kernel readahead of that device.
+//! What is mounted where (`/proc/self/mountinfo`), which kernel device a mount
+//! point has, and the kernel readahead of that device.
 //!
 //! The FUSE connection's readahead window starts at the kernel default
 //! (128 KiB) and the FUSE handshake can only lower it; it is raised through the
 //! mount's backing-device entry in sysfs, `/sys/class/bdi/MAJOR:MINOR`.
 
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
 
 /// A device number as `(major, minor)`.
-pub(crate) type Dev = (u32, u32);
+pub type Dev = (u32, u32);
+
+/// One line of `/proc/self/mountinfo`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountEntry {
+    /// Where it is mounted (octal escapes undone, bytes kept exactly).
+    pub mount_point: PathBuf,
+    /// File system type (`fuse`, `fuse.morris`, `ext4`, ...).
+    pub fs_type: String,
+    /// The mount source (for FUSE: the `fsname`).
+    pub source: String,
+    /// The device number, when the field parses.
+    pub dev: Option<Dev>,
+}
+
+impl MountEntry {
+    /// True for FUSE mounts.
+    pub fn is_fuse(&self) -> bool {
+        self.fs_type == "fuse" || self.fs_type.starts_with("fuse.")
+    }
+}
+
+/// Parses the text of a mountinfo file; malformed lines are skipped.
+pub fn parse(text: &str) -> Vec<MountEntry> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        // ID PARENT MAJOR:MINOR ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - TYPE SOURCE ...
+        let fields: Vec<&str> = line.split(' ').collect();
+        let Some(sep) = fields.iter().position(|f| *f == "-") else {
+            continue;
+        };
+        if sep < 6 || fields.len() < sep + 3 {
+            continue;
+        }
+        let dev = fields[2]
+            .split_once(':')
+            .and_then(|(major, minor)| Some((major.parse().ok()?, minor.parse().ok()?)));
+        out.push(MountEntry {
+            mount_point: PathBuf::from(OsString::from_vec(unescape(fields[4]))),
+            fs_type: fields[sep + 1].to_string(),
+            source: String::from_utf8_lossy(&unescape(fields[sep + 2])).into_owned(),
+            dev,
+        });
+    }
+    out
+}
 
 /// The devices of the file systems mounted on `mountpoint`, bottom first
 /// (the last one is the visible one), from the text of `/proc/self/mountinfo`.
 pub(crate) fn devices_in(mountinfo: &str, mountpoint: &Path) -> Vec<Dev> {
-    let want = mountpoint.as_os_str().as_bytes();
-    let mut found = vec![];
-    for line in mountinfo.lines() {
-        // ID PARENT MAJOR:MINOR ROOT MOUNTPOINT OPTIONS ...
-        let mut fields = line.split(' ');
-        let dev = fields.nth(2);
-        let point = fields.nth(1);
-        let (Some(dev), Some(point)) = (dev, point) else {
-            continue;
-        };
-        if unescape(point) != want {
-            continue;
-        }
-        let Some((major, minor)) = dev.split_once(':') else {
-            continue;
-        };
-        if let (Ok(major), Ok(minor)) = (major.parse(), minor.parse()) {
-            found.push((major, minor));
-        }
-    }
-    found
+    parse(mountinfo)
+        .into_iter()
+        .filter(|m| m.mount_point == mountpoint)
+        .filter_map(|m| m.dev)
+        .collect()
 }
 
 /// The text of `/proc/self/mountinfo`, if readable.
