@@ -332,3 +332,58 @@ fn a_reader_keeping_a_file_open_sees_it_grow() {
         "B: contents after A truncated",
     );
 }
+
+#[test]
+fn a_paused_client_drops_what_its_expired_leases_protected() {
+    // B holds a read lease and the kernel caches the file's pages for an open
+    // descriptor. B's mount process is then paused past the lease time: the
+    // server revokes B's lease and lets A write. When B runs again it must
+    // drop what the lost lease protected (from the recall it finds waiting,
+    // or from noticing the lease ran out): B's old descriptor then reads what
+    // A wrote, though B's kernel cache TTL is ten minutes.
+    let t = Two::new();
+    let old = pattern(7, 0, 100_000);
+    fs::write(t.a.path.join("paused"), &old).expect("A: write");
+    let held = File::open(t.b.path.join("paused")).expect("B: open");
+    let mut buf = vec![0u8; old.len()];
+    held.read_exact_at(&mut buf, 0).expect("B: first read");
+    same(&t, &buf, &old, "B: first read");
+    let b_pid = t.b.pid().expect("B's mount process");
+    common::signal(b_pid, libc::SIGSTOP);
+    let new = pattern(8, 0, 100_000);
+    let writer = {
+        let p = t.a.path.join("paused");
+        let new = new.clone();
+        std::thread::spawn(move || {
+            let f = OpenOptions::new().write(true).open(&p).expect("A: open");
+            f.write_all_at(&new, 0).expect("A: write while B is paused");
+            close_checked(f).expect("A: close");
+        })
+    };
+    // A's write lease waits for B's read lease to run out. (A bounded wait,
+    // so that B is always resumed; no timing is asserted.)
+    let start = std::time::Instant::now();
+    while !writer.is_finished() && start.elapsed() < std::time::Duration::from_secs(60) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let joined = writer.is_finished();
+    common::signal(b_pid, libc::SIGCONT);
+    assert!(joined, "A's write never completed while B was paused");
+    writer.join().expect("A's writer thread");
+    common::wait_for(
+        std::time::Duration::from_secs(30),
+        "B reading A's data through its old descriptor",
+        || {
+            let mut b = vec![0u8; new.len()];
+            held.read_exact_at(&mut b, 0).map_err(|e| e.to_string())?;
+            if b == new {
+                Ok(())
+            } else {
+                Err(format!(
+                    "B still reads the data its expired lease protected; B's log:\n{}",
+                    read_log(&t.b.log)
+                ))
+            }
+        },
+    );
+}

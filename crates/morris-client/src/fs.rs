@@ -150,7 +150,11 @@ impl Client {
             _ => false,
         };
         if !applied {
-            return Err(err);
+            // It never reached the server (or was lost with it): now that the
+            // server answers again, send it once more. (Leaving the second
+            // half of a cross-directory rename undone would leave two names.)
+            tracing::info!(op = req.name(), error = %err, "not applied before the connection was lost; sending again");
+            return self.call(g.entry.owner, req).await;
         }
         tracing::info!(
             op = req.name(),

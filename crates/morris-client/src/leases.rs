@@ -563,6 +563,28 @@ impl Leases {
         }
     }
 
+    /// Drops every lease this client can no longer trust (its server has not
+    /// answered for a lease time: a partition, or this process was paused),
+    /// telling the front end to drop what it cached under them. The server
+    /// may have given them to others meanwhile without reaching us.
+    pub(crate) fn expire_stale(&self) {
+        let stale: Vec<Arc<LeaseEntry>> = self
+            .map
+            .lock()
+            .values()
+            .filter(|e| !self.pool.lease_valid(e.owner, e.epoch))
+            .cloned()
+            .collect();
+        for e in stale {
+            debug!(
+                ino = e.id,
+                server = e.owner,
+                "lease expired here; dropping its caches"
+            );
+            self.discard(&e);
+        }
+    }
+
     /// Drops every lease granted by server `i` (it restarted).
     pub(crate) fn drop_server(&self, i: u32) {
         let victims: Vec<Arc<LeaseEntry>> = self

@@ -206,12 +206,16 @@ impl Client {
             }
         });
         let weak_pool = Arc::downgrade(&pool);
+        let weak_leases = Arc::downgrade(&leases);
         let period = pool.lease() / 4;
         let renew = tokio::spawn(async move {
             loop {
                 tokio::time::sleep(period).await;
                 let Some(p) = weak_pool.upgrade() else { break };
                 p.renew_quiet().await;
+                if let Some(l) = weak_leases.upgrade() {
+                    l.expire_stale();
+                }
             }
         });
         client.tasks.lock().extend([pushes, renew]);

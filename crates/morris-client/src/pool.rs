@@ -31,6 +31,11 @@ struct Slot {
     current: RwLock<Option<Arc<RpcClient>>>,
     connecting: tokio::sync::Mutex<()>,
     epoch: AtomicU64,
+    /// Trust term of this server's leases: bumped when the server restarts
+    /// (new epoch) or when it has not answered for a lease time (its leases
+    /// may have been given to others). Cached leases carry the term they were
+    /// granted in and are worthless in any other.
+    term: AtomicU64,
     last_ok: AtomicU64,
 }
 
@@ -132,6 +137,7 @@ impl Pool {
                     current: RwLock::new(None),
                     connecting: tokio::sync::Mutex::new(()),
                     epoch: AtomicU64::new(0),
+                    term: AtomicU64::new(1),
                     last_ok: AtomicU64::new(0),
                 })
                 .collect(),
@@ -156,26 +162,53 @@ impl Pool {
         self.start.elapsed().as_nanos() as u64
     }
 
-    /// The current epoch of server `i` (0 before the first connection).
+    /// The current lease term of server `i` (see `Slot::term`).
     pub(crate) fn epoch(&self, i: u32) -> u64 {
         self.slots
             .get(i as usize)
-            .map(|s| s.epoch.load(Ordering::SeqCst))
+            .map(|s| s.term.load(Ordering::SeqCst))
             .unwrap_or(0)
     }
 
-    /// True while leases granted by server `i` in `epoch` may still be used.
-    pub(crate) fn lease_valid(&self, i: u32, epoch: u64) -> bool {
+    fn trust_limit(&self) -> u64 {
+        (self.lease - self.lease / 8).as_nanos() as u64
+    }
+
+    /// True while leases granted by server `i` in term `term` may still be used.
+    pub(crate) fn lease_valid(&self, i: u32, term: u64) -> bool {
         let Some(s) = self.slots.get(i as usize) else {
             return false;
         };
-        if s.epoch.load(Ordering::SeqCst) != epoch {
+        if s.term.load(Ordering::SeqCst) != term {
             return false;
         }
         let last = s.last_ok.load(Ordering::SeqCst);
-        let margin = self.lease / 8;
-        let limit = (self.lease - margin).as_nanos() as u64;
-        self.now_ns().saturating_sub(last) < limit
+        self.now_ns().saturating_sub(last) < self.trust_limit()
+    }
+
+    /// Before talking to server `i` again: if it has not answered for a lease
+    /// time, whatever leases it granted us may be someone else's now, even if
+    /// the next answer makes the clock look fresh again. End their term.
+    fn check_lapse(&self, i: u32) {
+        let Some(s) = self.slots.get(i as usize) else {
+            return;
+        };
+        let last = s.last_ok.load(Ordering::SeqCst);
+        if last == 0 || self.now_ns().saturating_sub(last) < self.trust_limit() {
+            return;
+        }
+        let term = s.term.load(Ordering::SeqCst);
+        // Refresh the clock first so that only one caller ends the term.
+        if s.last_ok
+            .compare_exchange(last, self.now_ns(), Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            s.term.store(term + 1, Ordering::SeqCst);
+            info!(server = i, addr = %s.addr, "no answer for a lease time; dropping its leases");
+            if let Some(h) = self.epoch_hook.get() {
+                h(i);
+            }
+        }
     }
 
     async fn conn(&self, i: u32) -> Result<Arc<RpcClient>> {
@@ -230,6 +263,7 @@ impl Pool {
         }
         let old = slot.epoch.swap(epoch, Ordering::SeqCst);
         if old != 0 && old != epoch {
+            slot.term.fetch_add(1, Ordering::SeqCst);
             info!(server = i, addr = %slot.addr, "server restarted; dropping its leases");
             if let Some(h) = self.epoch_hook.get() {
                 h(i);
@@ -254,6 +288,7 @@ impl Pool {
         let deadline = Instant::now() + self.retry_window;
         let mut backoff = Duration::from_millis(20);
         loop {
+            self.check_lapse(i);
             let conn = match self.conn(i).await {
                 Ok(c) => c,
                 Err(e) => {
