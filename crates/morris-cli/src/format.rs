@@ -30,7 +30,8 @@ pub struct FormatArgs {
     #[arg(long, value_name = "SIZE", default_value_t = DEFAULT_STRIPE_UNIT,
           value_parser = parse_stripe_unit)]
     pub stripe_unit: u32,
-    /// Copies of every block (1 = no redundancy; at most the number of servers).
+    /// Copies of every block. Only 1 (no redundancy) for now: mirroring is not
+    /// implemented yet, and more is refused.
     #[arg(long, default_value_t = 1, value_name = "N",
           value_parser = clap::value_parser!(u8).range(1..))]
     pub replicas: u8,
@@ -77,6 +78,13 @@ pub fn new_descriptor(
         created: Timestamp::now(),
     };
     d.validate().map_err(|e| anyhow!("invalid volume: {e}"))?;
+    if replicas > 1 {
+        // Refused rather than stored and ignored: a volume that claims copies
+        // it does not keep would lose data it promised to keep.
+        return Err(anyhow!(
+            "--replicas {replicas}: mirroring is not implemented yet; only 1 copy is kept"
+        ));
+    }
     Ok(d)
 }
 
@@ -200,9 +208,15 @@ mod tests {
     #[test]
     fn descriptors_are_validated() {
         let servers = vec!["a:1".to_string(), "b:2".to_string()];
-        let d = new_descriptor(servers.clone(), 1 << 20, 2).unwrap();
+        let d = new_descriptor(servers.clone(), 1 << 20, 1).unwrap();
         assert_eq!(d.servers, servers);
         assert!(new_descriptor(servers.clone(), 1 << 20, 3).is_err());
+        // Mirroring is not implemented: a second copy is refused, not ignored.
+        let e = new_descriptor(servers.clone(), 1 << 20, 2).unwrap_err();
+        assert!(
+            e.to_string().contains("mirroring is not implemented"),
+            "{e}"
+        );
         assert!(new_descriptor(vec![], 1 << 20, 1).is_err());
         let text = describe(&d);
         assert!(text.contains(&d.uuid.to_string()));
