@@ -34,31 +34,10 @@ pub(crate) fn errno(code: ErrorCode) -> Errno {
     }
 }
 
-/// Whether an error class is an ordinary answer to an application's request
-/// (logged at debug level) rather than a failure of the volume (logged as a
-/// warning).
-fn routine(code: ErrorCode) -> bool {
-    matches!(
-        code,
-        ErrorCode::NotFound
-            | ErrorCode::Exists
-            | ErrorCode::NotDir
-            | ErrorCode::IsDir
-            | ErrorCode::NotEmpty
-            | ErrorCode::Access
-            | ErrorCode::Perm
-            | ErrorCode::Invalid
-            | ErrorCode::NameTooLong
-            | ErrorCode::FileTooBig
-            | ErrorCode::TooManyLinks
-            | ErrorCode::NotSupported
-    )
-}
-
 /// Logs a failed request and returns the errno to reply with.
 pub(crate) fn fail(op: &'static str, ino: u64, err: &Error) -> Errno {
     let errno = errno(err.code);
-    if routine(err.code) {
+    if err.code.is_routine() {
         tracing::debug!(op, ino, code = ?err.code, errno = errno.code(), message = %err.message, "request failed");
     } else {
         tracing::warn!(op, ino, code = ?err.code, errno = errno.code(), message = %err.message, "request failed");
@@ -125,9 +104,10 @@ mod tests {
     #[test]
     fn volume_failures_are_not_routine() {
         for code in ALL {
-            let eio =
-                errno(code) == Errno::EIO || code == ErrorCode::NoSpace || code == ErrorCode::Stale;
-            assert_eq!(routine(code), !eio, "{code:?}");
+            // A stale handle is the caller's to handle (routine, as for NFS);
+            // everything that maps to EIO, and a full disk, is the volume's.
+            let eio = errno(code) == Errno::EIO || code == ErrorCode::NoSpace;
+            assert_eq!(code.is_routine(), !eio, "{code:?}");
         }
     }
 

@@ -34,31 +34,10 @@ pub fn nfsstat(code: ErrorCode) -> nfsstat3 {
     }
 }
 
-/// Whether an error class is an ordinary answer (debug log) rather than a
-/// failure of the volume (warning).
-fn routine(code: ErrorCode) -> bool {
-    matches!(
-        code,
-        ErrorCode::NotFound
-            | ErrorCode::Exists
-            | ErrorCode::NotDir
-            | ErrorCode::IsDir
-            | ErrorCode::NotEmpty
-            | ErrorCode::Access
-            | ErrorCode::Perm
-            | ErrorCode::Invalid
-            | ErrorCode::NameTooLong
-            | ErrorCode::FileTooBig
-            | ErrorCode::TooManyLinks
-            | ErrorCode::NotSupported
-            | ErrorCode::Stale
-    )
-}
-
 /// Logs a failed request and returns the status to answer with.
 pub(crate) fn fail(op: &'static str, id: u64, err: &Error) -> nfsstat3 {
     let stat = nfsstat(err.code);
-    if routine(err.code) {
+    if err.code.is_routine() {
         tracing::debug!(op, id, code = ?err.code, ?stat, message = %err.message, "nfs request failed");
     } else {
         tracing::warn!(op, id, code = ?err.code, ?stat, message = %err.message, "nfs request failed");

@@ -49,6 +49,29 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// True for ordinary answers to a caller's request (no such name, not
+    /// permitted, stale handle, ...), false for failures of the volume
+    /// (unreachable server, I/O, protocol): front ends log the first at debug
+    /// level and the second as warnings.
+    pub fn is_routine(self) -> bool {
+        matches!(
+            self,
+            ErrorCode::NotFound
+                | ErrorCode::Exists
+                | ErrorCode::NotDir
+                | ErrorCode::IsDir
+                | ErrorCode::NotEmpty
+                | ErrorCode::Access
+                | ErrorCode::Perm
+                | ErrorCode::Invalid
+                | ErrorCode::NameTooLong
+                | ErrorCode::FileTooBig
+                | ErrorCode::TooManyLinks
+                | ErrorCode::NotSupported
+                | ErrorCode::Stale
+        )
+    }
+
     /// A short human-readable description.
     pub fn describe(self) -> &'static str {
         match self {
