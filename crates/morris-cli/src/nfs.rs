@@ -27,6 +27,9 @@ pub struct NfsArgs {
     #[arg(long, value_name = "SECS", default_value_t = morris_nfs::DEFAULT_OPEN_IDLE.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub open_idle_secs: u64,
+    /// Do not register with the local portmapper (rpcbind), even if one runs.
+    #[arg(long)]
+    pub no_rpcbind: bool,
 }
 
 /// Runs the gateway.
@@ -47,6 +50,7 @@ pub fn run(args: NfsArgs) -> Result<ExitCode> {
                 listen: args.listen.clone(),
                 allow: args.export_allow.clone(),
                 open_idle: Duration::from_secs(args.open_idle_secs),
+                register: !args.no_rpcbind,
             },
         )
         .await?;

@@ -225,7 +225,7 @@ pub(crate) async fn accept_loop(front: TcpListener, shared: Arc<Shared>) -> std:
 }
 
 /// Reads one RPC record (all fragments); `None` at a clean end of stream.
-async fn read_record(rd: &mut (impl AsyncRead + Unpin)) -> std::io::Result<Option<Vec<u8>>> {
+pub(crate) async fn read_record(rd: &mut (impl AsyncRead + Unpin)) -> std::io::Result<Option<Vec<u8>>> {
     let mut record = Vec::new();
     loop {
         let mut mark = [0u8; 4];
@@ -264,7 +264,7 @@ fn framed(record: &[u8]) -> Vec<u8> {
 
 /// A parsed call header: the procedure, the caller (`None`: a credential
 /// flavor the gateway does not accept) and where the arguments start.
-fn parse_call(record: &[u8]) -> Option<(Proc, Option<Caller>, usize)> {
+pub(crate) fn parse_call(record: &[u8]) -> Option<(Proc, Option<Caller>, usize)> {
     let mut c = std::io::Cursor::new(record);
     let (msg, _) = rpc_msg::unpack(&mut c).ok()?;
     let msg_body::CALL(call) = msg.body else {

@@ -15,7 +15,10 @@
 mod files;
 mod front;
 mod fs;
+#[doc(hidden)]
+pub mod fuzzing;
 mod local;
+pub mod portmap;
 mod status;
 
 use std::net::SocketAddr;
@@ -66,6 +69,9 @@ pub struct GatewayConfig {
     pub allow: Vec<Cidr>,
     /// Idle time after which a cached open file is closed.
     pub open_idle: Duration,
+    /// Register NFS and MOUNT with the local portmapper (rpcbind) while
+    /// serving, when one answers on 127.0.0.1:111.
+    pub register: bool,
 }
 
 /// A bound, not yet running NFS gateway.
@@ -74,6 +80,7 @@ pub struct Gateway {
     shared: Arc<front::Shared>,
     files: Arc<files::OpenFiles>,
     open_idle: Duration,
+    register: bool,
 }
 
 impl Gateway {
@@ -99,6 +106,7 @@ impl Gateway {
             shared: Arc::new(front::Shared::new(nfs, generation, config.allow)),
             files,
             open_idle: config.open_idle,
+            register: config.register,
         })
     }
 
@@ -112,6 +120,8 @@ impl Gateway {
         self,
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Result<(), GatewayError> {
+        let port = self.front.local_addr()?.port();
+        let registered = self.register && announce(port).await;
         let files = self.files.clone();
         let period = (self.open_idle / 2).max(Duration::from_millis(100));
         let expiry = tokio::spawn(async move {
@@ -125,6 +135,11 @@ impl Gateway {
             () = shutdown => Ok(()),
         };
         expiry.abort();
+        if registered {
+            if let Err(e) = portmap::unregister(port).await {
+                tracing::warn!(error = %e, "removing the portmapper registration failed");
+            }
+        }
         // An unreachable volume must not keep the gateway from stopping.
         if tokio::time::timeout(SHUTDOWN_LIMIT, self.files.close_all())
             .await
@@ -133,5 +148,24 @@ impl Gateway {
             tracing::warn!("closing the gateway's open files timed out; unstored sizes are lost");
         }
         result
+    }
+}
+
+/// Registers with the local portmapper if one runs; true if registered.
+/// A failure is logged, not fatal: clients naming the port still work.
+async fn announce(port: u16) -> bool {
+    match portmap::register(port).await {
+        Ok(portmap::Registration::Registered) => {
+            tracing::info!(port, "registered nfs v3 and mount v3 with the portmapper");
+            true
+        }
+        Ok(portmap::Registration::NoPortmapper) => {
+            tracing::info!("no portmapper on 127.0.0.1:111; clients must name the port");
+            false
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot register with the portmapper; clients must name the port");
+            false
+        }
     }
 }
