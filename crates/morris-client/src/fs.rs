@@ -868,7 +868,7 @@ impl Client {
     }
 
     /// Inode without taking a lease (only for checks that tolerate a race).
-    async fn do_getattr_nolease(&self, h: Handle) -> Result<Inode> {
+    pub(crate) async fn do_getattr_nolease(&self, h: Handle) -> Result<Inode> {
         let i = inode_reply(
             self.call_owner(h.id, Request::GetInode { ino: h.id })
                 .await?,

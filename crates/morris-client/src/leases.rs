@@ -254,6 +254,16 @@ impl Leases {
         }
     }
 
+    /// The inode under a usable cached lease on `id`, without waiting.
+    pub(crate) fn cached_inode(&self, id: FileId) -> Option<Inode> {
+        let e = self.map.lock().get(&id).cloned()?;
+        if !self.usable(&e, Mode::Read) {
+            return None;
+        }
+        let inode = e.state.lock().inode.clone();
+        Some(inode)
+    }
+
     fn usable(&self, e: &LeaseEntry, want: Mode) -> bool {
         let st = e.state.lock();
         !st.recalled && !st.released && e.mode >= want && self.pool.lease_valid(e.owner, e.epoch)

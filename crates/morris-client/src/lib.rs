@@ -259,6 +259,24 @@ impl Client {
         self.do_getattr(id).await
     }
 
+    /// A snapshot of `h`'s attributes for a listing, without taking a
+    /// lease: the cached ones while a lease is held (or local changes are
+    /// unstored), else read once from the owner. Unlike `getattr`, nothing
+    /// keeps them fresh afterwards.
+    pub async fn getattr_snapshot(&self, h: Handle) -> Result<Inode> {
+        if let Some(i) = self.leases.cached_inode(h.id) {
+            if i.gen != h.gen {
+                return Err(Error::new(ErrorCode::Stale, "replaced"));
+            }
+            return Ok(i);
+        }
+        if self.leases.has_unstored(h.id) {
+            self.leases.learn_if_unknown(h);
+            return self.do_getattr(h.id).await;
+        }
+        self.do_getattr_nolease(h).await
+    }
+
     /// Looks `name` up in `dir` (`.` and `..` included).
     pub async fn lookup(&self, dir: FileId, name: &[u8]) -> Result<Inode> {
         self.do_lookup(dir, name).await

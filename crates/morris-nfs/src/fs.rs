@@ -269,6 +269,10 @@ pub struct Listing {
     dir: FileId,
     cookie: u64,
     buf: VecDeque<MDirEntry>,
+    /// READDIRPLUS: the attributes of the entries in `buf`, fetched for a
+    /// whole batch at once.
+    attrs: VecDeque<Option<fattr3>>,
+    plus: bool,
     done: bool,
     fsid: u64,
 }
@@ -279,6 +283,9 @@ impl Listing {
             match self.client.readdir(self.dir, self.cookie, DIR_BATCH).await {
                 Ok((entries, complete)) => {
                     self.done = complete || entries.is_empty();
+                    if self.plus {
+                        self.attrs = self.batch_attrs(&entries).await;
+                    }
                     self.buf.extend(entries);
                 }
                 Err(e) => return NextResult::Err(fail("readdir", self.dir, &e)),
@@ -291,6 +298,22 @@ impl Listing {
             }
             None => NextResult::Eof,
         }
+    }
+
+    /// Attributes of a batch of entries, fetched concurrently and without
+    /// leases (a listing of a million files must not take a million locks);
+    /// `None` for an entry removed or replaced meanwhile.
+    async fn batch_attrs(&self, entries: &[MDirEntry]) -> VecDeque<Option<fattr3>> {
+        let fetches = entries.iter().map(|e| {
+            let client = self.client.clone();
+            let h = e.child;
+            async move { client.getattr_snapshot(h).await.ok() }
+        });
+        futures::future::join_all(fetches)
+            .await
+            .into_iter()
+            .map(|i| i.map(|i| fattr_with(self.fsid, &i)))
+            .collect()
     }
 }
 
@@ -314,10 +337,7 @@ impl ReadDirPlusIterator<NfsHandle> for Listing {
             NextResult::Ok(e) => {
                 // Attributes are optional in READDIRPLUS: an entry removed
                 // meanwhile is listed without them.
-                let attrs = match self.client.getattr(e.child.id).await {
-                    Ok(i) if i.gen == e.child.gen => Some(fattr_with(self.fsid, &i)),
-                    _ => None,
-                };
+                let attrs = self.attrs.pop_front().flatten();
                 NextResult::Ok(DirEntryPlus {
                     fileid: e.child.id,
                     name: filename3(Opaque::owned(e.name)),
@@ -393,7 +413,7 @@ impl NfsReadFileSystem for MorrisNfs {
         dir: &NfsHandle,
         cookie: u64,
     ) -> Result<impl ReadDirIterator, nfsstat3> {
-        self.listing(dir, cookie).await
+        self.listing(dir, cookie, false).await
     }
 
     async fn readdirplus(
@@ -401,7 +421,7 @@ impl NfsReadFileSystem for MorrisNfs {
         dir: &NfsHandle,
         cookie: u64,
     ) -> Result<impl ReadDirPlusIterator<NfsHandle>, nfsstat3> {
-        self.listing(dir, cookie).await
+        self.listing(dir, cookie, true).await
     }
 
     async fn readlink(&self, id: &NfsHandle) -> Result<nfspath3<'_>, nfsstat3> {
@@ -440,7 +460,7 @@ impl NfsReadFileSystem for MorrisNfs {
 }
 
 impl MorrisNfs {
-    async fn listing(&self, dir: &NfsHandle, cookie: u64) -> Result<Listing, nfsstat3> {
+    async fn listing(&self, dir: &NfsHandle, cookie: u64, plus: bool) -> Result<Listing, nfsstat3> {
         let i = self.inode("readdir", dir).await?;
         if i.attr.kind != FileKind::Dir {
             return Err(nfsstat3::NFS3ERR_NOTDIR);
@@ -451,6 +471,8 @@ impl MorrisNfs {
             dir: dir.id(),
             cookie,
             buf: VecDeque::new(),
+            attrs: VecDeque::new(),
+            plus,
             done: false,
             fsid: self.fsid,
         })
