@@ -225,7 +225,9 @@ pub(crate) async fn accept_loop(front: TcpListener, shared: Arc<Shared>) -> std:
 }
 
 /// Reads one RPC record (all fragments); `None` at a clean end of stream.
-pub(crate) async fn read_record(rd: &mut (impl AsyncRead + Unpin)) -> std::io::Result<Option<Vec<u8>>> {
+pub(crate) async fn read_record(
+    rd: &mut (impl AsyncRead + Unpin),
+) -> std::io::Result<Option<Vec<u8>>> {
     let mut record = Vec::new();
     loop {
         let mut mark = [0u8; 4];
