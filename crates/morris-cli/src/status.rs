@@ -199,6 +199,15 @@ pub fn table(headers: &[&str], rows: &[Vec<String>], left: &[usize]) -> String {
     out
 }
 
+/// A service time for the table: `-` before any request, else µs or ms.
+fn micros(us: u64) -> String {
+    match us {
+        0 => "-".to_string(),
+        1..=9_999 => format!("{us}us"),
+        _ => format!("{:.1}ms", us as f64 / 1000.0),
+    }
+}
+
 /// The human-readable report.
 pub fn render(r: &VolumeReport, ops: bool) -> String {
     let d = &r.volume;
@@ -223,6 +232,9 @@ pub fn render(r: &VolumeReport, ops: bool) -> String {
         "SESSIONS",
         "REQUESTS",
         "RECALLS",
+        "IO-QUEUE",
+        "READ-SVC",
+        "WRITE-SVC",
         "DISK-FREE",
         "UPTIME",
     ];
@@ -240,10 +252,13 @@ pub fn render(r: &VolumeReport, ops: bool) -> String {
                     st.sessions.to_string(),
                     st.requests.to_string(),
                     st.recalls.to_string(),
+                    st.io_inflight.to_string(),
+                    micros(st.read_service_us),
+                    micros(st.write_service_us),
                     human(st.disk_free),
                     duration(st.uptime_secs),
                 ]),
-                None => row.extend(std::iter::repeat_n("-".to_string(), 9)),
+                None => row.extend(std::iter::repeat_n("-".to_string(), 12)),
             }
             row
         })

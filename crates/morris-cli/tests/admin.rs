@@ -194,3 +194,37 @@ fn every_subcommand_has_help() {
         assert!(stdout(&o).contains("Usage: morris"), "{}", both(&o));
     }
 }
+
+#[test]
+fn status_shows_each_servers_io_load() {
+    let c = Cluster::start(2, ClusterOpts::default());
+    let j = status_json(c.addr(0));
+    for s in j["servers"].as_array().expect("servers") {
+        assert_eq!(s["stats"]["read_service_us"], 0, "{s}");
+        assert_eq!(s["stats"]["io_inflight"], 0, "{s}");
+    }
+    let m = c.mount();
+    // 4 stripe units: blocks on both servers.
+    let data = common::pattern(3, 0, 4 << 20);
+    std::fs::write(m.path.join("f"), &data).expect("write");
+    drop(m);
+    let m = c.mount();
+    assert!(std::fs::read(m.path.join("f")).expect("read") == data);
+    let j = status_json(c.addr(0));
+    for s in j["servers"].as_array().expect("servers") {
+        let st = &s["stats"];
+        assert!(
+            st["read_service_us"].as_u64().is_some_and(|v| v > 0)
+                && st["write_service_us"].as_u64().is_some_and(|v| v > 0),
+            "no service times after reads and writes: {s}"
+        );
+        assert_eq!(st["io_inflight"], 0, "{s}");
+    }
+    let o = morris(&["status", c.addr(0)]);
+    assert!(o.status.success(), "{}", both(&o));
+    let text = common::stdout(&o);
+    assert!(
+        text.contains("IO-QUEUE") && text.contains("READ-SVC") && text.contains("WRITE-SVC"),
+        "{text}"
+    );
+}

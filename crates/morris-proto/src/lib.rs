@@ -24,4 +24,4 @@ pub use messages::{Push, Reply, Request};
 pub use types::*;
 
 /// Version of the wire protocol; a `Hello` with another version is refused.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;

@@ -280,4 +280,10 @@ pub struct ServerStats {
     pub disk_free: u64,
     /// Total bytes of the data directory's file system.
     pub disk_total: u64,
+    /// Block reads and writes being served now.
+    pub io_inflight: u64,
+    /// Moving average (last ~8 requests) of block read service time, µs.
+    pub read_service_us: u64,
+    /// Moving average (last ~8 requests) of block write service time, µs.
+    pub write_service_us: u64,
 }

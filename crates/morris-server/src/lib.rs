@@ -32,6 +32,7 @@ use tracing::{info, warn};
 
 mod blocks;
 mod leases;
+mod load;
 mod service;
 mod store;
 

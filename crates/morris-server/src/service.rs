@@ -20,6 +20,7 @@ use tracing::{debug, info, warn};
 
 use crate::blocks::Blocks;
 use crate::leases::{Acquired, ClientId, Effects, LeaseTable, Millis, Recall, Ticket};
+use crate::load::{IoKind, Load};
 use crate::store::{check_name, check_new_name, FormatOutcome, Formatted, Store};
 
 /// Every request name, in a fixed order, for the per-request counters.
@@ -87,6 +88,8 @@ pub(crate) struct Server {
     sessions: Mutex<Sessions>,
     requests: AtomicU64,
     by_op: [AtomicU64; OPS.len()],
+    /// Block I/O in flight and its service times (`Status`).
+    load: Load,
     stopped: AtomicBool,
 }
 
@@ -212,6 +215,7 @@ impl Server {
             sessions: Mutex::new(Sessions::default()),
             requests: AtomicU64::new(0),
             by_op: std::array::from_fn(|_| AtomicU64::new(0)),
+            load: Load::default(),
             stopped: AtomicBool::new(false),
         }
     }
@@ -599,6 +603,7 @@ impl Server {
     ) -> Result<Bytes, WireError> {
         let pos = Self::block_pos(vol, id, index, offset, u64::from(len))?;
         let blocks = self.blocks.clone();
+        let _busy = self.load.begin(IoKind::Read);
         blocking(move || blocks.read(id, pos, len as usize)).await
     }
 
@@ -731,6 +736,7 @@ impl Server {
                 let pos = Self::block_pos(vol, id, index, offset, payload.len() as u64)?;
                 self.check_reserve(payload.len() as u64)?;
                 let blocks = self.blocks.clone();
+                let _busy = self.load.begin(IoKind::Write);
                 blocking(move || blocks.write(id, pos, &payload, sync, &store)).await?;
                 Ok(Reply::Ok)
             }
@@ -905,6 +911,9 @@ impl Server {
             uptime_secs: self.started.elapsed().as_secs(),
             disk_free,
             disk_total,
+            io_inflight: self.load.inflight(),
+            read_service_us: self.load.service_us().0,
+            write_service_us: self.load.service_us().1,
         })
     }
 
