@@ -30,8 +30,9 @@ pub struct FormatArgs {
     #[arg(long, value_name = "SIZE", default_value_t = DEFAULT_STRIPE_UNIT,
           value_parser = parse_stripe_unit)]
     pub stripe_unit: u32,
-    /// Copies of every block. Only 1 (no redundancy) for now: mirroring is not
-    /// implemented yet, and more is refused.
+    /// Copies of every data block (1 to 3, on distinct servers). Reads spread
+    /// over the copies and go around slow or lost servers; inodes, directories
+    /// and leases are not mirrored yet, and writes wait for every copy.
     #[arg(long, default_value_t = 1, value_name = "N",
           value_parser = clap::value_parser!(u8).range(1..))]
     pub replicas: u8,
@@ -78,13 +79,6 @@ pub fn new_descriptor(
         created: Timestamp::now(),
     };
     d.validate().map_err(|e| anyhow!("invalid volume: {e}"))?;
-    if replicas > 1 {
-        // Refused rather than stored and ignored: a volume that claims copies
-        // it does not keep would lose data it promised to keep.
-        return Err(anyhow!(
-            "--replicas {replicas}: mirroring is not implemented yet; only 1 copy is kept"
-        ));
-    }
     Ok(d)
 }
 
@@ -170,6 +164,14 @@ pub fn describe(d: &VolumeDescriptor) -> String {
     for (i, a) in d.servers.iter().enumerate() {
         let note = if i == root { "  (root directory)" } else { "" };
         s.push_str(&format!("  server {i}  {a}{note}\n"));
+    }
+    if d.replicas > 1 {
+        s.push_str(&format!(
+            "  {} copies of every data block (copy r of a block on the r-th next server);\n  \
+             reads use the least loaded copy. Not yet mirrored: inodes, directories and\n  \
+             leases (a lost server stops the files whose inode it holds).\n",
+            d.replicas
+        ));
     }
     s
 }

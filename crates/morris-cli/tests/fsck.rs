@@ -81,6 +81,7 @@ impl Raw {
         let req = Request::Write {
             id,
             index: 1,
+            replica: 0,
             offset: 0,
             sync: false,
         };
@@ -203,6 +204,7 @@ fn fsck_finds_and_repairs_damage_but_keeps_live_files() {
         let req = Request::Read {
             id: live.id,
             index: 1,
+            replica: 0,
             offset: 0,
             len: 9,
         };

@@ -596,7 +596,11 @@ impl Client {
         if inode.attr.kind == FileKind::File && inode.attr.size > 0 {
             let last = self.layout.block_of(inode.attr.size - 1).0;
             for i in 1..=last.min(u64::from(self.layout.servers)) {
-                servers.push(self.layout.block_server(h.id, i));
+                for s in self.layout.placement(h.id, i) {
+                    if !servers.contains(&s) {
+                        servers.push(s);
+                    }
+                }
             }
         }
         let data = futures::future::join_all(

@@ -51,28 +51,33 @@ impl ReadAhead {
     }
 }
 
-/// Fetches `len` bytes at `off` of block `index`, zero-filling past what the
-/// server holds (holes and the block's unwritten tail read as zeros).
-async fn fetch(
-    pool: Arc<Pool>,
+/// Fetches `len` bytes at `off` of copy `replica` of block `index` from
+/// `server`, zero-filling past what the server holds (holes and the block's
+/// unwritten tail read as zeros). `once`: no reconnect loop (another copy
+/// can serve the read instead).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn fetch_copy(
+    pool: &Pool,
     server: u32,
     id: FileId,
     index: u64,
+    replica: u8,
     off: u32,
     len: u32,
+    once: bool,
 ) -> Result<Bytes> {
-    let (reply, data) = pool
-        .call(
-            server,
-            Request::Read {
-                id,
-                index,
-                offset: off,
-                len,
-            },
-            Bytes::new(),
-        )
-        .await?;
+    let req = Request::Read {
+        id,
+        index,
+        replica,
+        offset: off,
+        len,
+    };
+    let (reply, data) = if once {
+        pool.call_once(server, req, Bytes::new()).await?
+    } else {
+        pool.call(server, req, Bytes::new()).await?
+    };
     if !matches!(reply, Reply::Data) {
         return Err(unexpected(&reply));
     }
@@ -244,8 +249,24 @@ impl Client {
     }
 
     fn spawn_fetch(&self, id: FileId, index: u64, off: u32, len: u32) -> Fetch {
-        let server = self.layout.block_server(id, index);
-        let task = tokio::spawn(fetch(self.pool.clone(), server, id, index, off, len));
+        let pool = self.pool.clone();
+        let task = if self.layout.replicas > 1 {
+            let placement = self.layout.placement(id, index);
+            tokio::spawn(crate::replicas::fetch_any(
+                pool,
+                self.loads.clone(),
+                placement,
+                id,
+                index,
+                off,
+                len,
+            ))
+        } else {
+            let server = self.layout.block_server(id, index);
+            tokio::spawn(
+                async move { fetch_copy(&pool, server, id, index, 0, off, len, false).await },
+            )
+        };
         async move {
             match task.await {
                 Ok(r) => r,
@@ -277,17 +298,20 @@ impl Client {
             let (index, within) = self.layout.block_of(pos);
             let n = (unit - u64::from(within)).min(end - pos);
             let piece = data.slice((pos - offset) as usize..(pos - offset + n) as usize);
-            let server = self.layout.block_server(f.id, index);
-            calls.push(self.pool.call(
-                server,
-                Request::Write {
-                    id: f.id,
-                    index,
-                    offset: within,
-                    sync: false,
-                },
-                piece,
-            ));
+            // Every copy is written before the write is answered.
+            for (replica, server) in self.layout.placement(f.id, index).into_iter().enumerate() {
+                calls.push(self.pool.call(
+                    server,
+                    Request::Write {
+                        id: f.id,
+                        index,
+                        replica: replica as u8,
+                        offset: within,
+                        sync: false,
+                    },
+                    piece.clone(),
+                ));
+            }
             pos += n;
         }
         for r in futures::future::join_all(calls).await {

@@ -15,6 +15,7 @@ mod io;
 mod leases;
 pub mod perm;
 mod pool;
+mod replicas;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -155,6 +156,8 @@ pub struct Client {
     pub(crate) opens: Mutex<HashMap<FileId, usize>>,
     pub(crate) orphans: Mutex<HashSet<FileId>>,
     pub(crate) next_server: AtomicU32,
+    /// Per-server data load seen by this client (choice among copies).
+    pub(crate) loads: Arc<replicas::Loads>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
@@ -194,6 +197,7 @@ impl Client {
             opens: Mutex::new(HashMap::new()),
             orphans: Mutex::new(HashSet::new()),
             next_server: AtomicU32::new(rand::random::<u32>()),
+            loads: Arc::new(replicas::Loads::new(layout.servers)),
             tasks: Mutex::new(Vec::new()),
         });
         let weak = Arc::downgrade(&leases);

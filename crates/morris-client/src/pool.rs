@@ -333,6 +333,31 @@ impl Pool {
         }
     }
 
+    /// Sends `req` to server `i` once: no reconnect loop, no waiting out a
+    /// restart. For reads that another copy can serve instead.
+    pub(crate) async fn call_once(
+        &self,
+        i: u32,
+        req: Request,
+        payload: Bytes,
+    ) -> Result<(Reply, Bytes)> {
+        *self.counters.lock().entry(req.name()).or_insert(0) += 1;
+        self.check_lapse(i);
+        let conn = self.conn(i).await?;
+        let sent = self.now_ns();
+        match conn.call(&req, payload).await {
+            Ok(r) => {
+                self.touch(i, sent);
+                Ok(r)
+            }
+            Err(RpcError::Remote(w)) => {
+                self.touch(i, sent);
+                Err(Error::new(w.code, w.message))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     fn touch(&self, i: u32, sent: u64) {
         if let Some(s) = self.slots.get(i as usize) {
             s.last_ok.fetch_max(sent, Ordering::SeqCst);

@@ -172,6 +172,7 @@ mod tests {
         let req = Request::Write {
             id: 7,
             index: 3,
+            replica: 1,
             offset: 12,
             sync: true,
         };

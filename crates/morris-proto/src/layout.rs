@@ -9,6 +9,13 @@
 //! block `i` sits at local slot `(i-1) / k`, so the `k` servers each hold every
 //! k-th unit densely, holes read as zeros and take no space, and a truncate is
 //! one `ftruncate` per server.
+//!
+//! With `replicas` copies (chained declustering, as in RAID-10 over a ring):
+//! copy `r` of block `(id, i)` lives on server `(id + i + r) mod k`, in a
+//! separate extent file per copy at the same slot, so a server's copy `r`
+//! holds exactly what server `s - r` holds as copy 0. Neighbouring servers
+//! mirror each other's blocks, so when one is slow or lost its load spreads
+//! over its two neighbours rather than onto one partner.
 
 use crate::types::FileId;
 
@@ -73,6 +80,21 @@ impl Layout {
     /// Byte position of block `index` inside its server's extent file.
     pub fn local_offset(&self, index: u64) -> u64 {
         (index.saturating_sub(1) / self.k()).saturating_mul(u64::from(self.unit))
+    }
+
+    /// The server holding copy `replica` of block `index` of file `id`
+    /// (chained declustering: copy `r` sits `r` servers after the first).
+    pub fn replica_server(&self, id: FileId, index: u64, replica: u32) -> u32 {
+        ((u64::from(self.block_server(id, index)) + u64::from(replica)) % self.k()) as u32
+    }
+
+    /// The length server `server`'s extent file of copy `replica` of file
+    /// `id` needs for a file of `size` bytes. Copy `r` on server `s` holds
+    /// exactly the blocks copy 0 holds on server `s - r`, at the same slots.
+    pub fn replica_local_len(&self, id: FileId, server: u32, replica: u32, size: u64) -> u64 {
+        let k = self.k();
+        let shifted = (u64::from(server) % k + k - u64::from(replica) % k) % k;
+        self.local_len_for_size(id, shifted as u32, size)
     }
 
     /// The length server `server`'s extent file of file `id` needs for a file of
@@ -179,6 +201,48 @@ mod tests {
         }
         let one = Layout::new(1, 4096, 1);
         assert!(one.allocate_id(0, 0) > crate::ROOT_ID);
+    }
+
+    #[test]
+    fn replica_slots_are_dense_and_lengths_match_brute_force() {
+        for k in 2..=5u32 {
+            for r in 1..=k.min(3) {
+                let l = Layout::new(k, 16, r);
+                for id in 0..6u64 {
+                    for i in 1..=40u64 {
+                        let p = l.placement(id, i);
+                        let mut d = p.clone();
+                        d.sort_unstable();
+                        d.dedup();
+                        assert_eq!(d.len(), r as usize, "copies on distinct servers");
+                        for (rep, s) in p.iter().enumerate() {
+                            assert_eq!(l.replica_server(id, i, rep as u32), *s);
+                        }
+                    }
+                    for s in 0..k {
+                        for rep in 0..r {
+                            // Blocks of copy `rep` on server `s` fill slots 0, 1, 2, ...
+                            let slots: Vec<u64> = (1..=40u64)
+                                .filter(|&i| l.replica_server(id, i, rep) == s)
+                                .map(|i| l.local_offset(i) / 16)
+                                .collect();
+                            let want: Vec<u64> = (0..slots.len() as u64).collect();
+                            assert_eq!(slots, want, "k {k} id {id} s {s} copy {rep}");
+                            for size in 0..120u64 {
+                                let mut want = 0;
+                                for off in 0..size {
+                                    let (i, w) = l.block_of(off);
+                                    if l.replica_server(id, i, rep) == s {
+                                        want = want.max(l.local_offset(i) + u64::from(w) + 1);
+                                    }
+                                }
+                                assert_eq!(l.replica_local_len(id, s, rep, size), want);
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -200,6 +200,9 @@ pub enum Request {
         id: FileId,
         /// The block index (1-based; 0 is the inode).
         index: u64,
+        /// Which copy (0-based position in `Layout::placement`); this server
+        /// must hold it.
+        replica: u8,
         /// Offset within the block.
         offset: u32,
         /// Bytes wanted; `offset + len` must not pass the stripe unit.
@@ -213,6 +216,9 @@ pub enum Request {
         id: FileId,
         /// The block index (1-based).
         index: u64,
+        /// Which copy (0-based position in `Layout::placement`); this server
+        /// must hold it. A client writes every copy before it answers.
+        replica: u8,
         /// Offset within the block.
         offset: u32,
         /// Flush to stable storage before answering.

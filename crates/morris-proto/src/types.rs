@@ -238,11 +238,15 @@ impl VolumeDescriptor {
                 self.stripe_unit
             ));
         }
-        if self.replicas == 0 || usize::from(self.replicas) > self.servers.len() {
+        if self.replicas == 0
+            || usize::from(self.replicas) > self.servers.len()
+            || self.replicas > crate::MAX_REPLICAS
+        {
             return Err(format!(
-                "replicas {} must be between 1 and the number of servers ({})",
+                "replicas {} must be between 1 and the number of servers ({}), at most {}",
                 self.replicas,
-                self.servers.len()
+                self.servers.len(),
+                crate::MAX_REPLICAS
             ));
         }
         Ok(())

@@ -42,15 +42,20 @@ fn fanout(id: FileId) -> u8 {
     (z ^ (z >> 31)) as u8
 }
 
+/// One extent file: copy `.1` of file `.0`.
+type Key = (FileId, u8);
+
+pub use morris_proto::MAX_REPLICAS;
+
 struct Lru {
-    files: HashMap<FileId, (Arc<File>, u64)>,
-    order: BTreeMap<u64, FileId>,
+    files: HashMap<Key, (Arc<File>, u64)>,
+    order: BTreeMap<u64, Key>,
     clock: u64,
     cap: usize,
 }
 
 impl Lru {
-    fn get(&mut self, id: FileId) -> Option<Arc<File>> {
+    fn get(&mut self, id: Key) -> Option<Arc<File>> {
         let (f, stamp) = self.files.get_mut(&id)?;
         self.order.remove(stamp);
         self.clock += 1;
@@ -60,7 +65,7 @@ impl Lru {
     }
 
     /// Inserts `f` unless another thread got there first; returns the one kept.
-    fn insert(&mut self, id: FileId, f: Arc<File>) -> Arc<File> {
+    fn insert(&mut self, id: Key, f: Arc<File>) -> Arc<File> {
         if let Some(existing) = self.get(id) {
             return existing;
         }
@@ -77,7 +82,7 @@ impl Lru {
         f
     }
 
-    fn remove(&mut self, id: FileId) {
+    fn remove(&mut self, id: Key) {
         if let Some((_, stamp)) = self.files.remove(&id) {
             self.order.remove(&stamp);
         }
@@ -112,22 +117,27 @@ impl Blocks {
         self.root.join(format!("{:02x}", fanout(id)))
     }
 
-    /// Where file `id`'s extent file lives.
-    pub fn path_of(&self, id: FileId) -> PathBuf {
-        self.dir_of(id).join(id.to_string())
+    /// Where copy `replica` of file `id` lives: `<id>` for the first copy,
+    /// `<id>.<replica>` for the others.
+    pub fn path_of(&self, id: FileId, replica: u8) -> PathBuf {
+        match replica {
+            0 => self.dir_of(id).join(id.to_string()),
+            r => self.dir_of(id).join(format!("{id}.{r}")),
+        }
     }
 
-    /// The open extent file of `id`, or `None` if it does not exist.
-    fn existing(&self, id: FileId) -> Result<Option<Arc<File>>, WireError> {
-        if let Some(f) = self.open.lock().get(id) {
+    /// The open extent file of copy `replica` of `id`, or `None` if it does
+    /// not exist.
+    fn existing(&self, id: FileId, replica: u8) -> Result<Option<Arc<File>>, WireError> {
+        if let Some(f) = self.open.lock().get((id, replica)) {
             return Ok(Some(f));
         }
         match OpenOptions::new()
             .read(true)
             .write(true)
-            .open(self.path_of(id))
+            .open(self.path_of(id, replica))
         {
-            Ok(f) => Ok(Some(self.open.lock().insert(id, Arc::new(f)))),
+            Ok(f) => Ok(Some(self.open.lock().insert((id, replica), Arc::new(f)))),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(io_err(&format!("open data of file {id}"), &e)),
         }
@@ -135,8 +145,13 @@ impl Blocks {
 
     /// The extent file of `id`, created (and recorded in `store` first) if
     /// missing; the flag tells whether it was created now.
-    fn create(&self, id: FileId, store: &Store) -> Result<(Arc<File>, bool), WireError> {
-        if let Some(f) = self.existing(id)? {
+    fn create(
+        &self,
+        id: FileId,
+        replica: u8,
+        store: &Store,
+    ) -> Result<(Arc<File>, bool), WireError> {
+        if let Some(f) = self.existing(id, replica)? {
             return Ok((f, false));
         }
         // Recorded before it exists, so a crash cannot leave an unknown file.
@@ -146,15 +161,15 @@ impl Blocks {
             .write(true)
             .create(true)
             .truncate(false)
-            .open(self.path_of(id))
+            .open(self.path_of(id, replica))
             .map_err(|e| io_err(&format!("create data of file {id}"), &e))?;
-        Ok((self.open.lock().insert(id, Arc::new(f)), true))
+        Ok((self.open.lock().insert((id, replica), Arc::new(f)), true))
     }
 
     /// Reads up to `len` bytes at `pos` of `id`'s extent file; stops early at
     /// its end (a missing file reads as empty).
-    pub fn read(&self, id: FileId, pos: u64, len: usize) -> Result<Bytes, WireError> {
-        let Some(f) = self.existing(id)? else {
+    pub fn read(&self, id: FileId, replica: u8, pos: u64, len: usize) -> Result<Bytes, WireError> {
+        let Some(f) = self.existing(id, replica)? else {
             return Ok(Bytes::new());
         };
         let mut buf = BytesMut::zeroed(len);
@@ -176,12 +191,13 @@ impl Blocks {
     pub fn write(
         &self,
         id: FileId,
+        replica: u8,
         pos: u64,
         data: &[u8],
         sync: bool,
         store: &Store,
     ) -> Result<(), WireError> {
-        let (f, created) = self.create(id, store)?;
+        let (f, created) = self.create(id, replica, store)?;
         f.write_all_at(data, pos)
             .map_err(|e| io_err(&format!("write data of file {id}"), &e))?;
         if sync {
@@ -202,8 +218,8 @@ impl Blocks {
 
     /// Shrinks `id`'s extent file to `len` bytes if it is longer. Never grows
     /// it: bytes past the end read as zeros anyway.
-    pub fn truncate(&self, id: FileId, len: u64) -> Result<(), WireError> {
-        let Some(f) = self.existing(id)? else {
+    pub fn truncate(&self, id: FileId, replica: u8, len: u64) -> Result<(), WireError> {
+        let Some(f) = self.existing(id, replica)? else {
             return Ok(());
         };
         let what = format!("truncate data of file {id}");
@@ -214,22 +230,30 @@ impl Blocks {
         Ok(())
     }
 
-    /// Removes `id`'s extent file and its record.
+    /// Removes every extent file of `id` (all copies) and its record.
     pub fn delete(&self, id: FileId, store: &Store) -> Result<(), WireError> {
-        self.open.lock().remove(id);
-        match std::fs::remove_file(self.path_of(id)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_err(&format!("remove data of file {id}"), &e)),
+        for r in 0..MAX_REPLICAS {
+            self.open.lock().remove((id, r));
+            match std::fs::remove_file(self.path_of(id, r)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(&format!("remove data of file {id}"), &e)),
+            }
         }
         store.remove_data_file(id)
     }
 
-    /// Flushes `id`'s extent file and its directory entry, if it exists.
+    /// Flushes every extent file of `id` and its directory entry.
     pub fn sync_file(&self, id: FileId) -> Result<(), WireError> {
-        if let Some(f) = self.existing(id)? {
-            f.sync_all()
-                .map_err(|e| io_err(&format!("flush data of file {id}"), &e))?;
+        let mut any = false;
+        for r in 0..MAX_REPLICAS {
+            if let Some(f) = self.existing(id, r)? {
+                f.sync_all()
+                    .map_err(|e| io_err(&format!("flush data of file {id}"), &e))?;
+                any = true;
+            }
+        }
+        if any {
             self.sync_dir(id)?;
         }
         Ok(())
@@ -246,13 +270,24 @@ impl Blocks {
         Ok(())
     }
 
-    /// Bytes allocated on disk for `id`'s extent file; `None` if it is missing.
+    /// Bytes allocated on disk for `id`'s extent files (all copies); `None`
+    /// if there are none.
     pub fn allocated(&self, id: FileId) -> Result<Option<u64>, WireError> {
-        match std::fs::metadata(self.path_of(id)) {
-            Ok(m) => Ok(Some(m.blocks().saturating_mul(512))),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io_err(&format!("stat data of file {id}"), &e)),
+        let mut total = None;
+        for r in 0..MAX_REPLICAS {
+            match std::fs::metadata(self.path_of(id, r)) {
+                Ok(m) => {
+                    total = Some(
+                        total
+                            .unwrap_or(0u64)
+                            .saturating_add(m.blocks().saturating_mul(512)),
+                    )
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(&format!("stat data of file {id}"), &e)),
+            }
         }
+        Ok(total)
     }
 }
 
@@ -280,16 +315,16 @@ mod tests {
             clock: 0,
             cap: 2,
         };
-        l.insert(1, mk("a"));
-        l.insert(2, mk("b"));
-        assert!(l.get(1).is_some());
-        l.insert(3, mk("c"));
-        assert!(l.get(2).is_none(), "least recently used was evicted");
-        assert!(l.get(1).is_some());
-        assert!(l.get(3).is_some());
+        l.insert((1, 0), mk("a"));
+        l.insert((2, 0), mk("b"));
+        assert!(l.get((1, 0)).is_some());
+        l.insert((3, 0), mk("c"));
+        assert!(l.get((2, 0)).is_none(), "least recently used was evicted");
+        assert!(l.get((1, 0)).is_some());
+        assert!(l.get((3, 0)).is_some());
         assert_eq!(l.files.len(), 2);
         assert_eq!(l.order.len(), 2);
-        l.remove(1);
+        l.remove((1, 0));
         assert_eq!(l.files.len(), 1);
         assert_eq!(l.order.len(), 1);
     }

@@ -19,6 +19,7 @@ use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
 use crate::blocks::Blocks;
+use crate::blocks::MAX_REPLICAS;
 use crate::leases::{Acquired, ClientId, Effects, LeaseTable, Millis, Recall, Ticket};
 use crate::load::{IoKind, Load};
 use crate::store::{check_name, check_new_name, FormatOutcome, Formatted, Store};
@@ -457,9 +458,10 @@ impl Server {
             Request::Read {
                 id,
                 index,
+                replica,
                 offset,
                 len,
-            } => match self.read(&vol, id, index, offset, len).await {
+            } => match self.read(&vol, id, index, replica, offset, len).await {
                 Ok(data) => (Ok(Reply::Data), data),
                 Err(e) => plain(Err(e)),
             },
@@ -556,10 +558,20 @@ impl Server {
         vol: &Formatted,
         id: FileId,
         index: u64,
+        replica: u8,
         offset: u32,
         len: u64,
     ) -> Result<u64, WireError> {
         let unit = u64::from(vol.layout.unit);
+        if u32::from(replica) >= vol.layout.replicas {
+            return Err(err(
+                ErrorCode::Invalid,
+                format!(
+                    "copy {replica} asked for; the volume keeps {}",
+                    vol.layout.replicas
+                ),
+            ));
+        }
         if index == 0 {
             return Err(err(ErrorCode::Invalid, "block index 0 is the inode"));
         }
@@ -580,12 +592,12 @@ impl Server {
                 format!("block {index} lies past the largest file size {MAX_FILE_SIZE}"),
             ));
         }
-        let server = vol.layout.block_server(id, index);
+        let server = vol.layout.replica_server(id, index, u32::from(replica));
         if server != vol.index {
             return Err(err(
                 ErrorCode::Invalid,
                 format!(
-                    "block {index} of file {id} belongs to server {server}; this is server {}",
+                    "copy {replica} of block {index} of file {id} belongs to server {server}; this is server {}",
                     vol.index
                 ),
             ));
@@ -598,13 +610,14 @@ impl Server {
         vol: &Formatted,
         id: FileId,
         index: u64,
+        replica: u8,
         offset: u32,
         len: u32,
     ) -> Result<Bytes, WireError> {
-        let pos = Self::block_pos(vol, id, index, offset, u64::from(len))?;
+        let pos = Self::block_pos(vol, id, index, replica, offset, u64::from(len))?;
         let blocks = self.blocks.clone();
         let _busy = self.load.begin(IoKind::Read);
-        blocking(move || blocks.read(id, pos, len as usize)).await
+        blocking(move || blocks.read(id, replica, pos, len as usize)).await
     }
 
     async fn metadata_op(
@@ -730,14 +743,15 @@ impl Server {
             Request::Write {
                 id,
                 index,
+                replica,
                 offset,
                 sync,
             } => {
-                let pos = Self::block_pos(vol, id, index, offset, payload.len() as u64)?;
+                let pos = Self::block_pos(vol, id, index, replica, offset, payload.len() as u64)?;
                 self.check_reserve(payload.len() as u64)?;
                 let blocks = self.blocks.clone();
                 let _busy = self.load.begin(IoKind::Write);
-                blocking(move || blocks.write(id, pos, &payload, sync, &store)).await?;
+                blocking(move || blocks.write(id, replica, pos, &payload, sync, &store)).await?;
                 Ok(Reply::Ok)
             }
             Request::Truncate { id, size } => {
@@ -747,9 +761,23 @@ impl Server {
                         format!("size {size} exceeds {MAX_FILE_SIZE}"),
                     ));
                 }
-                let len = vol.layout.local_len_for_size(id, vol.index, size);
+                // Each copy this server keeps has its own extent file.
+                let lens: Vec<(u8, u64)> = (0..vol.layout.replicas.min(u32::from(MAX_REPLICAS)))
+                    .map(|r| {
+                        (
+                            r as u8,
+                            vol.layout.replica_local_len(id, vol.index, r, size),
+                        )
+                    })
+                    .collect();
                 let blocks = self.blocks.clone();
-                blocking(move || blocks.truncate(id, len)).await?;
+                blocking(move || {
+                    for (r, len) in lens {
+                        blocks.truncate(id, r, len)?;
+                    }
+                    Ok(())
+                })
+                .await?;
                 Ok(Reply::Ok)
             }
             Request::DeleteData { id } => {

@@ -136,6 +136,7 @@ impl Client {
         let req = Request::Write {
             id,
             index,
+            replica: 0,
             offset,
             sync: false,
         };
@@ -149,6 +150,7 @@ impl Client {
         let req = Request::Read {
             id,
             index,
+            replica: 0,
             offset,
             len,
         };
@@ -516,6 +518,7 @@ async fn block_data() {
     let bad_read = |index, offset, len| Request::Read {
         id,
         index,
+        replica: 0,
         offset,
         len,
     };
@@ -523,6 +526,15 @@ async fn block_data() {
     assert_eq!(c.code(bad_read(1, UNIT, 1)).await, ErrorCode::Invalid);
     assert_eq!(c.code(bad_read(1, 1, UNIT)).await, ErrorCode::Invalid);
     assert_eq!(c.code(bad_read(1, 0, u32::MAX)).await, ErrorCode::Invalid);
+    // A copy the volume does not keep.
+    let other_copy = Request::Read {
+        id,
+        index: 1,
+        replica: 1,
+        offset: 0,
+        len: 1,
+    };
+    assert_eq!(c.code(other_copy).await, ErrorCode::Invalid);
     assert_eq!(
         c.code(bad_read(u64::MAX, 0, 1)).await,
         ErrorCode::FileTooBig
@@ -530,6 +542,7 @@ async fn block_data() {
     let too_long = Request::Write {
         id,
         index: 1,
+        replica: 0,
         offset: 1,
         sync: true,
     };
@@ -543,6 +556,7 @@ async fn block_data() {
     let sw = Request::Write {
         id,
         index: 2,
+        replica: 0,
         offset: 0,
         sync: true,
     };
@@ -624,6 +638,7 @@ async fn inodes_and_blocks_of_other_servers_are_refused() {
         c.code(Request::Read {
             id: f.id,
             index: 1,
+            replica: 0,
             offset: 0,
             len: 1
         })

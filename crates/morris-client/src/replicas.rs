@@ -1,0 +1,207 @@
+//! Reading a block from one of its copies (volumes with `replicas > 1`).
+//!
+//! The client keeps, per server, the data requests it has in flight there
+//! and a moving average of how long they took. A read goes to the copy
+//! whose server scores best (average latency × (1 + requests in flight)),
+//! so one sequential reader draws on every server and a server slowed by
+//! other work (a hot spot) is read around. A read that takes much longer
+//! than its server's average is sent to the next copy as well (a hedged
+//! read) and the first answer wins; a copy that fails is read from the next.
+//! See docs/architecture.md ("Mirrored blocks").
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::stream::{FuturesUnordered, StreamExt};
+use morris_proto::FileId;
+
+use crate::pool::Pool;
+use crate::{Error, Result};
+
+/// Latency assumed for a server nothing has been read from yet.
+const UNKNOWN_NS: u64 = 500_000;
+/// A read is hedged after this many times its server's average latency...
+const HEDGE_FACTOR: u64 = 4;
+/// ...but never sooner than this, nor later than `HEDGE_MAX`.
+const HEDGE_MIN: Duration = Duration::from_millis(5);
+const HEDGE_MAX: Duration = Duration::from_millis(500);
+
+#[derive(Default)]
+struct ServerLoad {
+    inflight: AtomicU32,
+    /// Moving average (weight 1/8) of data request latency, ns; 0: none yet.
+    ewma_ns: AtomicU64,
+}
+
+/// What this client sees of each server's data load.
+pub(crate) struct Loads {
+    servers: Vec<ServerLoad>,
+}
+
+/// One data request in flight at a server; records its latency when done.
+pub(crate) struct Busy<'a> {
+    load: &'a ServerLoad,
+    start: Instant,
+    done: bool,
+}
+
+impl Busy<'_> {
+    /// The request answered: its latency counts in the average.
+    pub(crate) fn finish(mut self) {
+        let ns = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let _ = self
+            .load
+            .ewma_ns
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                Some(if old == 0 { ns } else { old - old / 8 + ns / 8 })
+            });
+        self.done = true;
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            // Abandoned (a hedge won) or failed: still a slow sample, so a
+            // stuck server's average grows instead of staying flattering.
+            let ns = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            let _ = self
+                .load
+                .ewma_ns
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                    Some(old.max(ns))
+                });
+        }
+        self.load.inflight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Loads {
+    /// Load views of `n` servers.
+    pub(crate) fn new(n: u32) -> Self {
+        Loads {
+            servers: (0..n).map(|_| ServerLoad::default()).collect(),
+        }
+    }
+
+    fn get(&self, s: u32) -> Option<&ServerLoad> {
+        self.servers.get(s as usize)
+    }
+
+    fn latency_ns(&self, s: u32) -> u64 {
+        match self.get(s).map(|l| l.ewma_ns.load(Ordering::Relaxed)) {
+            Some(0) | None => UNKNOWN_NS,
+            Some(ns) => ns,
+        }
+    }
+
+    fn score(&self, s: u32) -> u64 {
+        let inflight = self
+            .get(s)
+            .map_or(0, |l| l.inflight.load(Ordering::Relaxed));
+        self.latency_ns(s)
+            .max(1)
+            .saturating_mul(1 + u64::from(inflight))
+    }
+
+    /// The best server of `candidates` not in `tried`.
+    pub(crate) fn pick(&self, candidates: &[(u8, u32)], tried: &[u8]) -> Option<(u8, u32)> {
+        candidates
+            .iter()
+            .filter(|(r, _)| !tried.contains(r))
+            .min_by_key(|(_, s)| self.score(*s))
+            .copied()
+    }
+
+    /// Counts a data request at server `s` until the guard is finished or dropped.
+    pub(crate) fn begin(&self, s: u32) -> Option<Busy<'_>> {
+        let load = self.get(s)?;
+        load.inflight.fetch_add(1, Ordering::Relaxed);
+        Some(Busy {
+            load,
+            start: Instant::now(),
+            done: false,
+        })
+    }
+
+    /// How long to wait for server `s` before asking another copy too.
+    pub(crate) fn hedge_after(&self, s: u32) -> Duration {
+        Duration::from_nanos(self.latency_ns(s).saturating_mul(HEDGE_FACTOR))
+            .clamp(HEDGE_MIN, HEDGE_MAX)
+    }
+}
+
+/// Reads `len` bytes at `off` of block `index` of `id` from one of its
+/// copies (`placement`: server of copy 0, 1, ...), choosing, hedging and
+/// failing over as the module describes.
+pub(crate) async fn fetch_any(
+    pool: Arc<Pool>,
+    loads: Arc<Loads>,
+    placement: Vec<u32>,
+    id: FileId,
+    index: u64,
+    off: u32,
+    len: u32,
+) -> Result<Bytes> {
+    let copies: Vec<(u8, u32)> = placement
+        .iter()
+        .enumerate()
+        .map(|(r, s)| (r as u8, *s))
+        .collect();
+    let mut tried: Vec<u8> = Vec::new();
+    let mut running = FuturesUnordered::new();
+    let mut last_err: Option<Error> = None;
+    let start_one = |tried: &mut Vec<u8>| {
+        let (r, s) = loads.pick(&copies, tried)?;
+        tried.push(r);
+        let (pool, loads) = (pool.clone(), loads.clone());
+        Some((s, async move {
+            let busy = loads.begin(s);
+            let out = crate::io::fetch_copy(&pool, s, id, index, r, off, len, true).await;
+            if out.is_ok() {
+                if let Some(b) = busy {
+                    b.finish();
+                }
+            }
+            (s, out)
+        }))
+    };
+    let (s, first) = start_one(&mut tried)
+        .ok_or_else(|| Error::new(morris_proto::ErrorCode::Io, "block has no copies"))?;
+    let mut hedge_in = loads.hedge_after(s);
+    running.push(first);
+    loop {
+        let hedge = tokio::time::sleep(hedge_in);
+        tokio::select! {
+            done = running.next() => match done {
+                Some((_, Ok(data))) => return Ok(data),
+                Some((s, Err(e))) => {
+                    tracing::debug!(server = s, id, index, error = %e, "reading a copy failed; trying another");
+                    last_err = Some(e);
+                    match start_one(&mut tried) {
+                        Some((_, f)) => running.push(f),
+                        None if running.is_empty() => break,
+                        None => {}
+                    }
+                }
+                None => break,
+            },
+            () = hedge => {
+                if let Some((_, f)) = start_one(&mut tried) {
+                    tracing::trace!(id, index, "hedged read");
+                    running.push(f);
+                }
+                hedge_in = HEDGE_MAX;
+            }
+        }
+    }
+    // Every copy failed at once: wait for the first copy's server as a
+    // volume without copies would (reconnects, restart grace).
+    let s = placement.first().copied().unwrap_or(0);
+    match crate::io::fetch_copy(&pool, s, id, index, 0, off, len, false).await {
+        Ok(d) => Ok(d),
+        Err(e) => Err(last_err.unwrap_or(e)),
+    }
+}
