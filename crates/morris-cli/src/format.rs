@@ -213,12 +213,13 @@ mod tests {
         let d = new_descriptor(servers.clone(), 1 << 20, 1).unwrap();
         assert_eq!(d.servers, servers);
         assert!(new_descriptor(servers.clone(), 1 << 20, 3).is_err());
-        // Mirroring is not implemented: a second copy is refused, not ignored.
-        let e = new_descriptor(servers.clone(), 1 << 20, 2).unwrap_err();
-        assert!(
-            e.to_string().contains("mirroring is not implemented"),
-            "{e}"
-        );
+        // Two copies on two servers; the description says what is mirrored.
+        let two = new_descriptor(servers.clone(), 1 << 20, 2).unwrap();
+        let text = describe(&two);
+        assert!(text.contains("2 copies of every data block"), "{text}");
+        assert!(text.contains("Not yet mirrored: inodes"), "{text}");
+        let four: Vec<String> = (1..=4).map(|i| format!("h{i}:1")).collect();
+        assert!(new_descriptor(four, 1 << 20, 4).is_err(), "at most 3 copies");
         assert!(new_descriptor(vec![], 1 << 20, 1).is_err());
         let text = describe(&d);
         assert!(text.contains(&d.uuid.to_string()));
