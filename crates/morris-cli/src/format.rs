@@ -219,7 +219,10 @@ mod tests {
         assert!(text.contains("2 copies of every data block"), "{text}");
         assert!(text.contains("Not yet mirrored: inodes"), "{text}");
         let four: Vec<String> = (1..=4).map(|i| format!("h{i}:1")).collect();
-        assert!(new_descriptor(four, 1 << 20, 4).is_err(), "at most 3 copies");
+        assert!(
+            new_descriptor(four, 1 << 20, 4).is_err(),
+            "at most 3 copies"
+        );
         assert!(new_descriptor(vec![], 1 << 20, 1).is_err());
         let text = describe(&d);
         assert!(text.contains(&d.uuid.to_string()));

@@ -27,22 +27,29 @@ const HEDGE_FACTOR: u64 = 4;
 /// ...but never sooner than this, nor later than `HEDGE_MAX`.
 const HEDGE_MIN: Duration = Duration::from_millis(5);
 const HEDGE_MAX: Duration = Duration::from_millis(500);
+/// A server not heard from for this long is tried again at the assumed
+/// latency: a penalty (a stall, a lost race) must not exclude it forever.
+const FORGET_AFTER_MS: u64 = 1000;
 
 #[derive(Default)]
 struct ServerLoad {
     inflight: AtomicU32,
     /// Moving average (weight 1/8) of data request latency, ns; 0: none yet.
     ewma_ns: AtomicU64,
+    /// When `ewma_ns` last changed, ms since `Loads::start`.
+    updated_ms: AtomicU64,
 }
 
 /// What this client sees of each server's data load.
 pub(crate) struct Loads {
     servers: Vec<ServerLoad>,
+    start: Instant,
 }
 
 /// One data request in flight at a server; records its latency when done.
 pub(crate) struct Busy<'a> {
     load: &'a ServerLoad,
+    loads: &'a Loads,
     start: Instant,
     done: bool,
 }
@@ -57,6 +64,9 @@ impl Busy<'_> {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
                 Some(if old == 0 { ns } else { old - old / 8 + ns / 8 })
             });
+        self.load
+            .updated_ms
+            .store(self.loads.now_ms(), Ordering::Relaxed);
         self.done = true;
     }
 }
@@ -73,6 +83,9 @@ impl Drop for Busy<'_> {
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
                     Some(old.max(ns))
                 });
+            self.load
+                .updated_ms
+                .store(self.loads.now_ms(), Ordering::Relaxed);
         }
         self.load.inflight.fetch_sub(1, Ordering::Relaxed);
     }
@@ -83,7 +96,12 @@ impl Loads {
     pub(crate) fn new(n: u32) -> Self {
         Loads {
             servers: (0..n).map(|_| ServerLoad::default()).collect(),
+            start: Instant::now(),
         }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     fn get(&self, s: u32) -> Option<&ServerLoad> {
@@ -91,9 +109,19 @@ impl Loads {
     }
 
     fn latency_ns(&self, s: u32) -> u64 {
-        match self.get(s).map(|l| l.ewma_ns.load(Ordering::Relaxed)) {
-            Some(0) | None => UNKNOWN_NS,
-            Some(ns) => ns,
+        let Some(l) = self.get(s) else {
+            return UNKNOWN_NS;
+        };
+        match l.ewma_ns.load(Ordering::Relaxed) {
+            0 => UNKNOWN_NS,
+            ns if self
+                .now_ms()
+                .saturating_sub(l.updated_ms.load(Ordering::Relaxed))
+                > FORGET_AFTER_MS =>
+            {
+                ns.min(UNKNOWN_NS)
+            }
+            ns => ns,
         }
     }
 
@@ -121,6 +149,7 @@ impl Loads {
         load.inflight.fetch_add(1, Ordering::Relaxed);
         Some(Busy {
             load,
+            loads: self,
             start: Instant::now(),
             done: false,
         })
@@ -203,5 +232,43 @@ pub(crate) async fn fetch_any(
     match crate::io::fetch_copy(&pool, s, id, index, 0, off, len, false).await {
         Ok(d) => Ok(d),
         Err(e) => Err(last_err.unwrap_or(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picks_the_faster_copy_and_forgets_old_penalties() {
+        let l = Loads::new(3);
+        let copies = [(0u8, 0u32), (1, 1)];
+        // Server 0 answered slowly, server 1 quickly.
+        l.servers[0].ewma_ns.store(50_000_000, Ordering::Relaxed);
+        l.servers[1].ewma_ns.store(200_000, Ordering::Relaxed);
+        assert_eq!(l.pick(&copies, &[]), Some((1, 1)));
+        assert_eq!(l.pick(&copies, &[1]), Some((0, 0)));
+        assert_eq!(l.pick(&copies, &[0, 1]), None);
+        // Requests in flight count against a server.
+        let busy: Vec<_> = (0..300).filter_map(|_| l.begin(1)).collect();
+        assert_eq!(l.pick(&copies, &[]), Some((0, 0)));
+        drop(busy);
+        assert_eq!(l.servers[1].inflight.load(Ordering::Relaxed), 0);
+        // A penalty not refreshed for a while no longer excludes server 0.
+        l.servers[0].updated_ms.store(0, Ordering::Relaxed);
+        l.servers[1]
+            .ewma_ns
+            .store(UNKNOWN_NS * 2, Ordering::Relaxed);
+        l.servers[1].updated_ms.store(u64::MAX, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(FORGET_AFTER_MS + 50));
+        assert_eq!(l.latency_ns(0), UNKNOWN_NS);
+        assert_eq!(l.pick(&copies, &[]), Some((0, 0)));
+        // Hedge delays stay within their bounds.
+        assert_eq!(l.hedge_after(2), HEDGE_MIN);
+        l.servers[2].ewma_ns.store(40_000_000, Ordering::Relaxed);
+        l.servers[2].updated_ms.store(u64::MAX, Ordering::Relaxed);
+        assert_eq!(l.hedge_after(2), Duration::from_millis(160));
+        l.servers[2].ewma_ns.store(1_000_000_000, Ordering::Relaxed);
+        assert_eq!(l.hedge_after(2), HEDGE_MAX);
     }
 }
