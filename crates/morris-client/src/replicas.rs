@@ -4,9 +4,12 @@
 //! and a moving average of how long they took. A read goes to the copy
 //! whose server scores best (average latency × (1 + requests in flight)),
 //! so one sequential reader draws on every server and a server slowed by
-//! other work (a hot spot) is read around. A read that takes much longer
-//! than its server's average is sent to the next copy as well (a hedged
-//! read) and the first answer wins; a copy that fails is read from the next.
+//! other work (a hot spot) is read around. A read whose server has answered
+//! nothing for much longer than its average (stalled, stopped, cut off) is
+//! sent to the next copy as well (a hedged read) and the first answer wins;
+//! a server that is merely busy keeps its requests (hedging those would
+//! double the traffic of a loaded volume). A copy that fails is read from
+//! the next.
 //! See docs/architecture.md ("Mirrored blocks").
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -22,11 +25,12 @@ use crate::{Error, Result};
 
 /// Latency assumed for a server nothing has been read from yet.
 const UNKNOWN_NS: u64 = 500_000;
-/// A read is hedged after this many times its server's average latency...
+/// A read is hedged once its server has answered nothing for this many
+/// times its average latency...
 const HEDGE_FACTOR: u64 = 4;
 /// ...but never sooner than this, nor later than `HEDGE_MAX`.
-const HEDGE_MIN: Duration = Duration::from_millis(5);
-const HEDGE_MAX: Duration = Duration::from_millis(500);
+const HEDGE_MIN: Duration = Duration::from_millis(20);
+const HEDGE_MAX: Duration = Duration::from_millis(1000);
 /// A server not heard from for this long is tried again at the assumed
 /// latency: a penalty (a stall, a lost race) must not exclude it forever.
 const FORGET_AFTER_MS: u64 = 1000;
@@ -38,6 +42,8 @@ struct ServerLoad {
     ewma_ns: AtomicU64,
     /// When `ewma_ns` last changed, ms since `Loads::start`.
     updated_ms: AtomicU64,
+    /// When a request to this server last succeeded, ms since `Loads::start`.
+    answered_ms: AtomicU64,
 }
 
 /// What this client sees of each server's data load.
@@ -64,9 +70,9 @@ impl Busy<'_> {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
                 Some(if old == 0 { ns } else { old - old / 8 + ns / 8 })
             });
-        self.load
-            .updated_ms
-            .store(self.loads.now_ms(), Ordering::Relaxed);
+        let now = self.loads.now_ms();
+        self.load.updated_ms.store(now, Ordering::Relaxed);
+        self.load.answered_ms.store(now, Ordering::Relaxed);
         self.done = true;
     }
 }
@@ -74,14 +80,14 @@ impl Busy<'_> {
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
         if !self.done {
-            // Abandoned (a hedge won) or failed: still a slow sample, so a
+            // Abandoned (a hedge won) or failed: at least this slow, so a
             // stuck server's average grows instead of staying flattering.
             let ns = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
             let _ = self
                 .load
                 .ewma_ns
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
-                    Some(old.max(ns))
+                    Some(if old == 0 { ns } else { old - old / 8 + ns / 8 })
                 });
             self.load
                 .updated_ms
@@ -155,8 +161,29 @@ impl Loads {
         })
     }
 
-    /// How long to wait for server `s` before asking another copy too.
+    /// Whether server `s` has answered nothing for `quiet` (stalled rather
+    /// than busy).
+    pub(crate) fn silent_for(&self, s: u32, quiet: Duration) -> bool {
+        let Some(l) = self.get(s) else {
+            return true;
+        };
+        let quiet_ms = u64::try_from(quiet.as_millis()).unwrap_or(u64::MAX);
+        self.now_ms()
+            .saturating_sub(l.answered_ms.load(Ordering::Relaxed))
+            >= quiet_ms
+    }
+
+    /// How long server `s` may stay silent before a read waiting on it is
+    /// asked of another copy too.
     pub(crate) fn hedge_after(&self, s: u32) -> Duration {
+        let known = self
+            .get(s)
+            .is_some_and(|l| l.ewma_ns.load(Ordering::Relaxed) > 0);
+        if !known {
+            // Nothing measured yet (a new client): be patient rather than
+            // double the first burst of reads.
+            return HEDGE_MAX;
+        }
         Duration::from_nanos(self.latency_ns(s).saturating_mul(HEDGE_FACTOR))
             .clamp(HEDGE_MIN, HEDGE_MAX)
     }
@@ -197,9 +224,9 @@ pub(crate) async fn fetch_any(
             (s, out)
         }))
     };
-    let (s, first) = start_one(&mut tried)
+    let (mut waiting_on, first) = start_one(&mut tried)
         .ok_or_else(|| Error::new(morris_proto::ErrorCode::Io, "block has no copies"))?;
-    let mut hedge_in = loads.hedge_after(s);
+    let mut hedge_in = loads.hedge_after(waiting_on);
     running.push(first);
     loop {
         let hedge = tokio::time::sleep(hedge_in);
@@ -210,7 +237,11 @@ pub(crate) async fn fetch_any(
                     tracing::debug!(server = s, id, index, error = %e, "reading a copy failed; trying another");
                     last_err = Some(e);
                     match start_one(&mut tried) {
-                        Some((_, f)) => running.push(f),
+                        Some((s, f)) => {
+                            waiting_on = s;
+                            hedge_in = loads.hedge_after(s);
+                            running.push(f);
+                        }
                         None if running.is_empty() => break,
                         None => {}
                     }
@@ -218,11 +249,15 @@ pub(crate) async fn fetch_any(
                 None => break,
             },
             () = hedge => {
-                if let Some((_, f)) = start_one(&mut tried) {
-                    tracing::trace!(id, index, "hedged read");
-                    running.push(f);
+                // Busy but answering: keep waiting. Silent: ask another copy.
+                if loads.silent_for(waiting_on, hedge_in) {
+                    if let Some((s, f)) = start_one(&mut tried) {
+                        tracing::debug!(id, index, stalled = waiting_on, to = s, "hedged read");
+                        waiting_on = s;
+                        running.push(f);
+                    }
                 }
-                hedge_in = HEDGE_MAX;
+                hedge_in = loads.hedge_after(waiting_on);
             }
         }
     }
@@ -263,11 +298,17 @@ mod tests {
         std::thread::sleep(Duration::from_millis(FORGET_AFTER_MS + 50));
         assert_eq!(l.latency_ns(0), UNKNOWN_NS);
         assert_eq!(l.pick(&copies, &[]), Some((0, 0)));
-        // Hedge delays stay within their bounds.
-        assert_eq!(l.hedge_after(2), HEDGE_MIN);
+        // Hedge delays stay within their bounds; unmeasured servers get the longest.
+        assert_eq!(l.hedge_after(2), HEDGE_MAX);
         l.servers[2].ewma_ns.store(40_000_000, Ordering::Relaxed);
         l.servers[2].updated_ms.store(u64::MAX, Ordering::Relaxed);
         assert_eq!(l.hedge_after(2), Duration::from_millis(160));
+        // Silence: server 2 never answered; server 1 just did.
+        assert!(l.silent_for(2, Duration::from_millis(10)) || l.now_ms() < 10);
+        l.servers[1]
+            .answered_ms
+            .store(l.now_ms(), Ordering::Relaxed);
+        assert!(!l.silent_for(1, Duration::from_millis(500)));
         l.servers[2].ewma_ns.store(1_000_000_000, Ordering::Relaxed);
         assert_eq!(l.hedge_after(2), HEDGE_MAX);
     }
