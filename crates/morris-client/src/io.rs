@@ -43,11 +43,16 @@ struct ReadAhead {
     misses: u32,
     /// Whole blocks being fetched or fetched, by index.
     blocks: BTreeMap<u64, Fetch>,
+    /// The furthest block this stream has fetched (read or prefetched):
+    /// readahead never fetches at or below it again, so blocks that reads
+    /// arriving out of order already consumed are not fetched twice.
+    fetched_to: u64,
 }
 
 impl ReadAhead {
     fn clear(&mut self) {
         self.blocks.clear();
+        self.fetched_to = 0;
     }
 }
 
@@ -182,9 +187,19 @@ impl Client {
                 ra.clear();
                 ra.tag = tag;
             }
-            let near = offset <= ra.next.saturating_add(2 * unit)
-                && offset.saturating_add(2 * unit) >= ra.next;
-            let sequential = offset == 0 || (ra.next > 0 && near);
+            // Pipelined readers (an NFS client with several READs in flight,
+            // FUSE with several threads) arrive out of order within the
+            // window: a read landing anywhere in it, or on a block already
+            // being fetched, is still the same sequential stream.
+            let slack = ra.window.max(2 * unit);
+            let near =
+                offset <= ra.next.saturating_add(slack) && offset.saturating_add(slack) >= ra.next;
+            let behind = (slack / unit).max(2);
+            let in_stream = ra.fetched_to > 0
+                && first <= ra.fetched_to.saturating_add(1)
+                && first.saturating_add(behind + 2) >= ra.fetched_to;
+            let sequential =
+                offset == 0 || (ra.next > 0 && near) || in_stream || ra.blocks.contains_key(&first);
             if sequential {
                 ra.misses = 0;
                 ra.window = (ra.window * 2).clamp(2 * unit, self.config.readahead_max.max(unit));
@@ -196,9 +211,11 @@ impl Client {
                     ra.clear();
                 }
                 ra.next = end;
+                ra.fetched_to = 0;
             }
-            // Drop blocks behind the reader.
-            ra.blocks = ra.blocks.split_off(&first);
+            // Drop blocks well behind the reader; those just behind may
+            // still be wanted by reads that arrive late.
+            ra.blocks = ra.blocks.split_off(&first.saturating_sub(behind));
             for i in first..=last {
                 let bstart = self.layout.block_start(i);
                 let from = offset.max(bstart) - bstart;
@@ -222,14 +239,16 @@ impl Client {
                     parts.push((0, to - from, h));
                 }
             }
+            ra.fetched_to = ra.fetched_to.max(last);
             if ra.window > 0 {
                 let ahead = (ra.window / unit).max(1);
                 let stop = last.saturating_add(ahead).min(last_in_file);
-                for i in (last + 1)..=stop {
+                for i in (ra.fetched_to + 1)..=stop {
                     if let std::collections::btree_map::Entry::Vacant(v) = ra.blocks.entry(i) {
                         v.insert(self.spawn_fetch(f.id, i, 0, block_len(i)));
                     }
                 }
+                ra.fetched_to = ra.fetched_to.max(stop);
             }
         }
         drop(g);

@@ -142,6 +142,54 @@ async fn files_are_striped_and_read_back() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pipelined_out_of_order_reads_fetch_each_block_once() {
+    let c = cluster(4, 64 << 10).await;
+    let cl = connect(&c).await;
+    let f = cl
+        .create(ROOT_ID, b"pipe", FileKind::File, 0o644, 0, true, &me())
+        .await
+        .unwrap();
+    let fh = cl.open(f.id, true, false).await.unwrap();
+    let data = pattern(8 << 20, 3);
+    for (i, chunk) in data.chunks(1 << 20).enumerate() {
+        cl.write(fh, (i << 20) as u64, Bytes::copy_from_slice(chunk))
+            .await
+            .unwrap();
+    }
+    cl.release(fh).await.unwrap();
+    let reads_before = |cl: &Client| {
+        cl.stats()
+            .requests
+            .iter()
+            .find(|(n, _)| n == "Read")
+            .map_or(0, |(_, c)| *c)
+    };
+    let before = reads_before(&cl);
+    let fh = cl.open(f.id, false, false).await.unwrap();
+    // 64 KiB reads, 8 in flight, each group issued in reverse order (as a
+    // pipelined NFS client's READs may arrive).
+    let chunk = 64u64 << 10;
+    let mut got = vec![0u8; data.len()];
+    for group in (0..data.len() as u64 / chunk).collect::<Vec<_>>().chunks(8) {
+        let reads = group.iter().rev().map(|&i| {
+            let cl = cl.clone();
+            async move { (i, cl.read(fh, i * chunk, chunk as u32).await.unwrap()) }
+        });
+        for (i, b) in futures::future::join_all(reads).await {
+            got[(i * chunk) as usize..((i + 1) * chunk) as usize].copy_from_slice(&b);
+        }
+    }
+    cl.release(fh).await.unwrap();
+    assert!(got == data, "content differs");
+    let blocks = data.len() as u64 / chunk;
+    let sent = reads_before(&cl) - before;
+    assert!(
+        sent <= blocks + blocks / 8,
+        "{sent} Read requests for {blocks} blocks read once each"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sparse_files_and_truncate() {
     let c = cluster(3, 16 << 10).await;
     let cl = connect(&c).await;
