@@ -5,17 +5,19 @@
 links --client-rate, slower than a server's so that the servers have spare
 capacity, as in the CEFT runs), each client reading its own file of --size
 at once through its own FUSE mount (cold caches). Measured for --replicas 1
-and 2, each without and with a hot spot on server h1.
+and 2, each without and with a hot spot on server h2.
 
 The hot spot: on these machines every "host" shares one disk and one CPU;
-only a host's link is its own. A program on h1 that stresses h1's *disk*
+only a host's link is its own. A program on h2 that stresses h2's *disk*
 (the paper's Figure 8, synchronous 1 MiB appends) would slow all four
-servers alike, which is not a hot spot. So the "other application" on h1
-here competes for h1's own resource, its link: --stress-streams TCP streams
-sending as fast as they can from h1 to a sink host (h8), sharing h1's
+servers alike, which is not a hot spot. So the "other application" on h2
+here competes for h2's own resource, its link: --stress-streams TCP streams
+sending as fast as they can from h2 to a sink host (h8), sharing h2's
 shaped uplink with morris (FIFO tbf: roughly by stream count). With
---fig8 the Figure 8 program runs on h1 as well (it loads the shared disk,
-i.e. every server; reported for completeness).
+--fig8 the Figure 8 program runs on h2 as well (it loads the shared disk,
+i.e. every server; reported for completeness). The hot server is h2, not h1:
+h1 owns the root directory, and metadata is not mirrored yet, so a hot root
+owner slows every client's lookups whatever the data copies do.
 
 Prints a table (medians of --runs), writes bench/results-hotspot.json and
 docs/hotspot.png. Usage (root):
@@ -132,7 +134,7 @@ def main():
     results = {}
     with Cluster(9, srate, rates=rates, prefix=a.prefix, subnet=a.subnet) as cl:
         srv, cli, sink = cl.hosts[:4], cl.hosts[4:8], cl.hosts[8]
-        hot = srv[1]
+        hot = srv[2]  # not the root directory's owner (server 1): see docs/benchmarks.md
         cl.verify(log=log)
         for r in [int(x) for x in a.replicas.split(",")]:
             mo = Morris(cl, srv, port=7710 + r, replicas=r)

@@ -216,7 +216,7 @@ impl Client {
             loop {
                 tokio::time::sleep(period).await;
                 let Some(p) = weak_pool.upgrade() else { break };
-                p.renew_quiet().await;
+                p.renew_quiet();
                 if let Some(l) = weak_leases.upgrade() {
                     l.expire_stale();
                 }

@@ -37,6 +37,8 @@ struct Slot {
     /// granted in and are worthless in any other.
     term: AtomicU64,
     last_ok: AtomicU64,
+    /// A renewal of this server is in flight (at most one at a time).
+    renewing: std::sync::atomic::AtomicBool,
 }
 
 /// Called with a server index whose lease table was lost (new epoch).
@@ -139,6 +141,7 @@ impl Pool {
                     epoch: AtomicU64::new(0),
                     term: AtomicU64::new(1),
                     last_ok: AtomicU64::new(0),
+                    renewing: std::sync::atomic::AtomicBool::new(false),
                 })
                 .collect(),
             lease,
@@ -365,26 +368,30 @@ impl Pool {
     }
 
     /// Sends `Renew` to every connected server that has been quiet for a
-    /// quarter of the lease. Run periodically.
-    pub(crate) async fn renew_quiet(&self) {
+    /// quarter of the lease (each in its own task). Run periodically.
+    pub(crate) fn renew_quiet(self: &Arc<Self>) {
         let quarter = (self.lease / 4).as_nanos() as u64;
-        let mut calls = Vec::new();
         for (i, s) in self.slots.iter().enumerate() {
             let alive = s.current.read().as_ref().is_some_and(|c| !c.is_closed());
-            if alive
-                && self
-                    .now_ns()
-                    .saturating_sub(s.last_ok.load(Ordering::SeqCst))
-                    > quarter
-            {
-                calls.push(async move {
-                    if let Err(e) = self.call(i as u32, Request::Renew, Bytes::new()).await {
+            let quiet = self
+                .now_ns()
+                .saturating_sub(s.last_ok.load(Ordering::SeqCst))
+                > quarter;
+            // One task per server, not awaited here: a server slow to answer
+            // (its reply queued behind bulk data on a saturated link) must
+            // not hold up the renewal of the others.
+            if alive && quiet && !s.renewing.swap(true, Ordering::SeqCst) {
+                let pool = self.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = pool.call(i as u32, Request::Renew, Bytes::new()).await {
                         debug!(server = i, error = %e, "renew failed");
+                    }
+                    if let Some(s) = pool.slots.get(i) {
+                        s.renewing.store(false, Ordering::SeqCst);
                     }
                 });
             }
         }
-        futures::future::join_all(calls).await;
     }
 
     pub(crate) fn counters(&self) -> Vec<(String, u64)> {
