@@ -35,6 +35,7 @@ import time
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
 
+from cluster.cli import parse_size  # noqa: E402
 from cluster.hosts import Cluster, ShapingError, parse_rate  # noqa: E402
 from cluster.systems import MiB, Morris, cold, concurrent_reads, fuse_reader, write_file  # noqa: E402
 
@@ -78,12 +79,6 @@ while True:
 
 def log(*a):
     print(*a, file=sys.stderr, flush=True)
-
-
-def parse_size(s):
-    s = s.strip().upper().rstrip("B").rstrip("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(float(s[:-1]) * mult[s[-1]]) if s and s[-1] in mult else int(s)
 
 
 def start_stress(cl, hot, sink, a):

@@ -61,8 +61,8 @@ pub(crate) struct Busy<'a> {
 }
 
 impl Busy<'_> {
-    /// The request answered: its latency counts in the average.
-    pub(crate) fn finish(mut self) {
+    /// Adds this request's latency so far to its server's average.
+    fn sample(&self) -> u64 {
         let ns = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let _ = self
             .load
@@ -72,6 +72,12 @@ impl Busy<'_> {
             });
         let now = self.loads.now_ms();
         self.load.updated_ms.store(now, Ordering::Relaxed);
+        now
+    }
+
+    /// The request answered: its latency counts in the average.
+    pub(crate) fn finish(mut self) {
+        let now = self.sample();
         self.load.answered_ms.store(now, Ordering::Relaxed);
         self.done = true;
     }
@@ -82,16 +88,7 @@ impl Drop for Busy<'_> {
         if !self.done {
             // Abandoned (a hedge won) or failed: at least this slow, so a
             // stuck server's average grows instead of staying flattering.
-            let ns = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-            let _ = self
-                .load
-                .ewma_ns
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
-                    Some(if old == 0 { ns } else { old - old / 8 + ns / 8 })
-                });
-            self.load
-                .updated_ms
-                .store(self.loads.now_ms(), Ordering::Relaxed);
+            self.sample();
         }
         self.load.inflight.fetch_sub(1, Ordering::Relaxed);
     }
