@@ -215,6 +215,37 @@ fn fsinfo_pathconf_create_modes_setattr_guard_commit_readdir_and_bad_handles() {
     assert_eq!(setattr(&mut raw, ctime), 0, "SETATTR with the right guard");
     assert_eq!(word(&getattr(&mut raw, &g).1, 4) & 0o7777, 0o600);
 
+    // SETATTR of times: mtime and atime set to a client time stick.
+    let mut a = fh_arg(&g);
+    for w in [0u32, 0, 0, 0] {
+        a.extend_from_slice(&w.to_be_bytes()); // mode, uid, gid, size: not set
+    }
+    for (secs, nsecs) in [(1_000_000_000u32, 5u32), (1_234_567_890, 789)] {
+        a.extend_from_slice(&2u32.to_be_bytes()); // SET_TO_CLIENT_TIME
+        a.extend_from_slice(&secs.to_be_bytes());
+        a.extend_from_slice(&nsecs.to_be_bytes());
+    }
+    a.extend_from_slice(&0u32.to_be_bytes()); // no guard
+    assert_eq!(word(&raw.call(NFS, 2, &a), 0), 0, "SETATTR of times");
+    let attr = getattr(&mut raw, &g).1;
+    assert_eq!(
+        (
+            word(&attr, 60),
+            word(&attr, 64),
+            word(&attr, 68),
+            word(&attr, 72)
+        ),
+        (1_000_000_000, 5, 1_234_567_890, 789),
+        "atime/mtime after SETATTR"
+    );
+
+    // FILE_SYNC and DATA_SYNC writes answer as stable as asked.
+    for stable in [2u32, 1] {
+        let (s, committed, _) = raw.write_how(&g, b"stable", stable);
+        assert_eq!(s, 0);
+        assert!(committed >= stable, "asked {stable}, answered {committed}");
+    }
+
     // WRITE UNSTABLE, then COMMIT: the same verifier; READ sees the data,
     // and a READ past the end is an empty eof.
     let (s, _, wverf) = raw.write(&g, b"commit me");

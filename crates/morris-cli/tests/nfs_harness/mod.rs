@@ -300,13 +300,19 @@ impl Raw {
         Raw::opaque_at(&r, 4)
     }
 
-    /// An UNSTABLE WRITE; returns (status, committed, verifier).
+    /// An UNSTABLE WRITE at offset 0; returns (status, committed, verifier).
     pub fn write(&mut self, fh: &[u8], data: &[u8]) -> (u32, u32, [u8; 8]) {
+        self.write_how(fh, data, 0)
+    }
+
+    /// A WRITE at offset 0 with `stable` (0 UNSTABLE, 1 DATA_SYNC, 2
+    /// FILE_SYNC); returns (status, committed, verifier).
+    pub fn write_how(&mut self, fh: &[u8], data: &[u8], stable: u32) -> (u32, u32, [u8; 8]) {
         let mut a = Vec::new();
         xdr_opaque(&mut a, fh);
         a.extend_from_slice(&0u64.to_be_bytes());
         a.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        a.extend_from_slice(&0u32.to_be_bytes());
+        a.extend_from_slice(&stable.to_be_bytes());
         xdr_opaque(&mut a, data);
         let r = self.call(100_003, 7, &a);
         let status = u32::from_be_bytes([r[0], r[1], r[2], r[3]]);
