@@ -31,10 +31,20 @@ pub(crate) struct OpenFile {
     ra: tokio::sync::Mutex<ReadAhead>,
 }
 
+/// How much of a stream's delivered rate its readahead may keep in flight.
+const RA_QUEUE: std::time::Duration = std::time::Duration::from_secs(1);
+
 #[derive(Default)]
 struct ReadAhead {
-    /// (lease generation, local write count) the prefetched blocks belong to.
-    tag: (u64, u64),
+    /// (size, mtime seconds, mtime nanoseconds, local write count) of the
+    /// file version the prefetched blocks belong to. Not the lease: a lease
+    /// lost and taken again (a slow link, a restarted owner) over an
+    /// unchanged file keeps its prefetched blocks.
+    tag: (u64, i64, u32, u64),
+    /// When the current sequential stream started, and the bytes it has
+    /// delivered since: its rate caps the window.
+    stream_start: Option<std::time::Instant>,
+    stream_bytes: u64,
     /// Where the next sequential read would start.
     next: u64,
     /// Current window in bytes (0: not sequential).
@@ -53,6 +63,22 @@ impl ReadAhead {
     fn clear(&mut self) {
         self.blocks.clear();
         self.fetched_to = 0;
+        self.stream_start = None;
+        self.stream_bytes = 0;
+    }
+
+    /// The largest window worth keeping in flight: about `RA_QUEUE` of the
+    /// stream's delivered rate, so that on a slow or shared link replies do
+    /// not queue for seconds behind prefetched data (at 4 MiB/s a 64 MiB
+    /// window is 16 s of queue, longer than a lease). Unlimited (`max`)
+    /// once the stream is fast enough.
+    fn window_cap(&self, unit: u64, max: u64) -> u64 {
+        let Some(start) = self.stream_start else {
+            return 2 * unit;
+        };
+        let secs = start.elapsed().as_secs_f64().max(0.25);
+        let cap = (self.stream_bytes as f64 / secs * RA_QUEUE.as_secs_f64()) as u64;
+        cap.clamp(2 * unit, max.max(2 * unit))
     }
 }
 
@@ -162,9 +188,9 @@ impl Client {
     pub(crate) async fn do_read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes> {
         let f = self.open_file(fh)?;
         let g = self.leases.get(f.h, Mode::Read).await?;
-        let (file_size, local_writes) = {
+        let (file_size, mtime, local_writes) = {
             let st = g.entry.state.lock();
-            (st.inode.attr.size, st.local_writes)
+            (st.inode.attr.size, st.inode.attr.mtime, st.local_writes)
         };
         if size == 0 || offset >= file_size {
             return Ok(Bytes::new());
@@ -182,7 +208,7 @@ impl Client {
         let mut parts: Vec<(u64, u64, Fetch)> = Vec::new();
         {
             let mut ra = f.ra.lock().await;
-            let tag = (g.entry.generation, local_writes);
+            let tag = (file_size, mtime.secs, mtime.nanos, local_writes);
             if ra.tag != tag {
                 ra.clear();
                 ra.tag = tag;
@@ -202,7 +228,12 @@ impl Client {
                 offset == 0 || (ra.next > 0 && near) || in_stream || ra.blocks.contains_key(&first);
             if sequential {
                 ra.misses = 0;
-                ra.window = (ra.window * 2).clamp(2 * unit, self.config.readahead_max.max(unit));
+                if ra.stream_start.is_none() {
+                    ra.stream_start = Some(std::time::Instant::now());
+                }
+                ra.stream_bytes += end - offset;
+                let cap = ra.window_cap(unit, self.config.readahead_max);
+                ra.window = (ra.window * 2).clamp(2 * unit, cap);
                 ra.next = ra.next.max(end);
             } else {
                 ra.misses += 1;
@@ -212,6 +243,8 @@ impl Client {
                 }
                 ra.next = end;
                 ra.fetched_to = 0;
+                ra.stream_start = None;
+                ra.stream_bytes = 0;
             }
             // Drop blocks well behind the reader; those just behind may
             // still be wanted by reads that arrive late.
@@ -422,4 +455,29 @@ fn slice(data: &Bytes, from: u64, to: u64) -> Result<Bytes> {
         return Err(Error::new(ErrorCode::Io, "short block"));
     }
     Ok(data.slice(from..to))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReadAhead;
+    use std::time::{Duration, Instant};
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn window_follows_the_streams_rate() {
+        let mut ra = ReadAhead::default();
+        assert_eq!(ra.window_cap(MIB, 64 * MIB), 2 * MIB, "no stream yet");
+        // 8 MiB delivered in 2 s: 4 MiB/s, so about 4 MiB in flight.
+        ra.stream_start = Instant::now().checked_sub(Duration::from_secs(2));
+        ra.stream_bytes = 8 * MIB;
+        let cap = ra.window_cap(MIB, 64 * MIB);
+        assert!((3 * MIB..=4 * MIB).contains(&cap), "{cap}");
+        // A fast stream is held only by the configured maximum.
+        ra.stream_bytes = 4096 * MIB;
+        assert_eq!(ra.window_cap(MIB, 64 * MIB), 64 * MIB);
+        // Never below two units.
+        ra.stream_bytes = 1;
+        assert_eq!(ra.window_cap(MIB, 64 * MIB), 2 * MIB);
+    }
 }
