@@ -135,8 +135,14 @@ def main():
             mo = Morris(cl, srv, port=7710 + r, replicas=r)
             try:
                 m = mo.mount(cli[0])
+                owners = {}
                 for i in range(4):
                     write_file(os.path.join(m, f"f{i}"), a.size, seed=i + 1)
+                    # The inode (and the file's leases) live on server id mod k:
+                    # not mirrored yet, so a hot owner slows its file's reader.
+                    owners[f"f{i}"] = srv[os.stat(os.path.join(m, f"f{i}")).st_ino % len(srv)].ns
+                log(f"replicas={r}: inode owners {owners} (hot server {hot.ns})")
+                results[f"replicas={r} inode owners"] = owners
                 mo.umount_all()
                 for stressed in (False, True):
                     key = f"replicas={r} {'hot spot' if stressed else 'no stress'}"
@@ -159,6 +165,7 @@ def main():
             finally:
                 mo.stop()
         cl.verify(log=log)
+    owners = {k: results.pop(k) for k in [k for k in results if k.endswith("inode owners")]}
     med = {k: statistics.median(x["aggregate"] for x in v) for k, v in results.items()}
     print(f"\nhot spot: {a.stress_streams} TCP streams out of server {hot.ns}"
           f"{' + Figure 8 appends' if a.fig8 else ''}; 4 readers x {a.size // MiB} MiB; "
@@ -173,7 +180,7 @@ def main():
     if "replicas=1 no stress" in med and "replicas=2 no stress" in med:
         print(f"replicas=2 / replicas=1 without stress: {med['replicas=2 no stress'] / med['replicas=1 no stress']:.2f}")
     data = {"date": time.strftime("%Y-%m-%d"), "command": "python3 bench/hotspot.py " + " ".join(sys.argv[1:]),
-            "args": vars(a), "median_aggregate": med, "runs": results}
+            "args": vars(a), "median_aggregate": med, "inode_owners": owners, "runs": results}
     with open(a.out, "w") as f:
         json.dump(data, f, indent=1)
     log(f"wrote {a.out}")
