@@ -36,7 +36,7 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
 
 from cluster.cli import parse_size  # noqa: E402
-from cluster.hosts import Cluster, ShapingError, parse_rate  # noqa: E402
+from cluster.hosts import Cluster, ShapingError, killpg, parse_rate  # noqa: E402
 from cluster.systems import MiB, Morris, cold, concurrent_reads, fuse_reader, write_file  # noqa: E402
 
 SINK = r"""
@@ -97,13 +97,8 @@ def start_stress(cl, hot, sink, a):
 
 
 def stop_stress(procs):
-    import signal
     for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        killpg(p)
         p.wait()
 
 

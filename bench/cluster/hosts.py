@@ -74,6 +74,15 @@ def require_root_and_tools(extra=()):
             sys.exit(f"error: required tool {t!r} not found in PATH")
 
 
+def killpg(p, sig=signal.SIGKILL):
+    """Signal the process group of Popen `p` (started with start_new_session) if it still runs."""
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
 def is_mounted(path):
     path = os.path.realpath(path)
     with open("/proc/self/mountinfo") as f:
@@ -161,11 +170,7 @@ class Host:
     def kill_children(self, sig=signal.SIGKILL, wait=3.0):
         """Signal the process groups this harness spawned in the host (not detached daemons)."""
         for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:
-                    pass
+            killpg(p, sig)
         deadline = time.time() + wait
         for p in self.procs:
             try:
@@ -180,11 +185,7 @@ class Host:
     def kill_all(self, sig=signal.SIGKILL, wait=5.0):
         """Signal every process living in this namespace (all were started by this harness)."""
         for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:
-                    pass
+            killpg(p, sig)
         for pid in self.pids():
             try:
                 os.kill(pid, sig)
@@ -429,11 +430,7 @@ class Cluster:
             return out
         finally:
             for p in srcs + sinks:
-                if p.poll() is None:
-                    try:
-                        os.killpg(p.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                killpg(p)
                 p.wait()
 
     def verify(self, hosts=None, dur=3.0, warm=1.0, lo=0.93, hi=1.03, log=print, attempts=3):

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from .hosts import drop_caches, is_mounted, umount
+from .hosts import drop_caches, is_mounted, killpg, umount
 
 MiB = 1 << 20
 BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -217,10 +217,7 @@ def concurrent_reads(jobs, expect_size=None, timeout=3600):
             sampler.stop()
         for h, p in procs:
             if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                killpg(p)
                 p.wait()
     for n, _, _ in res:
         if expect_size is not None and n != expect_size:
