@@ -152,6 +152,61 @@ fn data_written_on_one_mount_is_read_whole_on_the_other() {
 }
 
 #[test]
+fn a_same_size_rewrite_with_its_mtime_put_back_is_still_seen() {
+    // B holds the file open and has read its start (its client prefetched
+    // what follows); A rewrites it in place with the same size, then puts
+    // the old mtime back (as rsync or `touch -r` do). Size and mtime match
+    // what B's prefetched blocks belong to; the new content must still
+    // reach B's open descriptor.
+    let t = Two::new();
+    let old = pattern(21, 0, 2 * 1024 * 1024 + 99);
+    write_closed(&t.a.path.join("same"), &old);
+    let p_a = t.a.path.join("same");
+    let p_b = t.b.path.join("same");
+    let held = File::open(&p_b).expect("open on B");
+    let mut start = vec![0u8; 4096];
+    for off in [0u64, 4096, 8192] {
+        held.read_exact_at(&mut start, off).expect("read on B");
+        same(
+            &t,
+            &start,
+            &old[off as usize..off as usize + 4096],
+            "first reads on B",
+        );
+    }
+    let mut got = vec![0u8; old.len()];
+    let mtime = fs::metadata(&p_b)
+        .expect("stat on B")
+        .modified()
+        .expect("mtime");
+
+    let new = pattern(22, 0, old.len());
+    let f = OpenOptions::new()
+        .write(true)
+        .open(&p_a)
+        .expect("open on A");
+    f.write_all_at(&new, 0).expect("rewrite on A");
+    f.set_modified(mtime).expect("put the mtime back on A");
+    close_checked(f).expect("close on A");
+    assert_eq!(
+        fs::metadata(&p_a)
+            .expect("stat on A")
+            .modified()
+            .expect("mtime"),
+        mtime,
+        "A restored the mtime"
+    );
+
+    held.read_exact_at(&mut got, 0).expect("read on B again");
+    same(
+        &t,
+        &got,
+        &new,
+        "B's open descriptor after a same-size rewrite with the old mtime",
+    );
+}
+
+#[test]
 fn namespace_changes_on_one_mount_are_seen_on_the_other_at_once() {
     let t = Two::new();
     let (a, b) = (&t.a.path, &t.b.path);

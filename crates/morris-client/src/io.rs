@@ -36,11 +36,12 @@ const RA_QUEUE: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[derive(Default)]
 struct ReadAhead {
-    /// (size, mtime seconds, mtime nanoseconds, local write count) of the
-    /// file version the prefetched blocks belong to. Not the lease: a lease
-    /// lost and taken again (a slow link, a restarted owner) over an
-    /// unchanged file keeps its prefetched blocks.
-    tag: (u64, i64, u32, u64),
+    /// (size, mtime, ctime, local write count) of the file version the
+    /// prefetched blocks belong to. Not the lease: a lease lost and taken
+    /// again (a slow link, a restarted owner) over an unchanged file keeps
+    /// its prefetched blocks. ctime is in it because a writer can put mtime
+    /// back (`touch -r`, rsync), never ctime.
+    tag: (u64, Timestamp, Timestamp, u64),
     /// When the current sequential stream started, and the bytes it has
     /// delivered since: its rate caps the window.
     stream_start: Option<std::time::Instant>,
@@ -188,9 +189,10 @@ impl Client {
     pub(crate) async fn do_read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes> {
         let f = self.open_file(fh)?;
         let g = self.leases.get(f.h, Mode::Read).await?;
-        let (file_size, mtime, local_writes) = {
+        let (file_size, mtime, ctime, local_writes) = {
             let st = g.entry.state.lock();
-            (st.inode.attr.size, st.inode.attr.mtime, st.local_writes)
+            let a = &st.inode.attr;
+            (a.size, a.mtime, a.ctime, st.local_writes)
         };
         if size == 0 || offset >= file_size {
             return Ok(Bytes::new());
@@ -208,7 +210,7 @@ impl Client {
         let mut parts: Vec<(u64, u64, Fetch)> = Vec::new();
         {
             let mut ra = f.ra.lock().await;
-            let tag = (file_size, mtime.secs, mtime.nanos, local_writes);
+            let tag = (file_size, mtime, ctime, local_writes);
             if ra.tag != tag {
                 ra.clear();
                 ra.tag = tag;
