@@ -86,18 +86,7 @@ impl Client {
                 return Ok(None);
             }
         }
-        let r = self
-            .call(
-                g.entry.owner,
-                Request::Lookup {
-                    dir: g.handle(),
-                    name: name.to_vec(),
-                },
-            )
-            .await?;
-        let Reply::Entry(e) = r else {
-            return Err(unexpected(&r));
-        };
+        let e = self.server_entry(g, name).await?;
         if let Some(e) = &e {
             self.leases.learn(e.child);
         }

@@ -230,9 +230,10 @@ impl Blocks {
         Ok(())
     }
 
-    /// Removes every extent file of `id` (all copies) and its record.
-    pub fn delete(&self, id: FileId, store: &Store) -> Result<(), WireError> {
-        for r in 0..MAX_REPLICAS {
+    /// Removes every extent file of `id` (the volume keeps `copies` copies)
+    /// and its record.
+    pub fn delete(&self, id: FileId, copies: u8, store: &Store) -> Result<(), WireError> {
+        for r in 0..copies.min(MAX_REPLICAS) {
             self.open.lock().remove((id, r));
             match std::fs::remove_file(self.path_of(id, r)) {
                 Ok(()) => {}
@@ -243,10 +244,11 @@ impl Blocks {
         store.remove_data_file(id)
     }
 
-    /// Flushes every extent file of `id` and its directory entry.
-    pub fn sync_file(&self, id: FileId) -> Result<(), WireError> {
+    /// Flushes every extent file of `id` (of `copies` copies) and its
+    /// directory entry.
+    pub fn sync_file(&self, id: FileId, copies: u8) -> Result<(), WireError> {
         let mut any = false;
-        for r in 0..MAX_REPLICAS {
+        for r in 0..copies.min(MAX_REPLICAS) {
             if let Some(f) = self.existing(id, r)? {
                 f.sync_all()
                     .map_err(|e| io_err(&format!("flush data of file {id}"), &e))?;
@@ -270,11 +272,11 @@ impl Blocks {
         Ok(())
     }
 
-    /// Bytes allocated on disk for `id`'s extent files (all copies); `None`
-    /// if there are none.
-    pub fn allocated(&self, id: FileId) -> Result<Option<u64>, WireError> {
+    /// Bytes allocated on disk for `id`'s extent files (of `copies` copies);
+    /// `None` if there are none.
+    pub fn allocated(&self, id: FileId, copies: u8) -> Result<Option<u64>, WireError> {
         let mut total = None;
-        for r in 0..MAX_REPLICAS {
+        for r in 0..copies.min(MAX_REPLICAS) {
             match std::fs::metadata(self.path_of(id, r)) {
                 Ok(m) => {
                     total = Some(

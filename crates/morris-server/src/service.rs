@@ -782,14 +782,16 @@ impl Server {
             }
             Request::DeleteData { id } => {
                 let blocks = self.blocks.clone();
-                blocking(move || blocks.delete(id, &store)).await?;
+                let copies = vol.descriptor.replicas;
+                blocking(move || blocks.delete(id, copies, &store)).await?;
                 Ok(Reply::Ok)
             }
             Request::Sync { id } => {
                 let blocks = self.blocks.clone();
+                let copies = vol.descriptor.replicas;
                 blocking(move || {
                     match id {
-                        Some(id) => blocks.sync_file(id)?,
+                        Some(id) => blocks.sync_file(id, copies)?,
                         None => blocks.sync_all()?,
                     }
                     store.sync()
@@ -809,10 +811,11 @@ impl Server {
                 .map(Reply::ScanEntries),
             Request::ScanData { after, max } => {
                 let blocks = self.blocks.clone();
+                let copies = vol.descriptor.replicas;
                 blocking(move || {
                     let mut out = Vec::new();
                     for id in store.scan_data_files(after, max)? {
-                        if let Some(bytes) = blocks.allocated(id)? {
+                        if let Some(bytes) = blocks.allocated(id, copies)? {
                             out.push((id, bytes));
                         }
                     }
@@ -898,6 +901,7 @@ impl Server {
         let formatted = self.store.formatted();
         let store = self.store.clone();
         let blocks = self.blocks.clone();
+        let copies = formatted.as_ref().map_or(1, |f| f.descriptor.replicas);
         // Walks every data file: O(files), for an admin command.
         let data_bytes = blocking(move || {
             let mut total = 0u64;
@@ -906,7 +910,7 @@ impl Server {
                 let ids = store.scan_data_files(after, 16384)?;
                 let Some(&last) = ids.last() else { break };
                 for id in ids {
-                    total = total.saturating_add(blocks.allocated(id)?.unwrap_or(0));
+                    total = total.saturating_add(blocks.allocated(id, copies)?.unwrap_or(0));
                 }
                 after = last;
             }
