@@ -35,7 +35,7 @@ import time
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
 
-from cluster.cli import parse_size  # noqa: E402
+from lib.util import parse_size  # noqa: E402
 from cluster.hosts import Cluster, ShapingError, killpg, parse_rate  # noqa: E402
 from cluster.systems import MiB, Morris, cold, concurrent_reads, fuse_reader, write_file  # noqa: E402
 

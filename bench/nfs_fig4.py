@@ -43,23 +43,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from lib.ganesha import Ganesha  # noqa: E402
+from lib.util import free_port, parse_size  # noqa: E402
 
 MiB = 1 << 20
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def parse_size(s):
-    s = s.strip().upper().rstrip("B").rstrip("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    if s and s[-1] in mult:
-        return int(float(s[:-1]) * mult[s[-1]])
-    return int(s)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_port(port, proc, what, timeout=30):

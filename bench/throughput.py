@@ -36,20 +36,8 @@ import time
 
 MiB = 1 << 20
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def parse_size(s):
-    s = s.strip().upper().rstrip("B").rstrip("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    if s and s[-1] in mult:
-        return int(float(s[:-1]) * mult[s[-1]])
-    return int(s)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from lib.util import free_port, parse_size  # noqa: E402
 
 
 def drop_caches():

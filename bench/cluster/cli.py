@@ -14,15 +14,9 @@ table, writes bench/cluster/results/NAME.json and docs/cluster-NAME.png.
 import argparse
 import sys
 
+from lib.util import parse_size  # bench/ is on sys.path (see __main__.py)
+
 from .hosts import Cluster, ShapingError, cleanup_leftovers, require_root_and_tools
-
-
-def parse_size(s):
-    s = s.strip().upper().rstrip("B").rstrip("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    if s and s[-1] in mult:
-        return int(float(s[:-1]) * mult[s[-1]])
-    return int(s)
 
 
 def main(argv=None):
