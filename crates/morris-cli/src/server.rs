@@ -1,14 +1,23 @@
-//! `morris server`: runs one stripe server until SIGINT or SIGTERM.
+//! `morris server`: runs one stripe server until SIGINT or SIGTERM, and
+//! catches up the copies it missed while it was away (resync).
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use tracing::info;
+use morris_client::{Client, ClientConfig, ResyncStatus};
+use parking_lot::Mutex;
+use tracing::{debug, info, warn};
 
 use crate::runtime::{self, Terminate};
+
+/// How often a server looks for copies it has to catch up. Copies missed
+/// while it was cut off (not restarted) are found by the next look.
+const RESYNC_EVERY: Duration = Duration::from_secs(5);
 
 /// Arguments of `morris server`.
 #[derive(Debug, Args)]
@@ -24,6 +33,11 @@ pub struct ServerArgs {
     #[arg(long, default_value_t = 10_000, value_name = "MS",
           value_parser = clap::value_parser!(u32).range(100..=3_600_000))]
     pub lease_ms: u32,
+    /// Do not catch up stale copies (mirrored volumes) or delete leftover
+    /// blocks automatically. Readers still skip stale copies; `morris status`
+    /// shows the volume degraded until a server runs its resync.
+    #[arg(long)]
+    pub no_resync: bool,
 }
 
 /// Runs the server.
@@ -39,18 +53,80 @@ pub fn run(args: ServerArgs) -> Result<ExitCode> {
             listen: args.listen.clone(),
             lease_ms: args.lease_ms,
         };
-        tokio::select! {
-            r = morris_server::run(cfg) => {
-                r.with_context(|| format!("server on {listen} stopped"))
-            }
+        let mut handle = morris_server::start(cfg)
+            .await
+            .with_context(|| format!("server on {listen} failed to start"))?;
+        let resync = (!args.no_resync).then(|| {
+            tokio::spawn(resync_loop(
+                connect_addr(handle.local_addr()),
+                handle.resync_status(),
+            ))
+        });
+        let out = tokio::select! {
+            () = handle.serve() => Err(anyhow::anyhow!("server on {listen} stopped")),
             sig = term.recv() => {
                 info!(signal = sig, listen = %listen, "stopping server");
                 Ok(())
             }
+        };
+        if let Some(t) = resync {
+            t.abort();
         }
+        out
     });
     // Blocking store work finishes or is abandoned within this bound; every
     // answered request is already committed.
     rt.shutdown_timeout(Duration::from_secs(10));
     result.map(|()| ExitCode::SUCCESS)
+}
+
+/// Where this process reaches its own server (a wildcard listen address is
+/// reached on loopback).
+fn connect_addr(addr: SocketAddr) -> String {
+    let ip = match addr.ip() {
+        std::net::IpAddr::V4(v) if v.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
+        std::net::IpAddr::V6(v) if v.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+        ip => ip,
+    };
+    SocketAddr::new(ip, addr.port()).to_string()
+}
+
+/// Every `RESYNC_EVERY`: catch up the copies this server missed. The client
+/// it uses is made once the volume is formatted and reachable.
+async fn resync_loop(addr: String, status: Arc<Mutex<ResyncStatus>>) {
+    let mut client: Option<Arc<Client>> = None;
+    let mut me: Option<u32> = None;
+    loop {
+        tokio::time::sleep(RESYNC_EVERY).await;
+        if me.is_none() {
+            // Known once the server is formatted.
+            let id = crate::admin::random_client_id();
+            match crate::admin::Session::open(&addr, None, id, "resync", RESYNC_EVERY).await {
+                Ok(s) => me = s.index,
+                Err(e) => debug!(error = %e, "resync: own server not answering"),
+            }
+            if me.is_none() {
+                continue;
+            }
+        }
+        if client.is_none() {
+            let cfg = ClientConfig {
+                name: format!("resync@{addr}"),
+                ..ClientConfig::default()
+            };
+            match Client::connect(&addr, cfg).await {
+                Ok(c) => client = Some(c),
+                Err(e) => {
+                    debug!(error = %e, "resync: volume not reachable yet");
+                    continue;
+                }
+            }
+        }
+        let (Some(c), Some(index)) = (&client, me) else {
+            continue;
+        };
+        if let Err(e) = c.resync(index, &status).await {
+            warn!(error = %e, "resync pass incomplete; retrying");
+        }
+    }
 }

@@ -55,6 +55,11 @@ pub struct ServerReport {
     /// Its counters, when it answered.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stats: Option<ServerStats>,
+    /// Files whose copies on this server missed changes (stale-copy records
+    /// naming it, summed over every server that answered).
+    pub stale_files: u64,
+    /// `current`, `stale` (records exist, no resync running) or `resyncing`.
+    pub copies: &'static str,
 }
 
 /// The whole report.
@@ -64,6 +69,10 @@ pub struct VolumeReport {
     pub volume: VolumeDescriptor,
     /// Every server, in layout order.
     pub servers: Vec<ServerReport>,
+    /// `healthy` (every server up, every copy current), `resyncing` (a
+    /// server is catching up copies it missed) or `degraded` (a server is
+    /// down, or copies are stale and no resync is running).
+    pub health: &'static str,
 }
 
 async fn probe(d: &VolumeDescriptor, index: usize, limit: Duration) -> ServerReport {
@@ -89,6 +98,8 @@ async fn probe(d: &VolumeDescriptor, index: usize, limit: Duration) -> ServerRep
         state: "up",
         error: None,
         stats: None,
+        stale_files: 0,
+        copies: "current",
     };
     match answer {
         Err(e) => {
@@ -133,7 +144,60 @@ pub async fn collect(addr: &str, limit: Duration) -> Result<VolumeReport> {
         .descriptor
         .ok_or_else(|| anyhow!("server {addr} is not formatted (see `morris format`)"))?;
     let servers = join_all((0..volume.servers.len()).map(|i| probe(&volume, i, limit))).await;
-    Ok(VolumeReport { volume, servers })
+    let mut servers = servers;
+    let health = redundancy(&mut servers);
+    Ok(VolumeReport {
+        volume,
+        servers,
+        health,
+    })
+}
+
+/// Fills every server's stale-copy count and copy state from the records
+/// the servers reported; returns the volume's health.
+fn redundancy(servers: &mut [ServerReport]) -> &'static str {
+    let mut stale = vec![0u64; servers.len()];
+    for st in servers.iter().filter_map(|s| s.stats.as_ref()) {
+        for &(server, files) in &st.stale_by_server {
+            if let Some(n) = stale.get_mut(server as usize) {
+                *n += files;
+            }
+        }
+    }
+    let mut resyncing = false;
+    for (s, n) in servers.iter_mut().zip(stale) {
+        s.stale_files = n;
+        let running = s.stats.as_ref().is_some_and(|st| st.resync.running);
+        s.copies = match (n, running) {
+            (0, _) => "current",
+            (_, true) => "resyncing",
+            (_, false) => "stale",
+        };
+        resyncing |= n > 0 && running;
+    }
+    if servers.iter().any(|s| s.state != "up") {
+        "degraded"
+    } else if resyncing {
+        "resyncing"
+    } else if servers.iter().any(|s| s.stale_files > 0) {
+        "degraded"
+    } else {
+        "healthy"
+    }
+}
+
+/// The COPIES column: current, or how far the server's resync is.
+fn copies_cell(s: &ServerReport) -> String {
+    match (s.copies, &s.stats) {
+        ("resyncing", Some(st)) => format!(
+            "resyncing {}/{} files, {} copied",
+            st.resync.files_done,
+            st.resync.files_total,
+            human(st.resync.bytes_copied)
+        ),
+        ("stale", _) => format!("stale: {} files", s.stale_files),
+        (c, _) => c.to_string(),
+    }
 }
 
 /// A UTC date and time, `YYYY-MM-DD HH:MM:SS UTC`.
@@ -213,8 +277,9 @@ pub fn render(r: &VolumeReport, ops: bool) -> String {
     let d = &r.volume;
     let up = r.servers.iter().filter(|s| s.state == "up").count();
     let mut out = format!(
-        "volume {}: {} of {} servers up; stripe unit {}, replicas {}, created {}\n\n",
+        "volume {}: {}, {} of {} servers up; stripe unit {}, replicas {}, created {}\n\n",
         d.uuid,
+        r.health,
         up,
         r.servers.len(),
         human(u64::from(d.stripe_unit)),
@@ -225,6 +290,7 @@ pub fn render(r: &VolumeReport, ops: bool) -> String {
         "IDX",
         "ADDRESS",
         "STATE",
+        "COPIES",
         "INODES",
         "DATA-FILES",
         "DATA",
@@ -242,7 +308,12 @@ pub fn render(r: &VolumeReport, ops: bool) -> String {
         .servers
         .iter()
         .map(|s| {
-            let mut row = vec![s.index.to_string(), s.address.clone(), s.state.to_string()];
+            let mut row = vec![
+                s.index.to_string(),
+                s.address.clone(),
+                s.state.to_string(),
+                copies_cell(s),
+            ];
             match &s.stats {
                 Some(st) => row.extend([
                     st.inodes.to_string(),
@@ -263,7 +334,7 @@ pub fn render(r: &VolumeReport, ops: bool) -> String {
             row
         })
         .collect();
-    out.push_str(&table(&headers, &rows, &[1, 2]));
+    out.push_str(&table(&headers, &rows, &[1, 2, 3]));
     for s in r.servers.iter().filter(|s| s.error.is_some()) {
         out.push_str(&format!(
             "server {} ({}) {}: {}\n",
@@ -399,6 +470,8 @@ mod tests {
                     state: "up",
                     error: None,
                     stats: Some(stats),
+                    stale_files: 0,
+                    copies: "current",
                 },
                 ServerReport {
                     index: 1,
@@ -406,9 +479,44 @@ mod tests {
                     state: "down",
                     error: Some("cannot connect".into()),
                     stats: None,
+                    stale_files: 0,
+                    copies: "current",
                 },
             ],
+            health: "degraded",
         }
+    }
+
+    #[test]
+    fn stale_copies_make_the_volume_degraded_then_resyncing() {
+        let mut r = report();
+        r.servers[1].state = "up";
+        r.servers[1].error = None;
+        r.servers[1].stats = Some(ServerStats::default());
+        assert_eq!(redundancy(&mut r.servers), "healthy");
+        // Server 0 keeps records of 3 files whose copies on server 1 are stale.
+        if let Some(st) = r.servers[0].stats.as_mut() {
+            st.stale_by_server = vec![(1, 3)];
+        }
+        assert_eq!(redundancy(&mut r.servers), "degraded");
+        assert_eq!(r.servers[1].stale_files, 3);
+        assert_eq!(copies_cell(&r.servers[1]), "stale: 3 files");
+        if let Some(st) = r.servers[1].stats.as_mut() {
+            st.resync = morris_proto::ResyncStatus {
+                running: true,
+                files_total: 3,
+                files_done: 1,
+                bytes_copied: 5 << 20,
+                ..Default::default()
+            };
+        }
+        r.health = redundancy(&mut r.servers);
+        assert_eq!(r.health, "resyncing");
+        let text = render(&r, false);
+        assert!(text.contains(": resyncing, 2 of 2 servers up"), "{text}");
+        assert!(text.contains("resyncing 1/3 files, 5 MiB copied"), "{text}");
+        r.servers[1].state = "down";
+        assert_eq!(redundancy(&mut r.servers), "degraded");
     }
 
     #[test]

@@ -265,6 +265,30 @@ impl Client {
         check_access(&i, caller, mask)
     }
 
+    /// Sends `CreateInode` to the next server in turn. One that cannot be
+    /// reached (or is in its restart grace) is passed over for the next, so
+    /// creates go on while a server is down; the last one tried is waited
+    /// for. A reply lost after a server created the inode leaves an
+    /// unreachable inode, which fsck reclaims (as after a client crash).
+    async fn create_inode(&self, req: Request) -> Result<Inode> {
+        let k = self.layout.servers;
+        let first = self.pick_server();
+        for i in 0..k {
+            let server = (first + i) % k;
+            if i + 1 == k {
+                break;
+            }
+            match self.pool.call_once(server, req.clone(), Bytes::new()).await {
+                Ok((reply, _)) => return inode_reply(reply),
+                Err(e) if matches!(e.code, ErrorCode::Unavailable | ErrorCode::Grace) => {
+                    tracing::debug!(server, error = %e, "creating the inode elsewhere");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        inode_reply(self.call((first + k - 1) % k, req).await?)
+    }
+
     fn pick_server(&self) -> u32 {
         let n = self
             .next_server
@@ -320,18 +344,13 @@ impl Client {
         }
         let attr = attr_of(&dir_inode);
         let kind = attr.kind;
-        let server = self.pick_server();
-        let inode = inode_reply(
-            self.call(
-                server,
-                Request::CreateInode {
-                    parent: dir,
-                    attr,
-                    target,
-                },
-            )
-            .await?,
-        )?;
+        let inode = self
+            .create_inode(Request::CreateInode {
+                parent: dir,
+                attr,
+                target,
+            })
+            .await?;
         self.leases.install_granted(Mode::Write, inode.clone());
         let linked = self
             .dir_call(
@@ -351,8 +370,8 @@ impl Client {
             Err(e) => {
                 // Nothing names the new inode; remove it (fsck would otherwise).
                 let _ = self
-                    .call(
-                        server,
+                    .call_owner(
+                        inode.id,
                         Request::DeleteInode {
                             ino: inode.handle(),
                         },
@@ -592,11 +611,15 @@ impl Client {
                 }
             }
         }
-        let data = futures::future::join_all(
-            servers
-                .into_iter()
-                .map(|s| self.call(s, Request::DeleteData { id: h.id })),
-        );
+        // Servers that miss the delete keep the blocks until their resync
+        // removes them (NoteLeftover below); nobody waits for them here.
+        let data = futures::future::join_all(servers.into_iter().map(|s| async move {
+            (
+                s,
+                self.call_copy(s, Request::DeleteData { id: h.id }, Bytes::new())
+                    .await,
+            )
+        }));
         let (gone, data) =
             futures::join!(self.call_owner(h.id, Request::DeleteInode { ino: h }), data);
         match gone {
@@ -606,9 +629,13 @@ impl Client {
             Err(e) => return Err(e),
         }
         self.leases.forget(h.id);
-        for r in data {
+        for (server, r) in data {
             if let Err(e) = r {
-                tracing::warn!(id = h.id, error = %e, "could not delete data");
+                tracing::warn!(id = h.id, server, error = %e, "could not delete data; leaving it to that server's resync");
+                let note = Request::NoteLeftover { id: h.id, server };
+                if let Err(e) = self.call_owner(h.id, note).await {
+                    tracing::warn!(id = h.id, server, error = %e, "could not record leftover data (fsck reports it)");
+                }
             }
         }
         Ok(())
@@ -910,10 +937,16 @@ impl Client {
             }
             if size < cur.attr.size {
                 // Free the data beyond the new end on every server first.
-                let calls =
-                    (0..self.layout.servers).map(|s| self.call(s, Request::Truncate { id, size }));
-                for r in futures::future::join_all(calls).await {
-                    r?;
+                if self.layout.replicas > 1 {
+                    let from = self.layout.block_of(size).0;
+                    self.to_every_copy_server(&g, from, |_| Request::Truncate { id, size })
+                        .await?;
+                } else {
+                    let calls = (0..self.layout.servers)
+                        .map(|s| self.call(s, Request::Truncate { id, size }));
+                    for r in futures::future::join_all(calls).await {
+                        r?;
+                    }
                 }
                 g.entry.state.lock().local_writes += 1;
             }

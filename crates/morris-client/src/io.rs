@@ -8,7 +8,7 @@
 //! was fetched under and dropped if the lease changes or this client writes.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -28,6 +28,9 @@ pub(crate) struct OpenFile {
     pub h: Handle,
     pub write: bool,
     pub wrote: AtomicBool,
+    /// Lowest block written through this handle since its last fsync
+    /// (`u64::MAX`: none): where a copy server that cannot sync missed data.
+    pub unsynced_from: AtomicU64,
     ra: tokio::sync::Mutex<ReadAhead>,
 }
 
@@ -179,6 +182,7 @@ impl Client {
                 h,
                 write,
                 wrote: AtomicBool::new(truncate && write),
+                unsynced_from: AtomicU64::new(u64::MAX),
                 ra: tokio::sync::Mutex::new(ReadAhead::default()),
             }),
         );
@@ -189,10 +193,16 @@ impl Client {
     pub(crate) async fn do_read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes> {
         let f = self.open_file(fh)?;
         let g = self.leases.get(f.h, Mode::Read).await?;
-        let (file_size, mtime, ctime, local_writes) = {
+        let (file_size, mtime, ctime, local_writes, stale) = {
             let st = g.entry.state.lock();
             let a = &st.inode.attr;
-            (a.size, a.mtime, a.ctime, st.local_writes)
+            (
+                a.size,
+                a.mtime,
+                a.ctime,
+                st.local_writes,
+                st.inode.stale.clone(),
+            )
         };
         if size == 0 || offset >= file_size {
             return Ok(Bytes::new());
@@ -263,14 +273,14 @@ impl Client {
                     parts.push((from, to, h));
                 } else if ra.window > 0 {
                     // Sequential: fetch the whole block (the next read wants the rest).
-                    let h = self.spawn_fetch(f.id, i, 0, block_len(i));
+                    let h = self.spawn_fetch(f.id, i, 0, block_len(i), &stale);
                     if to < whole {
                         ra.blocks.insert(i, h.clone());
                     }
                     parts.push((from, to, h));
                 } else {
                     // Random: fetch just what was asked.
-                    let h = self.spawn_fetch(f.id, i, from as u32, (to - from) as u32);
+                    let h = self.spawn_fetch(f.id, i, from as u32, (to - from) as u32, &stale);
                     parts.push((0, to - from, h));
                 }
             }
@@ -280,7 +290,7 @@ impl Client {
                 let stop = last.saturating_add(ahead).min(last_in_file);
                 for i in (ra.fetched_to + 1)..=stop {
                     if let std::collections::btree_map::Entry::Vacant(v) = ra.blocks.entry(i) {
-                        v.insert(self.spawn_fetch(f.id, i, 0, block_len(i)));
+                        v.insert(self.spawn_fetch(f.id, i, 0, block_len(i), &stale));
                     }
                 }
                 ra.fetched_to = ra.fetched_to.max(stop);
@@ -302,14 +312,23 @@ impl Client {
         Ok(out.freeze())
     }
 
-    fn spawn_fetch(&self, id: FileId, index: u64, off: u32, len: u32) -> Fetch {
+    /// Starts fetching part of a block from a copy that is current under the
+    /// file's stale-copy records `stale`.
+    fn spawn_fetch(
+        &self,
+        id: FileId,
+        index: u64,
+        off: u32,
+        len: u32,
+        stale: &[morris_proto::StaleCopy],
+    ) -> Fetch {
         let pool = self.pool.clone();
         let task = if self.layout.replicas > 1 {
-            let placement = self.layout.placement(id, index);
+            let copies = crate::replicas::current_copies(&self.layout, stale, id, index);
             tokio::spawn(crate::replicas::fetch_any(
                 pool,
                 self.loads.clone(),
-                placement,
+                copies,
                 id,
                 index,
                 off,
@@ -346,30 +365,42 @@ impl Client {
         }
         let g = self.leases.get(f.h, Mode::Write).await?;
         let unit = u64::from(self.layout.unit);
-        let mut calls = Vec::new();
+        let mut pieces = Vec::new();
         let mut pos = offset;
         while pos < end {
             let (index, within) = self.layout.block_of(pos);
             let n = (unit - u64::from(within)).min(end - pos);
-            let piece = data.slice((pos - offset) as usize..(pos - offset + n) as usize);
-            // Every copy is written before the write is answered.
-            for (replica, server) in self.layout.placement(f.id, index).into_iter().enumerate() {
-                calls.push(self.pool.call(
-                    server,
+            pieces.push((
+                index,
+                within,
+                data.slice((pos - offset) as usize..(pos - offset + n) as usize),
+            ));
+            pos += n;
+        }
+        if let Some((first, _, _)) = pieces.first() {
+            f.unsynced_from.fetch_min(*first, Ordering::Relaxed);
+        }
+        if self.layout.replicas > 1 {
+            // Every current copy before the write is answered; a lost copy
+            // server is recorded as stale (copies.rs).
+            self.write_copies(&g, f.id, pieces).await?;
+        } else {
+            let calls = pieces.into_iter().map(|(index, within, piece)| {
+                self.pool.call(
+                    self.layout.block_server(f.id, index),
                     Request::Write {
                         id: f.id,
                         index,
-                        replica: replica as u8,
+                        replica: 0,
                         offset: within,
                         sync: false,
                     },
-                    piece.clone(),
-                ));
+                    piece,
+                )
+            });
+            for r in futures::future::join_all(calls).await {
+                r?;
             }
-            pos += n;
-        }
-        for r in futures::future::join_all(calls).await {
-            r?;
         }
         // Data is stored before the inode grows to cover it (ordering rule).
         {
@@ -400,7 +431,19 @@ impl Client {
     pub(crate) async fn do_fsync(&self, fh: u64, datasync: bool) -> Result<()> {
         let f = self.open_file(fh)?;
         self.do_flush(fh).await?;
-        if f.wrote.load(Ordering::Relaxed) || f.write {
+        if (f.wrote.load(Ordering::Relaxed) || f.write) && self.layout.replicas > 1 {
+            let from = f.unsynced_from.swap(u64::MAX, Ordering::Relaxed);
+            let g = self.leases.get(f.h, Mode::Write).await?;
+            let r = self
+                .to_every_copy_server(&g, from.clamp(1, MAX_FILE_SIZE), |_| Request::Sync {
+                    id: Some(f.id),
+                })
+                .await;
+            if r.is_err() {
+                f.unsynced_from.fetch_min(from, Ordering::Relaxed);
+            }
+            r?;
+        } else if f.wrote.load(Ordering::Relaxed) || f.write {
             let calls =
                 (0..self.layout.servers).map(|s| self.call(s, Request::Sync { id: Some(f.id) }));
             for r in futures::future::join_all(calls).await {

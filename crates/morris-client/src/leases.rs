@@ -432,6 +432,12 @@ impl Leases {
         (entry, old)
     }
 
+    /// True while the lease `g` uses may still be trusted (its owner has
+    /// answered within the trust limit and has not restarted).
+    pub(crate) fn still_valid(&self, g: &LeaseGuard) -> bool {
+        self.pool.lease_valid(g.entry.owner, g.entry.epoch)
+    }
+
     /// Marks the cached copy of `id`'s attributes as out of date.
     pub(crate) fn attr_changed(&self, id: FileId) {
         if let Some(e) = self.map.lock().get(&id) {

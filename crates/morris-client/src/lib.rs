@@ -10,12 +10,14 @@
 //! * `io`: reads with readahead, writes, flush, fsync;
 //! * `perm`: POSIX permission checks for front ends that need them.
 
+mod copies;
 mod fs;
 mod io;
 mod leases;
 pub mod perm;
 mod pool;
 mod replicas;
+mod resync;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -25,8 +27,8 @@ use bytes::Bytes;
 use morris_proto::layout::Layout;
 use morris_proto::Push;
 pub use morris_proto::{
-    DirEntry, ErrorCode, FileId, FileKind, Handle, Inode, SetAttr, Timestamp, VolumeDescriptor,
-    ROOT_ID,
+    DirEntry, ErrorCode, FileId, FileKind, Handle, Inode, ResyncStatus, SetAttr, StaleCopy,
+    Timestamp, VolumeDescriptor, ROOT_ID,
 };
 use parking_lot::Mutex;
 use tokio::sync::mpsc;

@@ -128,6 +128,7 @@ mod tests {
                 rdev: 0,
             },
             target: None,
+            stale: Vec::new(),
         }
     }
 

@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
-use morris_proto::FileId;
+use morris_proto::layout::Layout;
+use morris_proto::{FileId, StaleCopy};
 
 use crate::pool::Pool;
 use crate::{Error, Result};
@@ -186,23 +187,36 @@ impl Loads {
     }
 }
 
-/// Reads `len` bytes at `off` of block `index` of `id` from one of its
-/// copies (`placement`: server of copy 0, 1, ...), choosing, hedging and
+/// The copies of block `index` of `id` that hold its current data, as
+/// (copy number, server) in placement order: every copy but those a
+/// stale-copy record of the file covers.
+pub(crate) fn current_copies(
+    layout: &Layout,
+    stale: &[StaleCopy],
+    id: FileId,
+    index: u64,
+) -> Vec<(u8, u32)> {
+    layout
+        .placement(id, index)
+        .into_iter()
+        .enumerate()
+        .filter(|(_, s)| !stale.iter().any(|rec| rec.covers(*s, index)))
+        .map(|(r, s)| (r as u8, s))
+        .collect()
+}
+
+/// Reads `len` bytes at `off` of block `index` of `id` from one of `copies`
+/// ((copy number, server), see [`current_copies`]), choosing, hedging and
 /// failing over as the module describes.
 pub(crate) async fn fetch_any(
     pool: Arc<Pool>,
     loads: Arc<Loads>,
-    placement: Vec<u32>,
+    copies: Vec<(u8, u32)>,
     id: FileId,
     index: u64,
     off: u32,
     len: u32,
 ) -> Result<Bytes> {
-    let copies: Vec<(u8, u32)> = placement
-        .iter()
-        .enumerate()
-        .map(|(r, s)| (r as u8, *s))
-        .collect();
     let mut tried: Vec<u8> = Vec::new();
     let mut running = FuturesUnordered::new();
     let mut last_err: Option<Error> = None;
@@ -221,8 +235,12 @@ pub(crate) async fn fetch_any(
             (s, out)
         }))
     };
-    let (mut waiting_on, first) = start_one(&mut tried)
-        .ok_or_else(|| Error::new(morris_proto::ErrorCode::Io, "block has no copies"))?;
+    let (mut waiting_on, first) = start_one(&mut tried).ok_or_else(|| {
+        Error::new(
+            morris_proto::ErrorCode::Io,
+            format!("block {index} of file {id} has no current copy"),
+        )
+    })?;
     let mut hedge_in = loads.hedge_after(waiting_on);
     running.push(first);
     loop {
@@ -258,10 +276,12 @@ pub(crate) async fn fetch_any(
             }
         }
     }
-    // Every copy failed at once: wait for the first copy's server as a
-    // volume without copies would (reconnects, restart grace).
-    let s = placement.first().copied().unwrap_or(0);
-    match crate::io::fetch_copy(&pool, s, id, index, 0, off, len, false).await {
+    // Every copy failed at once: wait for the first current copy's server
+    // as a volume without copies would (reconnects, restart grace).
+    let Some(&(r, s)) = copies.first() else {
+        return Err(last_err.unwrap_or_else(|| Error::new(morris_proto::ErrorCode::Io, "no copy")));
+    };
+    match crate::io::fetch_copy(&pool, s, id, index, r, off, len, false).await {
         Ok(d) => Ok(d),
         Err(e) => Err(last_err.unwrap_or(e)),
     }

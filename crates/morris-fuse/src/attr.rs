@@ -169,6 +169,7 @@ mod tests {
                 rdev: 0x0801,
             },
             target: None,
+            stale: Vec::new(),
         }
     }
 

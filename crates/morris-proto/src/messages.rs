@@ -43,7 +43,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::types::{
-    Attr, DirEntry, FileId, FileKind, Handle, Inode, ServerStats, SetAttr, VolumeDescriptor,
+    Attr, DirEntry, FileId, FileKind, Handle, Inode, ServerStats, SetAttr, StaleCopy,
+    VolumeDescriptor,
 };
 
 /// The kind of lease a recall wants to make room for.
@@ -265,6 +266,53 @@ pub enum Request {
         /// Most to return.
         max: u32,
     },
+    /// Records at `ino`'s owner that `server`'s copies of its blocks `from`
+    /// and above missed a write (mirrored volumes). Takes the write lease
+    /// implicitly (the writer holds it). An existing record is widened to
+    /// the lower `from` and gets a new `seq`. [`Reply::Inode`], whose
+    /// `stale` lists every record. Sent before the write is answered.
+    MarkStale {
+        /// The file.
+        ino: Handle,
+        /// The server that missed the write.
+        server: u32,
+        /// Lowest block index it missed (>= 1).
+        from: u64,
+    },
+    /// Records at `id`'s owner that `server` may still hold blocks of the
+    /// deleted file `id` (its `DeleteData` failed). No lease. [`Reply::Ok`].
+    NoteLeftover {
+        /// The deleted file.
+        id: FileId,
+        /// The server that kept its blocks.
+        server: u32,
+    },
+    /// Lists the stale-copy records kept here that name `server`, for files
+    /// with id > `after`, ascending. No lease. [`Reply::Stale`].
+    ScanStale {
+        /// The server whose records are wanted.
+        server: u32,
+        /// Continue after this id.
+        after: FileId,
+        /// Most to return.
+        max: u32,
+    },
+    /// A resync caught `server`'s copies of `id` up from the record's
+    /// `from` to below `upto` (`None`: all of them; for a deleted file, its
+    /// blocks are gone). Applied only if the record still has `seq`, else
+    /// `Stale` (a newer write was missed meanwhile; copy again). The caller
+    /// holds a read lease on the file, so no write ran while it copied.
+    /// [`Reply::Ok`].
+    ResyncAdvance {
+        /// The file.
+        id: FileId,
+        /// The server caught up.
+        server: u32,
+        /// The record's `seq` when the copy started.
+        seq: u64,
+        /// First block not yet copied, or `None` when done.
+        upto: Option<u64>,
+    },
 }
 
 impl Request {
@@ -296,6 +344,10 @@ impl Request {
             Request::ScanInodes { .. } => "ScanInodes",
             Request::ScanEntries { .. } => "ScanEntries",
             Request::ScanData { .. } => "ScanData",
+            Request::MarkStale { .. } => "MarkStale",
+            Request::NoteLeftover { .. } => "NoteLeftover",
+            Request::ScanStale { .. } => "ScanStale",
+            Request::ResyncAdvance { .. } => "ResyncAdvance",
         }
     }
 }
@@ -355,6 +407,9 @@ pub enum Reply {
     ScanEntries(Vec<(FileId, DirEntry)>),
     /// Answer to `ScanData`: (file id, bytes allocated here).
     DataFiles(Vec<(FileId, u64)>),
+    /// Answer to `ScanStale`: (file id, the record, the inode if the file
+    /// still exists).
+    Stale(Vec<(FileId, StaleCopy, Option<Inode>)>),
 }
 
 /// A message the server sends unasked.

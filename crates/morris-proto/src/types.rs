@@ -148,6 +148,50 @@ pub struct Inode {
     pub attr: Attr,
     /// Symlink target, for symlinks.
     pub target: Option<Vec<u8>>,
+    /// Servers whose copies of some of this file's blocks missed writes
+    /// (mirrored volumes): never read those blocks there until a resync has
+    /// caught them up. Empty when every copy is current.
+    pub stale: Vec<StaleCopy>,
+}
+
+/// A record that server `server` missed writes to its copies of a file's
+/// blocks `from` and above (a copy write failed while it was down or cut
+/// off). Kept with the inode at its owner; readers skip those copies and the
+/// server's resync copies them from a current copy, then clears the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct StaleCopy {
+    /// The server index whose copies are stale.
+    pub server: u32,
+    /// Lowest stale block index (1-based; 0 means the file was deleted and
+    /// the server may still hold its blocks).
+    pub from: u64,
+    /// Changes whenever the record is widened, so a resync that copied under
+    /// an older record cannot clear a newer one.
+    pub seq: u64,
+}
+
+impl StaleCopy {
+    /// True if block `index` held by `server` may be stale under this record.
+    pub fn covers(&self, server: u32, index: u64) -> bool {
+        self.server == server && index >= self.from
+    }
+}
+
+/// Progress of a server catching its stale copies up (`morris status`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResyncStatus {
+    /// A resync pass is copying now.
+    pub running: bool,
+    /// Completed passes since the server started.
+    pub passes: u64,
+    /// Files with stale copies here found by the current (or last) pass.
+    pub files_total: u64,
+    /// Of those, files caught up.
+    pub files_done: u64,
+    /// Bytes copied to this server by the current (or last) pass.
+    pub bytes_copied: u64,
+    /// Why the last pass stopped short, if it did.
+    pub last_error: Option<String>,
 }
 
 impl Inode {
@@ -290,4 +334,9 @@ pub struct ServerStats {
     pub read_service_us: u64,
     /// Moving average (last ~8 requests) of block write service time, µs.
     pub write_service_us: u64,
+    /// Stale-copy records kept here (for inodes this server owns), counted
+    /// by the server whose copies they name: `(server index, files)`.
+    pub stale_by_server: Vec<(u32, u64)>,
+    /// This server's own resync (catching up copies it missed).
+    pub resync: ResyncStatus,
 }

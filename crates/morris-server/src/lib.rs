@@ -111,6 +111,25 @@ impl ServerHandle {
         self.addr
     }
 
+    /// Where this server's resync progress is kept: whoever runs the resync
+    /// (the `morris server` command) updates it, `Status` reports it.
+    pub fn resync_status(&self) -> Arc<parking_lot::Mutex<morris_proto::ResyncStatus>> {
+        self.server.resync_status()
+    }
+
+    /// This server's index in its volume, once formatted.
+    pub fn index(&self) -> Option<u32> {
+        self.server.index()
+    }
+
+    /// Serves until the server is stopped (it never stops by itself; an
+    /// error here means the accept loop failed).
+    pub async fn serve(&mut self) {
+        if let Err(e) = (&mut self.accept).await {
+            warn!(error = %e, "accept loop ended abnormally");
+        }
+    }
+
     /// This run's lease epoch, as returned in `Hello`.
     pub fn epoch(&self) -> u64 {
         self.epoch
@@ -252,9 +271,7 @@ pub async fn start(cfg: ServerConfig) -> Result<ServerHandle, ServerError> {
 pub async fn run(cfg: ServerConfig) -> Result<(), ServerError> {
     let mut handle = start(cfg).await?;
     // The accept loop only ends when stopped, which nothing here does.
-    if let Err(e) = (&mut handle.accept).await {
-        warn!(error = %e, "accept loop ended abnormally");
-    }
+    handle.serve().await;
     Ok(())
 }
 

@@ -11,8 +11,8 @@ use bytes::Bytes;
 use morris_proto::messages::LeaseMode;
 use morris_proto::net::{Conn, Service, ServiceFuture};
 use morris_proto::{
-    ErrorCode, FileId, Handle, Push, Reply, Request, ServerStats, WireError, MAX_FILE_SIZE,
-    PROTOCOL_VERSION,
+    ErrorCode, FileId, Handle, Push, Reply, Request, ResyncStatus, ServerStats, WireError,
+    MAX_FILE_SIZE, PROTOCOL_VERSION,
 };
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
@@ -25,7 +25,7 @@ use crate::load::{IoKind, Load};
 use crate::store::{check_name, check_new_name, FormatOutcome, Formatted, Store};
 
 /// Every request name, in a fixed order, for the per-request counters.
-const OPS: [&str; 25] = [
+const OPS: [&str; 29] = [
     "Hello",
     "Format",
     "Status",
@@ -51,6 +51,10 @@ const OPS: [&str; 25] = [
     "ScanInodes",
     "ScanEntries",
     "ScanData",
+    "MarkStale",
+    "NoteLeftover",
+    "ScanStale",
+    "ResyncAdvance",
 ];
 
 /// Who is on the other end of a connection, after its `Hello`.
@@ -91,6 +95,8 @@ pub(crate) struct Server {
     by_op: [AtomicU64; OPS.len()],
     /// Block I/O in flight and its service times (`Status`).
     load: Load,
+    /// This server's own resync progress, kept by whoever runs it.
+    resync: Arc<Mutex<ResyncStatus>>,
     stopped: AtomicBool,
 }
 
@@ -135,6 +141,7 @@ fn takes_lease(req: &Request) -> bool {
             | Request::AcquireWrite { .. }
             | Request::CreateInode { .. }
             | Request::SetAttr { .. }
+            | Request::MarkStale { .. }
             | Request::DeleteInode { .. }
             | Request::Lookup { .. }
             | Request::ReadDir { .. }
@@ -150,7 +157,9 @@ fn subject(req: &Request) -> Option<FileId> {
         Request::AcquireRead { ino }
         | Request::AcquireWrite { ino }
         | Request::SetAttr { ino, .. }
+        | Request::MarkStale { ino, .. }
         | Request::DeleteInode { ino } => Some(ino.id),
+        Request::NoteLeftover { id, .. } | Request::ResyncAdvance { id, .. } => Some(*id),
         Request::Release { ino } | Request::GetInode { ino } => Some(*ino),
         Request::CreateInode { parent, .. } => Some(*parent),
         Request::Lookup { dir, .. }
@@ -217,8 +226,19 @@ impl Server {
             requests: AtomicU64::new(0),
             by_op: std::array::from_fn(|_| AtomicU64::new(0)),
             load: Load::default(),
+            resync: Arc::new(Mutex::new(ResyncStatus::default())),
             stopped: AtomicBool::new(false),
         }
+    }
+
+    /// This server's index, once formatted.
+    pub(crate) fn index(&self) -> Option<u32> {
+        self.store.formatted().map(|f| f.index)
+    }
+
+    /// Where this server's resync progress is kept (shown by `Status`).
+    pub(crate) fn resync_status(&self) -> Arc<Mutex<ResyncStatus>> {
+        self.resync.clone()
     }
 
     pub(crate) fn epoch(&self) -> u64 {
@@ -674,6 +694,34 @@ impl Server {
                 .await
                 .map(Reply::Inode)
             }
+            Request::MarkStale { ino, server, from } => {
+                Self::check_owner(vol, ino.id)?;
+                self.leased(client, conn_id, ino, LeaseMode::Write, move || {
+                    store.mark_stale(ino, server, from)
+                })
+                .await
+                .map(Reply::Inode)
+            }
+            Request::NoteLeftover { id, server } => {
+                Self::check_owner(vol, id)?;
+                blocking(move || store.note_leftover(id, server)).await?;
+                Ok(Reply::Ok)
+            }
+            Request::ScanStale { server, after, max } => {
+                blocking(move || store.scan_stale(server, after, max))
+                    .await
+                    .map(Reply::Stale)
+            }
+            Request::ResyncAdvance {
+                id,
+                server,
+                seq,
+                upto,
+            } => {
+                Self::check_owner(vol, id)?;
+                blocking(move || store.resync_advance(id, server, seq, upto)).await?;
+                Ok(Reply::Ok)
+            }
             Request::DeleteInode { ino } => {
                 Self::check_owner(vol, ino.id)?;
                 self.leased(client, conn_id, ino, LeaseMode::Write, move || {
@@ -923,6 +971,12 @@ impl Server {
             (st.table.lease_count(), st.table.recalls_sent())
         };
         let sessions = self.sessions.lock().by_client.len() as u64;
+        let store = self.store.clone();
+        let stale_by_server = if formatted.is_some() {
+            blocking(move || store.stale_counts()).await?
+        } else {
+            Vec::new()
+        };
         Ok(ServerStats {
             index: formatted.as_ref().map(|f| f.index),
             volume: formatted.as_ref().map(|f| f.descriptor.uuid),
@@ -946,6 +1000,8 @@ impl Server {
             io_inflight: self.load.inflight(),
             read_service_us: self.load.service_us().0,
             write_service_us: self.load.service_us().1,
+            stale_by_server,
+            resync: self.resync.lock().clone(),
         })
     }
 

@@ -15,7 +15,9 @@
 //! * `entries`: (dir, name) → cookie, child id, child generation, kind, with a
 //!   unique index on (dir, cookie) so a listing continues with an index seek;
 //! * `data_files`: the ids of files whose extent file exists on this server
-//!   (recorded before the file is created).
+//!   (recorded before the file is created);
+//! * `stale_copies`: (file id, server) → lowest stale block, seq: the copies
+//!   another server missed while it was away (mirrored volumes; `stale.rs`).
 //!
 //! Every method is synchronous and may block on the disk: call it from a
 //! blocking thread. Writes go through one connection; reads use a small pool.
@@ -63,6 +65,14 @@ CREATE TABLE IF NOT EXISTS entries (
 CREATE UNIQUE INDEX IF NOT EXISTS entries_by_cookie ON entries (dir, cookie);
 CREATE TABLE IF NOT EXISTS data_files (id INTEGER PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS sync_marker (one INTEGER PRIMARY KEY CHECK (one = 1), seq INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS stale_copies (
+    id INTEGER NOT NULL,
+    server INTEGER NOT NULL,
+    from_block INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    PRIMARY KEY (id, server)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS stale_by_server ON stale_copies (server, id);
 PRAGMA user_version = 1;
 ";
 
@@ -205,16 +215,53 @@ pub fn check_new_name(name: &[u8]) -> Result<(), WireError> {
     Ok(())
 }
 
-fn encode_inode(ino: &Inode) -> Result<Vec<u8>, WireError> {
-    postcard::to_stdvec(ino).map_err(|e| corrupt(ino.id, e))
+/// An inode as stored in the `inodes` table: the wire [`Inode`] without its
+/// stale-copy records, which live in their own table. This layout is the
+/// on-disk format; it must not change.
+#[derive(serde::Serialize)]
+struct StoredInodeRef<'a> {
+    id: FileId,
+    gen: u32,
+    parent: FileId,
+    attr: &'a Attr,
+    target: &'a Option<Vec<u8>>,
 }
 
+/// The owned counterpart of [`StoredInodeRef`], for decoding.
+#[derive(serde::Deserialize)]
+struct StoredInode {
+    id: FileId,
+    gen: u32,
+    parent: FileId,
+    attr: Attr,
+    target: Option<Vec<u8>>,
+}
+
+fn encode_inode(ino: &Inode) -> Result<Vec<u8>, WireError> {
+    let stored = StoredInodeRef {
+        id: ino.id,
+        gen: ino.gen,
+        parent: ino.parent,
+        attr: &ino.attr,
+        target: &ino.target,
+    };
+    postcard::to_stdvec(&stored).map_err(|e| corrupt(ino.id, e))
+}
+
+/// Decodes a stored inode (its `stale` list empty: see [`load_inode`]).
 fn decode_inode(id: FileId, data: &[u8]) -> Result<Inode, WireError> {
-    let ino: Inode = postcard::from_bytes(data).map_err(|e| corrupt(id, e))?;
-    if ino.id != id {
-        return Err(corrupt(id, format!("record names id {}", ino.id)));
+    let s: StoredInode = postcard::from_bytes(data).map_err(|e| corrupt(id, e))?;
+    if s.id != id {
+        return Err(corrupt(id, format!("record names id {}", s.id)));
     }
-    Ok(ino)
+    Ok(Inode {
+        id: s.id,
+        gen: s.gen,
+        parent: s.parent,
+        attr: s.attr,
+        target: s.target,
+        stale: Vec::new(),
+    })
 }
 
 /// A directory inode loaded inside a write transaction.
@@ -458,6 +505,7 @@ impl Store {
                     ctime: now,
                     rdev: 0,
                 },
+                stale: Vec::new(),
                 target: None,
             };
             tx.execute(
@@ -551,6 +599,7 @@ impl Store {
                 parent: if is_dir { parent } else { 0 },
                 attr,
                 target: target.map(<[u8]>::to_vec),
+                stale: Vec::new(),
             };
             tx.execute(
                 "INSERT INTO inodes (id, gen, data, next_cookie) VALUES (?1, ?2, ?3, 1)",
@@ -903,7 +952,9 @@ impl Store {
                     break;
                 }
                 budget = budget.saturating_sub(data.len() + 16);
-                out.push(decode_inode(from_sql_id(id), &data)?);
+                let mut ino = decode_inode(from_sql_id(id), &data)?;
+                ino.stale = stale::records_of(c, ino.id)?;
+                out.push(ino);
             }
             Ok(out)
         })
@@ -1043,7 +1094,12 @@ fn load_inode(c: &Connection, id: FileId) -> Result<Option<Inode>, WireError> {
         .prepare_cached("SELECT data FROM inodes WHERE id = ?1")
         .and_then(|mut s| s.query_row(params![sql_id(id)], |r| r.get(0)).optional())
         .map_err(db_err)?;
-    data.map(|d| decode_inode(id, &d)).transpose()
+    let Some(d) = data else { return Ok(None) };
+    let mut ino = decode_inode(id, &d)?;
+    if ino.attr.kind == FileKind::File {
+        ino.stale = stale::records_of(c, id)?;
+    }
+    Ok(Some(ino))
 }
 
 fn load_dir_row(tx: &Transaction<'_>, dir: Handle) -> Result<DirRow, WireError> {
@@ -1103,5 +1159,6 @@ fn touch_dir(a: &mut Attr) {
     a.ctime = now;
 }
 
+mod stale;
 #[cfg(test)]
 mod tests;

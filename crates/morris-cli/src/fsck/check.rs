@@ -29,6 +29,8 @@ pub struct InodeRec {
     pub parent: FileId,
     /// Last change.
     pub ctime: Timestamp,
+    /// Stale-copy records: (server, lowest stale block).
+    pub stale: Vec<(u32, u64)>,
 }
 
 impl From<&Inode> for InodeRec {
@@ -41,6 +43,7 @@ impl From<&Inode> for InodeRec {
             size: i.attr.size,
             parent: i.parent,
             ctime: i.attr.ctime,
+            stale: i.stale.iter().map(|r| (r.server, r.from)).collect(),
         }
     }
 }
@@ -194,6 +197,9 @@ pub struct Report {
     pub unreachable: Vec<Unreachable>,
     /// Garbage: data of files that have no inode.
     pub orphan_data: Vec<DataRec>,
+    /// Degraded, not an error: copies that missed changes and wait for
+    /// their server's resync, as (file, server, lowest stale block).
+    pub stale_copies: Vec<(FileId, u32, u64)>,
 }
 
 impl Report {
@@ -380,6 +386,11 @@ pub fn check(snap: &Snapshot, cutoff: Timestamp) -> Report {
     for d in &snap.data {
         if !snap.inodes.contains_key(&d.id) {
             r.orphan_data.push(*d);
+        }
+    }
+    for ino in snap.inodes.values() {
+        for &(server, from) in &ino.stale {
+            r.stale_copies.push((ino.id, server, from));
         }
     }
     r
@@ -711,6 +722,7 @@ mod tests {
                     size,
                     parent,
                     ctime: OLD,
+                    stale: Vec::new(),
                 },
             );
         }

@@ -226,6 +226,13 @@ fn render(r: &Report, limit: usize) -> String {
         limit,
         |d| format!("file {} on server {}: {}", d.id, d.server, human(d.bytes)),
     );
+    section(
+        &mut out,
+        "degraded: stale copies waiting for their server's resync",
+        &r.stale_copies,
+        limit,
+        |(id, server, from)| format!("file {id}: server {server}, blocks {from} and above"),
+    );
     out
 }
 
@@ -235,7 +242,8 @@ fn summary(d: &VolumeDescriptor, snap: &Snapshot, r: &Report) -> String {
     format!(
         "fsck: volume {}: {} inodes, {} entries, {} data files on {} servers; \
          {} errors ({} dangling entries, {} entries of missing directories, {} mismatches{}); \
-         garbage: {} unreachable inodes ({} older than the minimum age), {} orphan data files ({})",
+         garbage: {} unreachable inodes ({} older than the minimum age), {} orphan data files ({}); \
+         redundancy: {} stale copies",
         d.uuid,
         snap.inodes.len(),
         snap.entries.len(),
@@ -249,7 +257,8 @@ fn summary(d: &VolumeDescriptor, snap: &Snapshot, r: &Report) -> String {
         r.unreachable.len(),
         reclaimable,
         r.orphan_data.len(),
-        human(orphan_bytes)
+        human(orphan_bytes),
+        r.stale_copies.len()
     )
 }
 

@@ -209,7 +209,7 @@ pub struct Cluster {
     dir: TempDir,
 }
 
-fn spawn_server(data: &Path, log: &Path, addr: &str, lease_ms: u32) -> Child {
+fn spawn_server(data: &Path, log: &Path, addr: &str, lease_ms: u32, extra: &[&str]) -> Child {
     let out = File::options()
         .create(true)
         .append(true)
@@ -224,6 +224,7 @@ fn spawn_server(data: &Path, log: &Path, addr: &str, lease_ms: u32) -> Child {
         .arg(addr)
         .arg("--lease-ms")
         .arg(lease_ms.to_string())
+        .args(extra)
         .env(
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
@@ -292,7 +293,7 @@ impl Cluster {
             // A free port can be taken between finding and binding it: retry.
             for _ in 0..5 {
                 let addr = format!("127.0.0.1:{}", free_port());
-                let mut child = spawn_server(&data, &log, &addr, c.opts.lease_ms);
+                let mut child = spawn_server(&data, &log, &addr, c.opts.lease_ms, &[]);
                 match wait_listening(&mut child, &addr) {
                     Ok(()) => {
                         started = Some((addr, child));
@@ -380,9 +381,14 @@ impl Cluster {
 
     /// Starts server `i` again on its address and data (after `kill9`).
     pub fn restart(&mut self, i: usize) {
+        self.restart_with(i, &[]);
+    }
+
+    /// Like [`Cluster::restart`], with extra `morris server` arguments.
+    pub fn restart_with(&mut self, i: usize, extra: &[&str]) {
         self.kill9(i);
         let s = &mut self.servers[i];
-        let mut child = spawn_server(&s.data, &s.log, &s.addr, self.opts.lease_ms);
+        let mut child = spawn_server(&s.data, &s.log, &s.addr, self.opts.lease_ms, extra);
         if let Err(e) = wait_listening(&mut child, &s.addr) {
             let _ = child.kill();
             let _ = child.wait();

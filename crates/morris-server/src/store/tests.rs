@@ -547,3 +547,81 @@ fn large_directory_lists_and_resumes() {
     assert!(page.iter().all(|e| e.cookie > mid));
     assert_eq!(page.len(), 10);
 }
+
+#[test]
+fn stale_copy_records_widen_advance_by_seq_and_travel_with_the_inode() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(&dir.path().join("m.sqlite")).unwrap();
+    let mut d = descriptor(3);
+    d.replicas = 2;
+    s.format(&d, 0, 1).unwrap();
+    let f = s
+        .create_inode(ROOT_ID, &attr(FileKind::File), None, 5)
+        .unwrap();
+    let h = f.handle();
+    assert!(f.stale.is_empty());
+    // Block 0 is the inode, not a data block; server 3 does not exist.
+    assert_eq!(s.mark_stale(h, 1, 0).unwrap_err().code, ErrorCode::Invalid);
+    assert_eq!(s.mark_stale(h, 3, 1).unwrap_err().code, ErrorCode::Invalid);
+    let i = s.mark_stale(h, 1, 9).unwrap();
+    assert_eq!(i.stale.len(), 1);
+    let first = i.stale[0];
+    assert_eq!((first.server, first.from), (1, 9));
+    // Widening keeps the lowest block and changes seq.
+    let i = s.mark_stale(h, 1, 12).unwrap();
+    assert_eq!(i.stale[0].from, 9);
+    assert!(i.stale[0].seq > first.seq);
+    let i = s.mark_stale(h, 1, 4).unwrap();
+    let rec = i.stale[0];
+    assert_eq!(rec.from, 4);
+    assert_eq!(s.get_inode(h.id).unwrap().unwrap().stale, vec![rec]);
+    assert_eq!(s.scan_inodes(0, 10).unwrap()[0].stale, vec![rec]);
+    assert_eq!(s.stale_counts().unwrap(), vec![(1, 1)]);
+    // A resync that copied under an older record cannot move it.
+    let e = s.resync_advance(h.id, 1, first.seq, None).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Stale);
+    s.resync_advance(h.id, 1, rec.seq, Some(20)).unwrap();
+    assert_eq!(s.get_inode(h.id).unwrap().unwrap().stale[0].from, 20);
+    let listed = s.scan_stale(1, 0, 10).unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].0, h.id);
+    assert_eq!(listed[0].2.as_ref().map(|i| i.id), Some(h.id));
+    assert!(s.scan_stale(2, 0, 10).unwrap().is_empty());
+    s.resync_advance(h.id, 1, rec.seq, None).unwrap();
+    assert!(s.get_inode(h.id).unwrap().unwrap().stale.is_empty());
+    assert!(s.stale_counts().unwrap().is_empty());
+    // A deleted file's leftover blocks are listed without an inode.
+    s.note_leftover(9_999, 2).unwrap();
+    let listed = s.scan_stale(2, 0, 10).unwrap();
+    assert_eq!((listed[0].0, listed[0].1.from), (9_999, 0));
+    assert!(listed[0].2.is_none());
+}
+
+#[test]
+fn inodes_stored_before_stale_records_existed_still_decode() {
+    // The stored layout of an inode: the wire Inode of protocol 2, which had
+    // no `stale` field. Records stored then must read back unchanged.
+    #[derive(serde::Serialize)]
+    struct InodeV2 {
+        id: FileId,
+        gen: u32,
+        parent: FileId,
+        attr: Attr,
+        target: Option<Vec<u8>>,
+    }
+    let old = InodeV2 {
+        id: 42,
+        gen: 7,
+        parent: 0,
+        attr: attr(FileKind::Symlink),
+        target: Some(b"/x".to_vec()),
+    };
+    let blob = postcard::to_stdvec(&old).unwrap();
+    let i = decode_inode(42, &blob).unwrap();
+    assert_eq!(
+        (i.id, i.gen, i.target.as_deref()),
+        (42, 7, Some(&b"/x"[..]))
+    );
+    assert!(i.stale.is_empty());
+    assert_eq!(encode_inode(&i).unwrap(), blob);
+}

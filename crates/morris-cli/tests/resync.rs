@@ -1,0 +1,318 @@
+//! `--replicas 2` with a copy server lost in the middle of the work: writes
+//! and reads go on without an error, the copies it missed are recorded as
+//! stale, nobody reads them before the server has caught up, and the
+//! returning server's resync brings the volume back to healthy (and fsck
+//! clean) by itself. Inodes are not mirrored yet, so the server lost here
+//! never holds the file's inode or the root directory.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::{pattern, wait_for, Cluster, ClusterOpts};
+
+const K: u32 = 4;
+const MIB: usize = 1 << 20;
+
+fn mirrored() -> Cluster {
+    Cluster::start(
+        K as usize,
+        ClusterOpts {
+            replicas: 2,
+            ..ClusterOpts::default()
+        },
+    )
+}
+
+/// A server that holds neither the inodes of `paths` nor the root directory.
+fn victim(paths: &[&Path]) -> usize {
+    let mut owners = vec![(morris_proto::ROOT_ID % u64::from(K)) as u32];
+    for p in paths {
+        let ino = std::fs::metadata(p).expect("stat").ino();
+        owners.push((ino % u64::from(K)) as u32);
+    }
+    (0..K)
+        .find(|s| !owners.contains(s))
+        .expect("a server besides the owners") as usize
+}
+
+fn read_all(path: &Path) -> Vec<u8> {
+    let mut out = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut out))
+        .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    out
+}
+
+/// The address of a server that is running (server 0 may be the lost one).
+fn live(c: &Cluster) -> &str {
+    let i = c
+        .pids()
+        .iter()
+        .position(Option::is_some)
+        .expect("a running server");
+    c.addr(i)
+}
+
+/// A mount through a running server.
+fn mount(c: &Cluster) -> common::Mount {
+    common::Mount::start(live(c), &[])
+}
+
+fn status(c: &Cluster) -> serde_json::Value {
+    let o = common::morris(&["status", live(c), "--json"]);
+    assert!(o.status.success(), "{}", common::both(&o));
+    serde_json::from_slice(&o.stdout).expect("status json")
+}
+
+/// Waits until `morris status` calls the volume healthy (the resync done).
+fn wait_healthy(c: &Cluster) {
+    wait_for(
+        Duration::from_secs(90),
+        "the volume to be healthy again",
+        || {
+            let s = status(c);
+            if s["health"] == "healthy" {
+                Ok(())
+            } else {
+                Err(serde_json::to_string(&s["servers"]).unwrap_or_default())
+            }
+        },
+    );
+}
+
+fn fsck_clean(c: &Cluster) {
+    let (ok, out, all) = common::fsck(c.addr(0));
+    assert!(ok, "fsck failed:\n{all}");
+    for want in ["0 errors", "0 orphan data files", "0 stale copies"] {
+        assert!(out.contains(want), "fsck is not clean ({want}):\n{all}");
+    }
+}
+
+/// Every extent file of server `data`, by name (`<id>` or `<id>.<copy>`).
+fn extents(data: &Path) -> BTreeMap<String, PathBuf> {
+    let mut out = BTreeMap::new();
+    let Ok(dirs) = std::fs::read_dir(data.join("blocks")) else {
+        return out;
+    };
+    for d in dirs.flatten() {
+        for f in std::fs::read_dir(d.path()).into_iter().flatten().flatten() {
+            out.insert(f.file_name().to_string_lossy().into_owned(), f.path());
+        }
+    }
+    out
+}
+
+/// Content of a file with trailing zeros dropped (a hole and written
+/// zeros read alike; extent lengths may differ by trailing holes).
+fn content(p: &Path) -> Vec<u8> {
+    let mut b = std::fs::read(p).unwrap_or_default();
+    while b.last() == Some(&0) {
+        b.pop();
+    }
+    b
+}
+
+/// With two copies, copy 1 on server s is exactly server s-1's copy 0:
+/// every such pair of extent files on disk must hold the same bytes.
+fn copies_agree(c: &Cluster) {
+    let k = c.servers.len();
+    let mut pairs = 0;
+    for s in 0..k {
+        let prev = (s + k - 1) % k;
+        let mine = extents(&c.servers[s].data);
+        let theirs = extents(&c.servers[prev].data);
+        for (name, path) in &mine {
+            let Some(id) = name.strip_suffix(".1") else {
+                continue;
+            };
+            let other = theirs.get(id).map(|p| content(p)).unwrap_or_default();
+            assert!(
+                content(path) == other,
+                "file {id}: copy 1 on server {s} differs from copy 0 on server {prev}"
+            );
+            pairs += 1;
+        }
+        for (name, path) in &theirs {
+            if !name.contains('.') && !mine.contains_key(&format!("{name}.1")) {
+                assert!(
+                    content(path).is_empty(),
+                    "file {name}: server {prev} holds data whose copy on server {s} is missing"
+                );
+            }
+        }
+    }
+    assert!(pairs > 0, "no mirrored extent files found");
+}
+
+#[test]
+fn a_copy_server_killed_during_a_long_write_is_caught_up_when_it_returns() {
+    let mut c = mirrored();
+    let m = mount(&c);
+    let f = m.path.join("big");
+    std::fs::write(&f, b"").expect("create");
+    let v = victim(&[&f]);
+    let total = 40 * MIB;
+    let data = pattern(51, 0, total);
+
+    // The writer goes on while server v is killed a quarter of the way in.
+    let (tx, rx) = mpsc::channel();
+    let writer = {
+        let (f, data) = (f.clone(), data.clone());
+        std::thread::spawn(move || -> std::io::Result<()> {
+            let mut file = std::fs::OpenOptions::new().write(true).open(&f)?;
+            for (i, chunk) in data.chunks(MIB).enumerate() {
+                file.write_all(chunk)?;
+                if i == 10 {
+                    let _ = tx.send(());
+                }
+            }
+            file.sync_all()?;
+            common::close_checked(file)
+        })
+    };
+    rx.recv_timeout(Duration::from_secs(120))
+        .expect("the writer stalled before the kill");
+    c.kill9(v);
+    writer
+        .join()
+        .expect("writer thread")
+        .expect("the write failed although a copy of every block was reachable");
+    drop(m);
+
+    // The volume knows server v missed the end of the file.
+    let s = status(&c);
+    assert_eq!(s["health"], "degraded", "{s}");
+    assert!(
+        s["servers"][v]["stale_files"].as_u64().unwrap_or(0) >= 1,
+        "no stale copies recorded for server {v}: {s}"
+    );
+    let m = mount(&c);
+    assert!(
+        read_all(&m.path.join("big")) == data,
+        "the file read back with server {v} down differs"
+    );
+    drop(m);
+
+    // Back, it catches up by itself; the copies agree byte for byte.
+    c.restart(v);
+    wait_healthy(&c);
+    fsck_clean(&c);
+    copies_agree(&c);
+    let m = mount(&c);
+    assert!(
+        read_all(&m.path.join("big")) == data,
+        "read after resync differs"
+    );
+}
+
+#[test]
+fn a_copy_server_killed_during_a_long_read_is_read_around() {
+    let mut c = mirrored();
+    let m = mount(&c);
+    let f = m.path.join("big");
+    let data = pattern(52, 0, 40 * MIB);
+    std::fs::write(&f, &data).expect("write");
+    let v = victim(&[&f]);
+    drop(m);
+    let m = mount(&c);
+    let file = std::fs::File::open(m.path.join("big")).expect("open");
+    let mut got = vec![0u8; data.len()];
+    for (i, chunk) in got.chunks_mut(MIB).enumerate() {
+        if i == 8 {
+            c.kill9(v);
+        }
+        file.read_exact_at(chunk, (i * MIB) as u64)
+            .unwrap_or_else(|e| panic!("read at MiB {i} with server {v} killed: {e}"));
+    }
+    assert!(got == data, "read with server {v} killed midway differs");
+    drop(file);
+    drop(m);
+    // Reads miss nothing: the volume is healthy as soon as v is back.
+    c.restart(v);
+    wait_healthy(&c);
+    fsck_clean(&c);
+    copies_agree(&c);
+}
+
+#[test]
+fn a_returning_server_is_not_read_before_it_has_caught_up() {
+    let mut c = mirrored();
+    let m = mount(&c);
+    let old = pattern(53, 0, 24 * MIB);
+    std::fs::write(m.path.join("a"), &old).expect("write a");
+    std::fs::write(m.path.join("gone"), &old[..3 * MIB]).expect("write gone");
+    let v = victim(&[&m.path.join("a"), &m.path.join("gone")]);
+    drop(m);
+
+    // While v is down: rewrite `a` in place, write `b`, delete `gone`.
+    c.kill9(v);
+    let m = mount(&c);
+    let new = pattern(54, 0, 24 * MIB);
+    {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(m.path.join("a"))
+            .expect("open a");
+        file.write_all_at(&new, 0).expect("rewrite a");
+        common::close_checked(file).expect("close a");
+    }
+    let b = pattern(55, 0, 10 * MIB);
+    std::fs::write(m.path.join("b"), &b).expect("write b");
+    if let Err(e) = std::fs::remove_file(m.path.join("gone")) {
+        panic!(
+            "remove gone: {e}\nmount log:\n{}\n{}",
+            common::read_log(&m.log),
+            c.logs()
+        );
+    }
+    drop(m);
+
+    // v comes back with its old blocks and no resync: readers must not use it.
+    c.restart_with(v, &["--no-resync"]);
+    let s = status(&c);
+    assert_eq!(s["health"], "degraded", "{s}");
+    assert_eq!(s["servers"][v]["copies"], "stale", "{s}");
+    let reads_before = reads_at(&s, v);
+    for round in 0..3 {
+        let m = mount(&c);
+        assert!(
+            read_all(&m.path.join("a")) == new,
+            "round {round}: a is stale"
+        );
+        assert!(
+            read_all(&m.path.join("b")) == b,
+            "round {round}: b is stale"
+        );
+    }
+    let reads_after = reads_at(&status(&c), v);
+    assert_eq!(
+        reads_after, reads_before,
+        "server {v} served block reads before catching up"
+    );
+
+    // With its resync, it catches up and serves again.
+    c.restart(v);
+    wait_healthy(&c);
+    fsck_clean(&c);
+    copies_agree(&c);
+    let m = mount(&c);
+    assert!(read_all(&m.path.join("a")) == new, "a after resync");
+    assert!(read_all(&m.path.join("b")) == b, "b after resync");
+}
+
+/// Block reads served by server `i` so far.
+fn reads_at(status: &serde_json::Value, i: usize) -> u64 {
+    status["servers"][i]["stats"]["requests_by_op"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p[0] == "Read")
+        .and_then(|p| p[1].as_u64())
+        .unwrap_or(0)
+}

@@ -1,0 +1,204 @@
+//! Changing every copy of a file's blocks while a copy server may be lost
+//! (volumes with `replicas > 1`).
+//!
+//! A write, truncate or fsync goes to every copy that is current. A copy
+//! server that cannot be reached, or does not answer within half a lease,
+//! has *missed* the change: before the change is answered, the client
+//! records that at the inode's owner ([`Request::MarkStale`], under the
+//! write lease it already holds), from the lowest block it missed. Readers
+//! get the record with the inode and never read those blocks from that
+//! server; later writes skip it; its resync (`resync.rs`) copies them back
+//! and clears the record. A change is refused only if a block would be
+//! left with no current copy, or the record cannot be stored.
+//! See docs/architecture.md ("Mirrored blocks").
+
+use std::collections::{BTreeMap, HashSet};
+
+use bytes::Bytes;
+use morris_proto::{ErrorCode, FileId, Reply, Request, StaleCopy};
+use tracing::warn;
+
+use morris_proto::layout::Layout;
+
+use crate::leases::LeaseGuard;
+use crate::pool::unexpected;
+use crate::{Client, Error, Result};
+
+/// Lowest missed block per server.
+pub(crate) type Missed = BTreeMap<u32, u64>;
+
+/// Notes that `server` missed block `index` (keeps the lowest).
+pub(crate) fn note_missed(missed: &mut Missed, server: u32, index: u64) {
+    let e = missed.entry(server).or_insert(index);
+    *e = (*e).min(index);
+}
+
+/// True if a record in `stale` already covers `server`'s block `index`
+/// (nothing needs to reach it there: its resync copies the block).
+pub(crate) fn covered(stale: &[StaleCopy], server: u32, index: u64) -> bool {
+    stale.iter().any(|r| r.covers(server, index))
+}
+
+/// True if, with the servers in `down` not current, some block of a file
+/// would have no current copy left (`replicas` ring neighbours all down).
+fn loses_a_block(layout: &Layout, down: &HashSet<u32>) -> bool {
+    let k = layout.servers;
+    (0..k).any(|start| (0..layout.replicas).all(|r| down.contains(&((start + r) % k))))
+}
+
+impl Client {
+    /// Sends `req` to copy server `server` once: no reconnect loop, and an
+    /// answer within half a lease. `Unavailable` when it cannot be reached
+    /// or stays silent (the caller may then record the copy as missed).
+    pub(crate) async fn call_copy(
+        &self,
+        server: u32,
+        req: Request,
+        payload: Bytes,
+    ) -> Result<(Reply, Bytes)> {
+        let limit = self.pool.lease() / 2;
+        match tokio::time::timeout(limit, self.pool.call_once(server, req, payload)).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::new(
+                ErrorCode::Unavailable,
+                format!("server {server} did not answer within {limit:?}"),
+            )),
+        }
+    }
+
+    /// Records at the owner of `g`'s file that each server in `missed` missed
+    /// blocks from the given index on, and takes the owner's records into the
+    /// cached inode. Runs under the write lease, before the change is answered.
+    pub(crate) async fn mark_missed(&self, g: &LeaseGuard, missed: &Missed) -> Result<()> {
+        if missed.is_empty() {
+            return Ok(());
+        }
+        let h = g.handle();
+        let mut down: HashSet<u32> = missed.keys().copied().collect();
+        down.extend(g.entry.state.lock().inode.stale.iter().map(|r| r.server));
+        if loses_a_block(&self.layout, &down) {
+            // Recording them would leave blocks with no current copy at all:
+            // fail the change instead (the volume has lost more than it can
+            // stand; the copies keep what they had).
+            return Err(Error::new(
+                ErrorCode::Unavailable,
+                format!(
+                    "servers {:?} are unreachable and hold every copy of some blocks of file {}",
+                    missed.keys().collect::<Vec<_>>(),
+                    h.id
+                ),
+            ));
+        }
+        for (&server, &from) in missed {
+            warn!(
+                id = h.id,
+                server,
+                from_block = from,
+                "copy server missed a change; recording its copies as stale"
+            );
+            let reply = self
+                .call_owner(
+                    h.id,
+                    Request::MarkStale {
+                        ino: h,
+                        server,
+                        from: from.max(1),
+                    },
+                )
+                .await?;
+            let Reply::Inode(inode) = reply else {
+                return Err(unexpected(&reply));
+            };
+            g.entry.state.lock().inode.stale = inode.stale;
+        }
+        Ok(())
+    }
+
+    /// Writes `pieces` (block index, offset in the block, bytes) of file `id`
+    /// to every current copy; records the copies that missed them.
+    pub(crate) async fn write_copies(
+        &self,
+        g: &LeaseGuard,
+        id: FileId,
+        pieces: Vec<(u64, u32, Bytes)>,
+    ) -> Result<()> {
+        let stale = g.entry.state.lock().inode.stale.clone();
+        let mut calls = Vec::new();
+        for (index, within, piece) in &pieces {
+            for (replica, server) in self.layout.placement(id, *index).into_iter().enumerate() {
+                if covered(&stale, server, *index) {
+                    continue;
+                }
+                let req = Request::Write {
+                    id,
+                    index: *index,
+                    replica: replica as u8,
+                    offset: *within,
+                    sync: false,
+                };
+                let (index, piece) = (*index, piece.clone());
+                calls
+                    .push(async move { (index, server, self.call_copy(server, req, piece).await) });
+            }
+        }
+        let mut stored = HashSet::new();
+        let mut missed = Missed::new();
+        let mut failed: Option<Error> = None;
+        for (index, server, r) in futures::future::join_all(calls).await {
+            match r {
+                Ok(_) => {
+                    stored.insert(index);
+                }
+                Err(e) if e.code == ErrorCode::Unavailable => {
+                    note_missed(&mut missed, server, index)
+                }
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        // Copies that took the data while others did not must not be read
+        // as equals, even when the write as a whole fails.
+        self.mark_missed(g, &missed).await?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if let Some((index, _, _)) = pieces.iter().find(|(i, _, _)| !stored.contains(i)) {
+            return Err(Error::new(
+                ErrorCode::Unavailable,
+                format!("no copy of block {index} of file {id} could be written"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Sends `req` (built per server) to every server that holds a current
+    /// copy of block `from` or above of `g`'s file; records those that
+    /// missed it from block `from`.
+    pub(crate) async fn to_every_copy_server(
+        &self,
+        g: &LeaseGuard,
+        from: u64,
+        req: impl Fn(u32) -> Request,
+    ) -> Result<()> {
+        let stale = g.entry.state.lock().inode.stale.clone();
+        let servers: Vec<u32> = (0..self.layout.servers)
+            .filter(|s| !covered(&stale, *s, from))
+            .collect();
+        let calls = servers
+            .iter()
+            .map(|&s| self.call_copy(s, req(s), Bytes::new()));
+        let mut missed = Missed::new();
+        let mut failed: Option<Error> = None;
+        for (s, r) in servers.iter().zip(futures::future::join_all(calls).await) {
+            match r {
+                Ok(_) => {}
+                Err(e) if e.code == ErrorCode::Unavailable => note_missed(&mut missed, *s, from),
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        self.mark_missed(g, &missed).await?;
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
