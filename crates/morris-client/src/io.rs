@@ -89,10 +89,12 @@ impl ReadAhead {
 /// Fetches `len` bytes at `off` of copy `replica` of block `index` from
 /// `server`, zero-filling past what the server holds (holes and the block's
 /// unwritten tail read as zeros). `once`: no reconnect loop (another copy
-/// can serve the read instead).
+/// can serve the read instead). The load the server reports on its reply
+/// goes into `loads`, if given.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn fetch_copy(
     pool: &Pool,
+    loads: Option<&crate::replicas::Loads>,
     server: u32,
     id: FileId,
     index: u64,
@@ -113,8 +115,11 @@ pub(crate) async fn fetch_copy(
     } else {
         pool.call(server, req, Bytes::new()).await?
     };
-    if !matches!(reply, Reply::Data) {
+    let Reply::Data { queue, service_us } = reply else {
         return Err(unexpected(&reply));
+    };
+    if let Some(l) = loads {
+        l.report(server, queue, service_us);
     }
     if data.len() == len as usize {
         return Ok(data);
@@ -336,9 +341,9 @@ impl Client {
             ))
         } else {
             let server = self.layout.block_server(id, index);
-            tokio::spawn(
-                async move { fetch_copy(&pool, server, id, index, 0, off, len, false).await },
-            )
+            tokio::spawn(async move {
+                fetch_copy(&pool, None, server, id, index, 0, off, len, false).await
+            })
         };
         async move {
             match task.await {

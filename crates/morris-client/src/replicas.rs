@@ -45,6 +45,11 @@ struct ServerLoad {
     updated_ms: AtomicU64,
     /// When a request to this server last succeeded, ms since `Loads::start`.
     answered_ms: AtomicU64,
+    /// What the server last reported on a reply: block requests it was
+    /// serving (every client's) and its read service time, ns; and when.
+    reported_queue: AtomicU32,
+    reported_service_ns: AtomicU64,
+    reported_ms: AtomicU64,
 }
 
 /// What this client sees of each server's data load.
@@ -129,13 +134,42 @@ impl Loads {
         }
     }
 
+    /// Records the load server `s` reported on a reply.
+    pub(crate) fn report(&self, s: u32, queue: u32, service_us: u32) {
+        if let Some(l) = self.get(s) {
+            l.reported_queue.store(queue, Ordering::Relaxed);
+            l.reported_service_ns
+                .store(u64::from(service_us) * 1000, Ordering::Relaxed);
+            l.reported_ms.store(self.now_ms(), Ordering::Relaxed);
+        }
+    }
+
+    /// Expected cost of one more request at `s`: latency (this client's
+    /// average, or the server's own service time if that is longer) times
+    /// (1 + the requests queued there: this client's in flight, or what the
+    /// server last reported if more — load other clients put on it).
     fn score(&self, s: u32) -> u64 {
-        let inflight = self
-            .get(s)
-            .map_or(0, |l| l.inflight.load(Ordering::Relaxed));
+        let Some(l) = self.get(s) else {
+            return u64::MAX;
+        };
+        let own = l.inflight.load(Ordering::Relaxed);
+        let fresh = self
+            .now_ms()
+            .saturating_sub(l.reported_ms.load(Ordering::Relaxed))
+            <= FORGET_AFTER_MS
+            && l.reported_ms.load(Ordering::Relaxed) > 0;
+        let (queue, service) = if fresh {
+            (
+                own.max(l.reported_queue.load(Ordering::Relaxed)),
+                l.reported_service_ns.load(Ordering::Relaxed),
+            )
+        } else {
+            (own, 0)
+        };
         self.latency_ns(s)
+            .max(service)
             .max(1)
-            .saturating_mul(1 + u64::from(inflight))
+            .saturating_mul(1 + u64::from(queue))
     }
 
     /// The best server of `candidates` not in `tried`.
@@ -226,7 +260,8 @@ pub(crate) async fn fetch_any(
         let (pool, loads) = (pool.clone(), loads.clone());
         Some((s, async move {
             let busy = loads.begin(s);
-            let out = crate::io::fetch_copy(&pool, s, id, index, r, off, len, true).await;
+            let out =
+                crate::io::fetch_copy(&pool, Some(&loads), s, id, index, r, off, len, true).await;
             if out.is_ok() {
                 if let Some(b) = busy {
                     b.finish();
@@ -281,7 +316,7 @@ pub(crate) async fn fetch_any(
     let Some(&(r, s)) = copies.first() else {
         return Err(last_err.unwrap_or_else(|| Error::new(morris_proto::ErrorCode::Io, "no copy")));
     };
-    match crate::io::fetch_copy(&pool, s, id, index, r, off, len, false).await {
+    match crate::io::fetch_copy(&pool, Some(&loads), s, id, index, r, off, len, false).await {
         Ok(d) => Ok(d),
         Err(e) => Err(last_err.unwrap_or(e)),
     }
@@ -328,5 +363,28 @@ mod tests {
         assert!(!l.silent_for(1, Duration::from_millis(500)));
         l.servers[2].ewma_ns.store(1_000_000_000, Ordering::Relaxed);
         assert_eq!(l.hedge_after(2), HEDGE_MAX);
+    }
+
+    #[test]
+    fn load_reported_by_servers_counts_against_them() {
+        let l = Loads::new(2);
+        let copies = [(0u8, 0u32), (1, 1)];
+        for s in 0..2 {
+            l.servers[s].ewma_ns.store(1_000_000, Ordering::Relaxed);
+            l.servers[s].updated_ms.store(u64::MAX, Ordering::Relaxed);
+        }
+        // Other clients keep server 0's disk busy: it says so on a reply.
+        std::thread::sleep(Duration::from_millis(2));
+        l.report(0, 6, 500);
+        assert_eq!(l.pick(&copies, &[]), Some((1, 1)));
+        // A server whose own service time is long loses too.
+        l.report(0, 0, 0);
+        l.report(1, 0, 40_000);
+        assert_eq!(l.pick(&copies, &[]), Some((0, 0)));
+        // Reports go stale like latencies: forgotten after a while.
+        l.servers[1].reported_ms.store(1, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(FORGET_AFTER_MS + 20));
+        l.servers[0].reported_ms.store(1, Ordering::Relaxed);
+        assert_eq!(l.score(0), l.score(1));
     }
 }

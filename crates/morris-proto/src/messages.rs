@@ -399,8 +399,16 @@ pub enum Reply {
         /// The directory after the change.
         dir: Inode,
     },
-    /// Answer to `Read`; the bytes are the frame's payload.
-    Data,
+    /// Answer to `Read`; the bytes are the frame's payload. The server's
+    /// block I/O load as it answered rides along, so that clients choosing
+    /// between copies see load they did not cause themselves.
+    Data {
+        /// Block reads and writes the server was serving when it answered
+        /// (other than this one).
+        queue: u32,
+        /// Its moving-average block read service time, µs.
+        service_us: u32,
+    },
     /// Answer to `ScanInodes`.
     Inodes(Vec<Inode>),
     /// Answer to `ScanEntries`: (directory id, entry).

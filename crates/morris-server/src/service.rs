@@ -482,7 +482,13 @@ impl Server {
                 offset,
                 len,
             } => match self.read(&vol, id, index, replica, offset, len).await {
-                Ok(data) => (Ok(Reply::Data), data),
+                Ok(data) => {
+                    let load = Reply::Data {
+                        queue: u32::try_from(self.load.inflight()).unwrap_or(u32::MAX),
+                        service_us: u32::try_from(self.load.service_us().0).unwrap_or(u32::MAX),
+                    };
+                    (Ok(load), data)
+                }
                 Err(e) => plain(Err(e)),
             },
             other => plain(

@@ -155,7 +155,7 @@ impl Client {
             len,
         };
         match self.rpc.call(&req, Bytes::new()).await {
-            Ok((Reply::Data, b)) => b,
+            Ok((Reply::Data { .. }, b)) => b,
             other => panic!("read failed: {other:?}"),
         }
     }
