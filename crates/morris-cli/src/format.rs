@@ -168,8 +168,9 @@ pub fn describe(d: &VolumeDescriptor) -> String {
     if d.replicas > 1 {
         s.push_str(&format!(
             "  {} copies of every data block (copy r of a block on the r-th next server);\n  \
-             reads use the least loaded copy. Not yet mirrored: inodes, directories and\n  \
-             leases (a lost server stops the files whose inode it holds).\n",
+             reads use the least loaded copy; writes go on with one copy server lost,\n  \
+             which catches up when it returns. Not yet mirrored: inodes, directories\n  \
+             and leases (a lost server stops the files whose inode it holds).\n",
             d.replicas
         ));
     }

@@ -316,3 +316,46 @@ fn reads_at(status: &serde_json::Value, i: usize) -> u64 {
         .and_then(|p| p[1].as_u64())
         .unwrap_or(0)
 }
+
+#[test]
+fn a_stopped_copy_server_does_not_stop_writes() {
+    let mut c = mirrored();
+    let m = mount(&c);
+    let f = m.path.join("w");
+    std::fs::write(&f, b"").expect("create");
+    let v = victim(&[&f]);
+    let pid = c.pids()[v].expect("victim running");
+    // Connected but silent: only the copy-write time limit (half a lease)
+    // lets the writes go on.
+    common::signal(pid, libc::SIGSTOP);
+    let data = pattern(56, 0, 12 * MIB);
+    let wrote = std::fs::write(&f, &data);
+    common::signal(pid, libc::SIGCONT);
+    wrote.expect("write with a copy server stopped");
+    drop(m);
+    // Recorded as stale (or, if its resync was quick, already caught up).
+    let s = status(&c);
+    let stale = s["servers"][v]["stale_files"].as_u64().unwrap_or(0);
+    let caught_up = s["servers"][v]["stats"]["resync"]["files_total"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(
+        stale + caught_up >= 1,
+        "no stale copies recorded for the stopped server {v}: {s}"
+    );
+    wait_healthy(&c);
+    fsck_clean(&c);
+    copies_agree(&c);
+    let m = mount(&c);
+    assert!(
+        read_all(&m.path.join("w")) == data,
+        "read after resync differs"
+    );
+    drop(m);
+    c.kill9(v);
+    let m = mount(&c);
+    assert!(
+        read_all(&m.path.join("w")) == data,
+        "read from the other copies differs"
+    );
+}
