@@ -72,6 +72,7 @@ pub fn run(args: ServerArgs) -> Result<ExitCode> {
         if let Some(t) = resync {
             t.abort();
         }
+        handle.shutdown().await;
         out
     });
     // Blocking store work finishes or is abandoned within this bound; every

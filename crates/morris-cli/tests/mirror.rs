@@ -6,11 +6,7 @@
 
 mod common;
 
-use std::io::Read;
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
-
-use common::{pattern, signal, Cluster, ClusterOpts};
+use common::{copy_only_server, pattern, read_all, signal, Cluster, ClusterOpts};
 
 const K: u32 = 4;
 
@@ -22,24 +18,6 @@ fn mirrored() -> Cluster {
             ..ClusterOpts::default()
         },
     )
-}
-
-/// A server that holds neither `path`'s inode nor the root directory.
-fn victim(path: &Path) -> usize {
-    let ino = std::fs::metadata(path).expect("stat").ino();
-    let owner = (ino % u64::from(K)) as u32;
-    let root = (morris_proto::ROOT_ID % u64::from(K)) as u32;
-    (0..K)
-        .find(|s| *s != owner && *s != root)
-        .expect("a server besides the owners") as usize
-}
-
-fn read_all(path: &Path) -> Vec<u8> {
-    let mut out = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_to_end(&mut out))
-        .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    out
 }
 
 fn data_bytes(c: &Cluster) -> u64 {
@@ -68,7 +46,7 @@ fn every_block_has_two_copies_and_reads_survive_a_killed_server() {
         "{stored} bytes stored for {} bytes of data with 2 copies",
         data.len()
     );
-    let v = victim(&f);
+    let v = copy_only_server(K, &[&f]);
     drop(m);
 
     // Cold client; one copy-holding server gone for good.
@@ -94,7 +72,7 @@ fn a_stopped_server_is_read_around() {
     let f = m.path.join("big");
     let data = pattern(42, 0, 16 << 20);
     std::fs::write(&f, &data).expect("write");
-    let v = victim(&f);
+    let v = copy_only_server(K, &[&f]);
     drop(m);
     let m = c.mount();
     let f = m.path.join("big");
@@ -114,7 +92,7 @@ fn truncated_and_regrown_files_read_zeros_from_either_copy() {
     let f = m.path.join("t");
     let data = pattern(43, 0, 3 << 20);
     std::fs::write(&f, &data).expect("write");
-    let v = victim(&f);
+    let v = copy_only_server(K, &[&f]);
     let file = std::fs::OpenOptions::new()
         .write(true)
         .open(&f)

@@ -47,23 +47,35 @@ fn loses_a_block(layout: &Layout, down: &HashSet<u32>) -> bool {
 }
 
 impl Client {
-    /// Sends `req` to copy server `server` once: no reconnect loop, and an
-    /// answer within half a lease. `Unavailable` when it cannot be reached
-    /// or stays silent (the caller may then record the copy as missed).
-    pub(crate) async fn call_copy(
+    /// Sends `req` to `server` once: no reconnect loop, and an answer within
+    /// half a lease. `Unavailable` when it cannot be reached or stays silent,
+    /// and at once, without trying, for a while after that happened. For
+    /// requests that can do without that server: copy writes (the copy is
+    /// then recorded as missed), deletes, choosing where to create an inode.
+    pub(crate) async fn call_bounded(
         &self,
         server: u32,
         req: Request,
         payload: Bytes,
     ) -> Result<(Reply, Bytes)> {
+        if self.pool.recently_down(server) {
+            return Err(Error::new(
+                ErrorCode::Unavailable,
+                format!("server {server} did not answer recently"),
+            ));
+        }
         let limit = self.pool.lease() / 2;
-        match tokio::time::timeout(limit, self.pool.call_once(server, req, payload)).await {
+        let r = match tokio::time::timeout(limit, self.pool.call_once(server, req, payload)).await {
             Ok(r) => r,
             Err(_) => Err(Error::new(
                 ErrorCode::Unavailable,
                 format!("server {server} did not answer within {limit:?}"),
             )),
+        };
+        if matches!(&r, Err(e) if e.code == ErrorCode::Unavailable) {
+            self.pool.mark_down(server);
         }
+        r
     }
 
     /// Records at the owner of `g`'s file that each server in `missed` missed
@@ -137,8 +149,9 @@ impl Client {
                     sync: false,
                 };
                 let (index, piece) = (*index, piece.clone());
-                calls
-                    .push(async move { (index, server, self.call_copy(server, req, piece).await) });
+                calls.push(
+                    async move { (index, server, self.call_bounded(server, req, piece).await) },
+                );
             }
         }
         let mut stored = HashSet::new();
@@ -185,7 +198,7 @@ impl Client {
             .collect();
         let calls = servers
             .iter()
-            .map(|&s| self.call_copy(s, req(s), Bytes::new()));
+            .map(|&s| self.call_bounded(s, req(s), Bytes::new()));
         let mut missed = Missed::new();
         let mut failed: Option<Error> = None;
         for (s, r) in servers.iter().zip(futures::future::join_all(calls).await) {

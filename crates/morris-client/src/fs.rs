@@ -266,19 +266,16 @@ impl Client {
     }
 
     /// Sends `CreateInode` to the next server in turn. One that cannot be
-    /// reached (or is in its restart grace) is passed over for the next, so
-    /// creates go on while a server is down; the last one tried is waited
-    /// for. A reply lost after a server created the inode leaves an
+    /// reached, stays silent for half a lease, or is in its restart grace is
+    /// passed over for the next, so creates go on while a server is down or
+    /// cut off; the last one tried is waited for. A reply lost after a server created the inode leaves an
     /// unreachable inode, which fsck reclaims (as after a client crash).
     async fn create_inode(&self, req: Request) -> Result<Inode> {
         let k = self.layout.servers;
         let first = self.pick_server();
-        for i in 0..k {
+        for i in 0..k - 1 {
             let server = (first + i) % k;
-            if i + 1 == k {
-                break;
-            }
-            match self.pool.call_once(server, req.clone(), Bytes::new()).await {
+            match self.call_bounded(server, req.clone(), Bytes::new()).await {
                 Ok((reply, _)) => return inode_reply(reply),
                 Err(e) if matches!(e.code, ErrorCode::Unavailable | ErrorCode::Grace) => {
                     tracing::debug!(server, error = %e, "creating the inode elsewhere");
@@ -616,7 +613,7 @@ impl Client {
         let data = futures::future::join_all(servers.into_iter().map(|s| async move {
             (
                 s,
-                self.call_copy(s, Request::DeleteData { id: h.id }, Bytes::new())
+                self.call_bounded(s, Request::DeleteData { id: h.id }, Bytes::new())
                     .await,
             )
         }));

@@ -39,7 +39,15 @@ struct Slot {
     last_ok: AtomicU64,
     /// A renewal of this server is in flight (at most one at a time).
     renewing: std::sync::atomic::AtomicBool,
+    /// When a copy request to this server last failed for want of an
+    /// answer (ns since the pool started; 0: not since it last answered).
+    down_since: AtomicU64,
 }
+
+/// How long copy requests to a server that just failed to answer fail at
+/// once, without trying (`Pool::recently_down`): one cut-off server costs
+/// the writes of each new file one timeout per this period, not one each.
+const DOWN_HOLD: Duration = Duration::from_secs(10);
 
 /// Called with a server index whose lease table was lost (new epoch).
 pub(crate) type EpochHook = Box<dyn Fn(u32) + Send + Sync>;
@@ -142,6 +150,7 @@ impl Pool {
                     term: AtomicU64::new(1),
                     last_ok: AtomicU64::new(0),
                     renewing: std::sync::atomic::AtomicBool::new(false),
+                    down_since: AtomicU64::new(0),
                 })
                 .collect(),
             lease,
@@ -364,7 +373,25 @@ impl Pool {
     fn touch(&self, i: u32, sent: u64) {
         if let Some(s) = self.slots.get(i as usize) {
             s.last_ok.fetch_max(sent, Ordering::SeqCst);
+            s.down_since.store(0, Ordering::Relaxed);
         }
+    }
+
+    /// Records that a copy request to server `i` got no answer.
+    pub(crate) fn mark_down(&self, i: u32) {
+        if let Some(s) = self.slots.get(i as usize) {
+            s.down_since.store(self.now_ns().max(1), Ordering::Relaxed);
+        }
+    }
+
+    /// True if a copy request to server `i` got no answer within the last
+    /// `DOWN_HOLD` and nothing has been heard from it since.
+    pub(crate) fn recently_down(&self, i: u32) -> bool {
+        let Some(s) = self.slots.get(i as usize) else {
+            return false;
+        };
+        let since = s.down_since.load(Ordering::Relaxed);
+        since != 0 && self.now_ns().saturating_sub(since) < DOWN_HOLD.as_nanos() as u64
     }
 
     /// Sends `Renew` to every connected server that has been quiet for a

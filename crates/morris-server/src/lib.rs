@@ -117,11 +117,6 @@ impl ServerHandle {
         self.server.resync_status()
     }
 
-    /// This server's index in its volume, once formatted.
-    pub fn index(&self) -> Option<u32> {
-        self.server.index()
-    }
-
     /// Serves until the server is stopped (it never stops by itself; an
     /// error here means the accept loop failed).
     pub async fn serve(&mut self) {

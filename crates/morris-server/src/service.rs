@@ -231,11 +231,6 @@ impl Server {
         }
     }
 
-    /// This server's index, once formatted.
-    pub(crate) fn index(&self) -> Option<u32> {
-        self.store.formatted().map(|f| f.index)
-    }
-
     /// Where this server's resync progress is kept (shown by `Status`).
     pub(crate) fn resync_status(&self) -> Arc<Mutex<ResyncStatus>> {
         self.resync.clone()

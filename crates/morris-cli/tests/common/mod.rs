@@ -648,3 +648,27 @@ pub fn fsck(addr: &str) -> (bool, String, String) {
     let o = morris(&["fsck", addr, "--all"]);
     (o.status.success(), stdout(&o), both(&o))
 }
+
+/// A server of a `k`-server volume that owns neither the inodes of `paths`
+/// nor the root directory (inodes are not mirrored: tests that lose a
+/// server pick one whose loss only costs data-block copies).
+pub fn copy_only_server(k: u32, paths: &[&Path]) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let mut owners = vec![(1 % u64::from(k)) as u32];
+    for p in paths {
+        let ino = std::fs::metadata(p).expect("stat").ino();
+        owners.push((ino % u64::from(k)) as u32);
+    }
+    (0..k)
+        .find(|s| !owners.contains(s))
+        .expect("a server besides the owners") as usize
+}
+
+/// The whole content of `path` (panics with the path on failure).
+pub fn read_all(path: &Path) -> Vec<u8> {
+    let mut out = Vec::new();
+    File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut out))
+        .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    out
+}
