@@ -18,6 +18,8 @@ use crate::runtime::{self, Terminate};
 /// How often a server looks for copies it has to catch up. Copies missed
 /// while it was cut off (not restarted) are found by the next look.
 const RESYNC_EVERY: Duration = Duration::from_secs(5);
+/// How soon after start a server first looks.
+const RESYNC_FIRST: Duration = Duration::from_millis(500);
 
 /// Arguments of `morris server`.
 #[derive(Debug, Args)]
@@ -97,8 +99,12 @@ fn connect_addr(addr: SocketAddr) -> String {
 async fn resync_loop(addr: String, status: Arc<Mutex<ResyncStatus>>) {
     let mut client: Option<Arc<Client>> = None;
     let mut me: Option<u32> = None;
+    // The first look comes soon after start: a server back from an outage
+    // has the most to catch up.
+    let mut wait = RESYNC_FIRST;
     loop {
-        tokio::time::sleep(RESYNC_EVERY).await;
+        tokio::time::sleep(wait).await;
+        wait = RESYNC_EVERY;
         if me.is_none() {
             // Known once the server is formatted.
             let id = crate::admin::random_client_id();

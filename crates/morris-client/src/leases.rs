@@ -498,16 +498,20 @@ impl Leases {
             warn!(ino = entry.id, error = %e, "could not write back inode on recall");
         }
         self.discard(&entry);
-        if let Err(e) = self
-            .pool
-            .call(
-                entry.owner,
-                Request::Release { ino: entry.id },
-                Bytes::new(),
-            )
-            .await
-        {
-            debug!(ino = entry.id, error = %e, "release failed; the lease will expire");
+        // One try, bounded: an owner that is down or cut off needs no
+        // Release (the lease expires there), and waiting out its reconnect
+        // window would hold up an unmount by two lease times.
+        let release = self.pool.call_once(
+            entry.owner,
+            Request::Release { ino: entry.id },
+            Bytes::new(),
+        );
+        match tokio::time::timeout(self.pool.lease() / 2, release).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                debug!(ino = entry.id, error = %e, "release failed; the lease will expire")
+            }
+            Err(_) => debug!(ino = entry.id, "release unanswered; the lease will expire"),
         }
         entry.gone.send_replace(true);
     }

@@ -119,7 +119,8 @@ impl Client {
                 after,
                 max: SCAN_PAGE,
             };
-            let page = match self.call(owner, req).await? {
+            // Bounded: an owner that is down is retried by the next pass.
+            let page = match self.call_bounded(owner, req, Bytes::new()).await?.0 {
                 Reply::Stale(p) => p,
                 other => return Err(unexpected(&other)),
             };
