@@ -43,7 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from lib.ganesha import Ganesha  # noqa: E402
-from lib.util import free_port, parse_size  # noqa: E402
+from lib.util import drop_caches, free_port, parse_size  # noqa: E402
 
 MiB = 1 << 20
 TICK = os.sysconf("SC_CLK_TCK")
@@ -60,12 +60,6 @@ def wait_port(port, proc, what, timeout=30):
         except OSError:
             time.sleep(0.05)
     raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {timeout} s")
-
-
-def drop_caches():
-    subprocess.run(["sync"], check=True)
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
 
 
 def stop_proc(p, timeout=15):

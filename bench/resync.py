@@ -46,7 +46,7 @@ import time
 MiB = 1 << 20
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
-from lib.util import free_port, parse_size  # noqa: E402
+from lib.util import drop_caches, free_port, is_mounted, parse_size  # noqa: E402
 
 ROOT_ID = 1  # the root directory's inode id (owner = id mod k)
 
@@ -57,18 +57,6 @@ class BenchError(Exception):
 
 def log(*a):
     print(time.strftime("%H:%M:%S"), *a, file=sys.stderr, flush=True)
-
-
-def drop_caches():
-    subprocess.run(["sync"], check=True)
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
-
-def is_mounted(path):
-    path = os.path.realpath(path)
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == path for line in f)
 
 
 # ---------------------------------------------------------------- data

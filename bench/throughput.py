@@ -37,19 +37,7 @@ import time
 MiB = 1 << 20
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from lib.util import free_port, parse_size  # noqa: E402
-
-
-def drop_caches():
-    subprocess.run(["sync"], check=True)
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
-
-def is_mounted(path):
-    path = os.path.realpath(path)
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == path for line in f)
+from lib.util import drop_caches, free_port, is_mounted, parse_size  # noqa: E402
 
 
 class Cluster:

@@ -1,6 +1,8 @@
 """Small helpers shared by the benchmark scripts."""
 
+import os
 import socket
+import subprocess
 
 
 def parse_size(s):
@@ -17,3 +19,17 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def drop_caches():
+    """Writes dirty pages back, then drops the page cache (needs root)."""
+    subprocess.run(["sync"], check=True)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def is_mounted(path):
+    """True if `path` is a mount point of this mount namespace."""
+    path = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == path for line in f)
