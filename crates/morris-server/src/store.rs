@@ -948,12 +948,14 @@ impl Store {
             let mut budget = REPLY_BUDGET;
             for row in rows {
                 let (id, data) = row.map_err(db_err)?;
-                if data.len() + 16 > budget && !out.is_empty() {
-                    break;
-                }
-                budget = budget.saturating_sub(data.len() + 16);
                 let mut ino = decode_inode(from_sql_id(id), &data)?;
                 ino.stale = stale::records_of(c, ino.id)?;
+                // Each record encodes in at most 3 varints of 10 bytes.
+                let cost = data.len() + 16 + 30 * ino.stale.len();
+                if cost > budget && !out.is_empty() {
+                    break;
+                }
+                budget = budget.saturating_sub(cost);
                 out.push(ino);
             }
             Ok(out)
