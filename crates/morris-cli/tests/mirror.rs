@@ -6,19 +6,9 @@
 
 mod common;
 
-use common::{copy_only_server, pattern, read_all, signal, Cluster, ClusterOpts};
+use common::{copy_only_server, pattern, read_all, signal, Cluster};
 
 const K: u32 = 4;
-
-fn mirrored() -> Cluster {
-    Cluster::start(
-        K as usize,
-        ClusterOpts {
-            replicas: 2,
-            ..ClusterOpts::default()
-        },
-    )
-}
 
 fn data_bytes(c: &Cluster) -> u64 {
     let o = common::morris(&["status", c.addr(0), "--json"]);
@@ -34,7 +24,7 @@ fn data_bytes(c: &Cluster) -> u64 {
 
 #[test]
 fn every_block_has_two_copies_and_reads_survive_a_killed_server() {
-    let mut c = mirrored();
+    let mut c = Cluster::start_mirrored(K as usize);
     let m = c.mount();
     let f = m.path.join("big");
     // 24 MiB of 64 KiB units: many blocks on every server.
@@ -67,7 +57,7 @@ fn every_block_has_two_copies_and_reads_survive_a_killed_server() {
 
 #[test]
 fn a_stopped_server_is_read_around() {
-    let c = mirrored();
+    let c = Cluster::start_mirrored(K as usize);
     let m = c.mount();
     let f = m.path.join("big");
     let data = pattern(42, 0, 16 << 20);
@@ -87,7 +77,7 @@ fn a_stopped_server_is_read_around() {
 
 #[test]
 fn truncated_and_regrown_files_read_zeros_from_either_copy() {
-    let mut c = mirrored();
+    let mut c = Cluster::start_mirrored(K as usize);
     let m = c.mount();
     let f = m.path.join("t");
     let data = pattern(43, 0, 3 << 20);

@@ -14,20 +14,10 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{copy_only_server, pattern, read_all, wait_for, Cluster, ClusterOpts};
+use common::{copy_only_server, pattern, read_all, wait_for, Cluster};
 
 const K: u32 = 4;
 const MIB: usize = 1 << 20;
-
-fn mirrored() -> Cluster {
-    Cluster::start(
-        K as usize,
-        ClusterOpts {
-            replicas: 2,
-            ..ClusterOpts::default()
-        },
-    )
-}
 
 /// The address of a server that is running (server 0 may be the lost one).
 fn live(c: &Cluster) -> &str {
@@ -132,7 +122,7 @@ fn copies_agree(c: &Cluster) {
 
 #[test]
 fn a_copy_server_killed_during_a_long_write_is_caught_up_when_it_returns() {
-    let mut c = mirrored();
+    let mut c = Cluster::start_mirrored(K as usize);
     let m = mount(&c);
     let f = m.path.join("big");
     std::fs::write(&f, b"").expect("create");
@@ -193,7 +183,7 @@ fn a_copy_server_killed_during_a_long_write_is_caught_up_when_it_returns() {
 
 #[test]
 fn a_copy_server_killed_during_a_long_read_is_read_around() {
-    let mut c = mirrored();
+    let mut c = Cluster::start_mirrored(K as usize);
     let m = mount(&c);
     let f = m.path.join("big");
     let data = pattern(52, 0, 40 * MIB);
@@ -222,7 +212,7 @@ fn a_copy_server_killed_during_a_long_read_is_read_around() {
 
 #[test]
 fn a_returning_server_is_not_read_before_it_has_caught_up() {
-    let mut c = mirrored();
+    let mut c = Cluster::start_mirrored(K as usize);
     let m = mount(&c);
     let old = pattern(53, 0, 24 * MIB);
     std::fs::write(m.path.join("a"), &old).expect("write a");
@@ -299,7 +289,7 @@ fn reads_at(status: &serde_json::Value, i: usize) -> u64 {
 
 #[test]
 fn a_stopped_copy_server_does_not_stop_writes() {
-    let mut c = mirrored();
+    let mut c = Cluster::start_mirrored(K as usize);
     let m = mount(&c);
     let f = m.path.join("w");
     std::fs::write(&f, b"").expect("create");

@@ -265,6 +265,17 @@ impl Cluster {
         Cluster::start_at(n, opts, None)
     }
 
+    /// `n` servers formatted with `--replicas 2` (otherwise the defaults).
+    pub fn start_mirrored(n: usize) -> Cluster {
+        Cluster::start(
+            n,
+            ClusterOpts {
+                replicas: 2,
+                ..ClusterOpts::default()
+            },
+        )
+    }
+
     /// Like [`Cluster::start`], but the servers' data directories are
     /// `data_root/server-<i>` (e.g. on a small tmpfs); logs stay in the
     /// cluster's temporary directory.
