@@ -145,7 +145,8 @@ pub async fn collect(addr: &str, limit: Duration) -> Result<VolumeReport> {
         .ok_or_else(|| anyhow!("server {addr} is not formatted (see `morris format`)"))?;
     let servers = join_all((0..volume.servers.len()).map(|i| probe(&volume, i, limit))).await;
     let mut servers = servers;
-    let health = redundancy(&mut servers);
+    let mirrored = volume.replicas >= 2 && volume.servers.len() >= 2;
+    let health = redundancy(&mut servers, mirrored);
     Ok(VolumeReport {
         volume,
         servers,
@@ -155,7 +156,7 @@ pub async fn collect(addr: &str, limit: Duration) -> Result<VolumeReport> {
 
 /// Fills every server's stale-copy count and copy state from the records
 /// the servers reported; returns the volume's health.
-fn redundancy(servers: &mut [ServerReport]) -> &'static str {
+fn redundancy(servers: &mut [ServerReport], mirrored: bool) -> &'static str {
     let mut stale = vec![0u64; servers.len()];
     for st in servers.iter().filter_map(|s| s.stats.as_ref()) {
         for &(server, files) in &st.stale_by_server {
@@ -175,7 +176,7 @@ fn redundancy(servers: &mut [ServerReport]) -> &'static str {
         };
         resyncing |= n > 0 && running;
     }
-    if servers.iter().any(|s| s.state != "up") {
+    if servers.iter().any(|s| s.state != "up") || !metadata_whole(servers, mirrored) {
         "degraded"
     } else if resyncing {
         "resyncing"
@@ -184,6 +185,47 @@ fn redundancy(servers: &mut [ServerReport]) -> &'static str {
     } else {
         "healthy"
     }
+}
+
+/// True if every metadata range is served by a primary and, on a mirrored
+/// volume, its other copy is current.
+fn metadata_whole(servers: &[ServerReport], mirrored: bool) -> bool {
+    let copies: Vec<&morris_proto::RangeStatus> = servers
+        .iter()
+        .filter_map(|s| s.stats.as_ref())
+        .flat_map(|st| st.ranges.iter())
+        .collect();
+    (0..servers.len() as u32).all(|r| {
+        copies
+            .iter()
+            .any(|c| c.range == r && c.primary && c.ready && (!mirrored || c.peer_in_sync))
+    })
+}
+
+/// The METADATA column: the ranges a server keeps and their state
+/// (`0:primary` serving with a current copy elsewhere, `0:primary/alone`
+/// serving with no current copy, `0:primary/not-serving`, `3:copy`
+/// current and ready to take over, `3:copy/behind`).
+fn metadata_cell(s: &ServerReport) -> String {
+    let Some(st) = &s.stats else {
+        return "-".into();
+    };
+    let mirrored = st.ranges.len() > 1;
+    let cells: Vec<String> = st
+        .ranges
+        .iter()
+        .map(|r| {
+            let what = match (r.primary, r.ready) {
+                (true, true) if !mirrored || r.peer_in_sync => "primary",
+                (true, true) => "primary/alone",
+                (true, false) => "primary/not-serving",
+                (false, true) => "copy",
+                (false, false) => "copy/behind",
+            };
+            format!("{}:{what}", r.range)
+        })
+        .collect();
+    cells.join(" ")
 }
 
 /// The COPIES column: current, or how far the server's resync is.
@@ -291,6 +333,7 @@ pub fn render(r: &VolumeReport, ops: bool) -> String {
         "ADDRESS",
         "STATE",
         "COPIES",
+        "METADATA",
         "INODES",
         "DATA-FILES",
         "DATA",
@@ -313,6 +356,7 @@ pub fn render(r: &VolumeReport, ops: bool) -> String {
                 s.address.clone(),
                 s.state.to_string(),
                 copies_cell(s),
+                metadata_cell(s),
             ];
             match &s.stats {
                 Some(st) => row.extend([
@@ -334,7 +378,7 @@ pub fn render(r: &VolumeReport, ops: bool) -> String {
             row
         })
         .collect();
-    out.push_str(&table(&headers, &rows, &[1, 2, 3]));
+    out.push_str(&table(&headers, &rows, &[1, 2, 3, 4]));
     for s in r.servers.iter().filter(|s| s.error.is_some()) {
         out.push_str(&format!(
             "server {} ({}) {}: {}\n",
@@ -456,6 +500,7 @@ mod tests {
             created: Timestamp { secs: 0, nanos: 0 },
         };
         let stats = ServerStats {
+            ranges: vec![serving(0, false)],
             inodes: 7,
             requests: 12,
             requests_by_op: vec![("Read".into(), 10), ("Hello".into(), 2)],
@@ -487,18 +532,68 @@ mod tests {
         }
     }
 
+    fn serving(range: u32, peer_in_sync: bool) -> morris_proto::RangeStatus {
+        morris_proto::RangeStatus {
+            range,
+            primary: true,
+            ready: true,
+            gen: 1,
+            peer_in_sync,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn metadata_ranges_without_a_current_copy_make_the_volume_degraded() {
+        let mut r = report();
+        r.volume.replicas = 2;
+        let copy = |range| morris_proto::RangeStatus {
+            range,
+            ready: true,
+            gen: 1,
+            ..Default::default()
+        };
+        r.servers[1].state = "up";
+        r.servers[1].error = None;
+        r.servers[0].stats.as_mut().unwrap().ranges = vec![serving(0, true), copy(1)];
+        r.servers[1].stats = Some(ServerStats {
+            ranges: vec![serving(1, true), copy(0)],
+            ..ServerStats::default()
+        });
+        assert_eq!(redundancy(&mut r.servers, true), "healthy");
+        assert_eq!(metadata_cell(&r.servers[0]), "0:primary 1:copy");
+        // Server 1 took range 0 over (server 0 lost it): one copy only.
+        r.servers[0].stats.as_mut().unwrap().ranges = vec![
+            morris_proto::RangeStatus {
+                ready: false,
+                ..copy(0)
+            },
+            copy(1),
+        ];
+        r.servers[1].stats.as_mut().unwrap().ranges = vec![serving(1, true), serving(0, false)];
+        assert_eq!(redundancy(&mut r.servers, true), "degraded");
+        assert_eq!(metadata_cell(&r.servers[0]), "0:copy/behind 1:copy");
+        assert_eq!(metadata_cell(&r.servers[1]), "1:primary 0:primary/alone");
+        // Nobody serves range 0.
+        r.servers[1].stats.as_mut().unwrap().ranges = vec![serving(1, true)];
+        assert_eq!(redundancy(&mut r.servers, true), "degraded");
+    }
+
     #[test]
     fn stale_copies_make_the_volume_degraded_then_resyncing() {
         let mut r = report();
         r.servers[1].state = "up";
         r.servers[1].error = None;
-        r.servers[1].stats = Some(ServerStats::default());
-        assert_eq!(redundancy(&mut r.servers), "healthy");
+        r.servers[1].stats = Some(ServerStats {
+            ranges: vec![serving(1, false)],
+            ..ServerStats::default()
+        });
+        assert_eq!(redundancy(&mut r.servers, false), "healthy");
         // Server 0 keeps records of 3 files whose copies on server 1 are stale.
         if let Some(st) = r.servers[0].stats.as_mut() {
             st.stale_by_server = vec![(1, 3)];
         }
-        assert_eq!(redundancy(&mut r.servers), "degraded");
+        assert_eq!(redundancy(&mut r.servers, false), "degraded");
         assert_eq!(r.servers[1].stale_files, 3);
         assert_eq!(copies_cell(&r.servers[1]), "stale: 3 files");
         if let Some(st) = r.servers[1].stats.as_mut() {
@@ -510,13 +605,13 @@ mod tests {
                 ..Default::default()
             };
         }
-        r.health = redundancy(&mut r.servers);
+        r.health = redundancy(&mut r.servers, false);
         assert_eq!(r.health, "resyncing");
         let text = render(&r, false);
         assert!(text.contains(": resyncing, 2 of 2 servers up"), "{text}");
         assert!(text.contains("resyncing 1/3 files, 5 MiB copied"), "{text}");
         r.servers[1].state = "down";
-        assert_eq!(redundancy(&mut r.servers), "degraded");
+        assert_eq!(redundancy(&mut r.servers, false), "degraded");
     }
 
     #[test]

@@ -59,13 +59,12 @@ fn every_block_has_two_copies_and_reads_survive_a_killed_server() {
 fn a_stopped_server_is_read_around() {
     let c = Cluster::start_mirrored(K as usize);
     let m = c.mount();
-    let f = m.path.join("big");
+    let (f, v) = common::create_with_quiet_server(K, &m.path, "big");
     let data = pattern(42, 0, 16 << 20);
     std::fs::write(&f, &data).expect("write");
-    let v = copy_only_server(K, &[&f]);
     drop(m);
     let m = c.mount();
-    let f = m.path.join("big");
+    let f = m.path.join(f.file_name().expect("name"));
     let pid = c.pids()[v].expect("victim running");
     // The server stays connected but answers nothing: only hedged reads to
     // the other copies let the read finish.

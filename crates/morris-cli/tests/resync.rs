@@ -291,9 +291,7 @@ fn reads_at(status: &serde_json::Value, i: usize) -> u64 {
 fn a_stopped_copy_server_does_not_stop_writes() {
     let mut c = Cluster::start_mirrored(K as usize);
     let m = mount(&c);
-    let f = m.path.join("w");
-    std::fs::write(&f, b"").expect("create");
-    let v = copy_only_server(K, &[&f]);
+    let (f, v) = common::create_with_quiet_server(K, &m.path, "w");
     let pid = c.pids()[v].expect("victim running");
     // Connected but silent: only the copy-write time limit (half a lease)
     // lets the writes go on.
@@ -306,7 +304,12 @@ fn a_stopped_copy_server_does_not_stop_writes() {
         .and_then(|()| std::fs::write(m.path.join("w2"), &small))
         .and_then(|()| std::fs::write(m.path.join("w3"), &small));
     common::signal(pid, libc::SIGCONT);
-    wrote.expect("write with a copy server stopped");
+    if let Err(e) = wrote {
+        panic!(
+            "write with server {v} stopped: {e}; mount log:\n{}",
+            common::read_log(&m.log)
+        );
+    }
     drop(m);
     // Recorded as stale (or, if its resync was quick, already caught up).
     let s = status(&c);
@@ -321,19 +324,161 @@ fn a_stopped_copy_server_does_not_stop_writes() {
     wait_healthy(&c);
     fsck_clean(&c);
     copies_agree(&c);
+    let name = f.file_name().expect("name").to_owned();
     let m = mount(&c);
     assert!(
-        read_all(&m.path.join("w")) == data,
+        read_all(&m.path.join(&name)) == data,
         "read after resync differs"
     );
     drop(m);
     c.kill9(v);
     let m = mount(&c);
     assert!(
-        read_all(&m.path.join("w")) == data,
+        read_all(&m.path.join(&name)) == data,
         "read from the other copies differs"
     );
     for name in ["w2", "w3"] {
         assert!(read_all(&m.path.join(name)) == small, "{name} differs");
     }
+}
+
+/// Creates empty files `dir/name`, `dir/name.1`, ... until one's inode is
+/// owned (its metadata range served) by server `owner`.
+fn create_owned_by(k: u32, owner: u32, dir: &Path, name: &str) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    for i in 0..8 * k {
+        let p = dir.join(format!("{name}.{i}"));
+        std::fs::write(&p, b"").expect("create");
+        let ino = std::fs::metadata(&p).expect("stat").ino();
+        if ino % u64::from(k) == u64::from(owner) {
+            return p;
+        }
+    }
+    panic!("no new inode landed on server {owner}");
+}
+
+/// The metadata range `range` as server `i` reports it.
+fn range_of(s: &serde_json::Value, i: usize, range: u32) -> serde_json::Value {
+    s["servers"][i]["stats"]["ranges"]
+        .as_array()
+        .and_then(|v| v.iter().find(|r| r["range"] == range).cloned())
+        .unwrap_or_default()
+}
+
+/// The server that owns the root (and the file being written) is killed in
+/// the middle of a long write: its copy takes the range over and the
+/// writer never sees an error; with the server gone, names are created and
+/// listed in the root; back, it keeps the copy and catches up.
+#[test]
+fn the_owner_of_a_files_inode_and_of_the_root_killed_during_a_long_write() {
+    let mut c = Cluster::start_mirrored(K as usize);
+    let m = mount(&c);
+    let root_owner = 1 % K;
+    let f = create_owned_by(K, root_owner, &m.path, "big");
+    let total = 40 * MIB;
+    let data = pattern(61, 0, total);
+    let (tx, rx) = mpsc::channel();
+    let writer = {
+        let (f, data) = (f.clone(), data.clone());
+        std::thread::spawn(move || -> std::io::Result<()> {
+            let mut file = std::fs::OpenOptions::new().write(true).open(&f)?;
+            for (i, chunk) in data.chunks(MIB).enumerate() {
+                file.write_all(chunk)?;
+                if i == 10 {
+                    let _ = tx.send(());
+                }
+            }
+            file.sync_all()?;
+            common::close_checked(file)
+        })
+    };
+    rx.recv_timeout(Duration::from_secs(120))
+        .expect("the writer stalled before the kill");
+    let v = root_owner as usize;
+    c.kill9(v);
+    if let Err(e) = writer.join().expect("writer thread") {
+        panic!(
+            "the write failed after the inode's owner was killed: {e}; mount log:\n{}",
+            common::read_log(&m.log)
+        );
+    }
+    // The namespace goes on without server v.
+    std::fs::write(m.path.join("new"), b"created while v was down").expect("create");
+    let names: Vec<String> = std::fs::read_dir(&m.path)
+        .expect("list the root")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().any(|n| n == "new"), "{names:?}");
+    drop(m);
+    let s = status(&c);
+    assert_eq!(s["health"], "degraded", "{s}");
+    let next = (v + 1) % K as usize;
+    let taken = range_of(&s, next, root_owner);
+    assert_eq!(
+        taken["primary"], true,
+        "server {next} did not take range {v} over: {s}"
+    );
+    assert_eq!(taken["ready"], true, "{s}");
+    let m = mount(&c);
+    assert!(
+        read_all(&m.path.join(f.file_name().expect("name"))) == data,
+        "the file read back with server {v} down differs"
+    );
+    drop(m);
+
+    // Back, it keeps the copy of its range, and the volume becomes whole.
+    c.restart(v);
+    wait_healthy(&c);
+    let s = status(&c);
+    let home = range_of(&s, v, root_owner);
+    assert_eq!(home["primary"], false, "{s}");
+    assert_eq!(home["ready"], true, "{s}");
+    fsck_clean(&c);
+    copies_agree(&c);
+    let m = mount(&c);
+    assert!(
+        read_all(&m.path.join(f.file_name().expect("name"))) == data,
+        "read after resync differs"
+    );
+    assert_eq!(
+        std::fs::read(m.path.join("new")).expect("read new"),
+        b"created while v was down"
+    );
+}
+
+/// The server owning the file being read (and the root) is killed during a
+/// long pread loop: every read succeeds (the read lease is taken again from
+/// the range's new primary).
+#[test]
+fn the_owner_of_a_files_inode_killed_during_a_long_read() {
+    let mut c = Cluster::start_mirrored(K as usize);
+    let m = mount(&c);
+    let root_owner = 1 % K;
+    let f = create_owned_by(K, root_owner, &m.path, "big");
+    let data = pattern(62, 0, 40 * MIB);
+    std::fs::write(&f, &data).expect("write");
+    let name = f.file_name().expect("name").to_owned();
+    drop(m);
+    let m = mount(&c);
+    let file = std::fs::File::open(m.path.join(&name)).expect("open");
+    let v = root_owner as usize;
+    let mut got = vec![0u8; data.len()];
+    for (i, chunk) in got.chunks_mut(MIB).enumerate() {
+        if i == 8 {
+            c.kill9(v);
+        }
+        if let Err(e) = file.read_exact_at(chunk, (i * MIB) as u64) {
+            panic!(
+                "read at MiB {i} with server {v} killed: {e}; mount log:\n{}",
+                common::read_log(&m.log)
+            );
+        }
+    }
+    assert!(got == data, "read with server {v} killed midway differs");
+    drop(file);
+    drop(m);
+    c.restart(v);
+    wait_healthy(&c);
+    fsck_clean(&c);
+    copies_agree(&c);
 }

@@ -65,7 +65,22 @@ impl Client {
             ));
         }
         let limit = self.pool.lease() / 2;
-        let r = match tokio::time::timeout(limit, self.pool.call_once(server, req, payload)).await {
+        // One more try if the connection was closed under the request while
+        // the server itself answers (a server that stops trusting its leases
+        // closes every session: `lapse_all`); a dead server refuses both.
+        let attempt = async {
+            match self
+                .pool
+                .call_once(server, req.clone(), payload.clone())
+                .await
+            {
+                Err(e) if e.code == ErrorCode::Unavailable => {
+                    self.pool.call_once(server, req, payload).await
+                }
+                r => r,
+            }
+        };
+        let r = match tokio::time::timeout(limit, attempt).await {
             Ok(r) => r,
             Err(_) => Err(Error::new(
                 ErrorCode::Unavailable,

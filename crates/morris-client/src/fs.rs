@@ -58,8 +58,11 @@ impl Client {
         Ok(self.pool.call(server, req, Bytes::new()).await?.0)
     }
 
+    /// Sends a metadata request about `id` to the server that serves its
+    /// range now (`Pool::call_range`).
     pub(crate) async fn call_owner(&self, id: FileId, req: Request) -> Result<Reply> {
-        self.call(self.layout.inode_server(id), req).await
+        let range = self.layout.inode_server(id);
+        Ok(self.pool.call_range(range, req, Bytes::new()).await?.1)
     }
 
     /// A use of the lease on directory `dir`.
@@ -98,8 +101,8 @@ impl Client {
     /// (never from the cache; waits for the server to come back).
     async fn server_entry(&self, g: &LeaseGuard, name: &[u8]) -> Result<Option<DirEntry>> {
         let r = self
-            .call(
-                g.entry.owner,
+            .call_owner(
+                g.entry.id,
                 Request::Lookup {
                     dir: g.handle(),
                     name: name.to_vec(),
@@ -118,7 +121,7 @@ impl Client {
     /// change counts as done if it is there (a retry could not tell "already
     /// done" from "refused").
     async fn dir_call(&self, g: &LeaseGuard, req: Request, child: Option<Handle>) -> Result<Reply> {
-        let err = match self.call(g.entry.owner, req.clone()).await {
+        let err = match self.call_owner(g.entry.id, req.clone()).await {
             Ok(r) => return Ok(r),
             Err(e) if e.code == ErrorCode::Unavailable => e,
             Err(e) => return Err(e),
@@ -143,7 +146,7 @@ impl Client {
             // server answers again, send it once more. (Leaving the second
             // half of a cross-directory rename undone would leave two names.)
             tracing::info!(op = req.name(), error = %err, "not applied before the connection was lost; sending again");
-            return self.call(g.entry.owner, req).await;
+            return self.call_owner(g.entry.id, req).await;
         }
         tracing::info!(
             op = req.name(),
@@ -151,7 +154,7 @@ impl Client {
         );
         // The reply is lost; the lease we hold makes this answer at once.
         let dir = inode_reply(
-            self.call(g.entry.owner, Request::AcquireWrite { ino: g.handle() })
+            self.call_owner(g.entry.id, Request::AcquireWrite { ino: g.handle() })
                 .await?,
         )?;
         Ok(Reply::Removed { entry: None, dir })
@@ -195,7 +198,7 @@ impl Client {
             Mode::Read => Request::AcquireRead { ino: h },
             Mode::Write => Request::AcquireWrite { ino: h },
         };
-        let mut inode = inode_reply(self.call(g.entry.owner, req).await?)?;
+        let mut inode = inode_reply(self.call_owner(g.entry.id, req).await?)?;
         let mut st = g.entry.state.lock();
         if st.dirty {
             // Local size/mtime not yet stored win over the server's copy.
@@ -273,14 +276,32 @@ impl Client {
     async fn create_inode(&self, req: Request) -> Result<Inode> {
         let k = self.layout.servers;
         let first = self.pick_server();
-        for i in 0..k - 1 {
-            let server = (first + i) % k;
-            match self.call_bounded(server, req.clone(), Bytes::new()).await {
-                Ok((reply, _)) => return inode_reply(reply),
-                Err(e) if matches!(e.code, ErrorCode::Unavailable | ErrorCode::Grace) => {
-                    tracing::debug!(server, error = %e, "creating the inode elsewhere");
+        // Mirrored metadata: a server that does not serve its own range now
+        // (taken over, or not yet confirmed) answers `NotOwner`; keep going
+        // round for as long as a takeover takes.
+        let rounds = if self.layout.replicas > 1 { 40 } else { 1 };
+        for round in 0..rounds {
+            for i in 0..k {
+                let server = (first + i) % k;
+                let last = round + 1 == rounds && i + 1 == k;
+                if last {
+                    break;
                 }
-                Err(e) => return Err(e),
+                match self.call_bounded(server, req.clone(), Bytes::new()).await {
+                    Ok((reply, _)) => return inode_reply(reply),
+                    Err(e)
+                        if matches!(
+                            e.code,
+                            ErrorCode::Unavailable | ErrorCode::Grace | ErrorCode::NotOwner
+                        ) =>
+                    {
+                        tracing::debug!(server, error = %e, "creating the inode elsewhere");
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            if round + 1 < rounds {
+                tokio::time::sleep(self.pool.lease() / 8).await;
             }
         }
         inode_reply(self.call((first + k - 1) % k, req).await?)
@@ -551,7 +572,7 @@ impl Client {
             (st.inode.handle(), self.leases.unstored_seq(g.entry.id))
         };
         let inode = inode_reply(
-            self.call(g.entry.owner, Request::SetAttr { ino: h, set })
+            self.call_owner(g.entry.id, Request::SetAttr { ino: h, set })
                 .await?,
         )?;
         self.leases.stored(&g.entry, inode, seq);
@@ -640,8 +661,8 @@ impl Client {
 
     async fn is_empty_dir(&self, g: &LeaseGuard) -> Result<bool> {
         let r = self
-            .call(
-                g.entry.owner,
+            .call_owner(
+                g.entry.id,
                 Request::ReadDir {
                     dir: g.handle(),
                     cookie: 0,
@@ -972,8 +993,8 @@ impl Client {
     ) -> Result<(Vec<DirEntry>, bool)> {
         let g = self.dir_guard(dir, Mode::Read).await?;
         let r = self
-            .call(
-                g.entry.owner,
+            .call_owner(
+                g.entry.id,
                 Request::ReadDir {
                     dir: g.handle(),
                     cookie,

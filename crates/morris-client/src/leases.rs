@@ -331,15 +331,16 @@ impl Leases {
                 e.wait_gone().await;
             }
         }
-        let owner = self.layout.inode_server(h.id);
+        let range = self.layout.inode_server(h.id);
         let seq_before = self.recall_seq.lock().get(&h.id).copied().unwrap_or(0);
         let req = match want {
             Mode::Read => Request::AcquireRead { ino: h },
             Mode::Write => Request::AcquireWrite { ino: h },
         };
-        let epoch_before = self.pool.epoch(owner);
+        let guess = self.pool.range_server(range);
+        let epoch_before = self.pool.epoch(guess);
         *self.inflight.lock().entry(h.id).or_insert(0) += 1;
-        let res = self.pool.call(owner, req, Bytes::new()).await;
+        let res = self.pool.call_range(range, req, Bytes::new()).await;
         {
             let mut inflight = self.inflight.lock();
             if let Some(n) = inflight.get_mut(&h.id) {
@@ -349,12 +350,12 @@ impl Leases {
                 }
             }
         }
-        let (reply, _) = res?;
+        let (owner, reply, _) = res?;
         let Reply::Inode(inode) = reply else {
             return Err(unexpected(&reply));
         };
         let epoch = self.pool.epoch(owner);
-        if epoch_before != 0 && epoch != epoch_before {
+        if owner == guess && epoch_before != 0 && epoch != epoch_before {
             debug!(ino = h.id, "owner restarted during acquire");
         }
         let recalled = self.recall_seq.lock().get(&h.id).copied().unwrap_or(0) != seq_before;

@@ -6,7 +6,7 @@
 //! the request, which is later, so the client always gives a lease up first.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -64,6 +64,13 @@ pub(crate) struct Pool {
     counters: Mutex<HashMap<&'static str, u64>>,
     epoch_hook: OnceLock<EpochHook>,
     retry_window: Duration,
+    /// Mirrored metadata: range r is served by server r or r+1.
+    mirrored: bool,
+    /// Which server last served each metadata range (`call_range`).
+    route: Vec<AtomicU32>,
+    /// How long a metadata request keeps looking for its range's server:
+    /// long enough for a takeover (ownership lease, margin, grace).
+    meta_window: Duration,
 }
 
 /// Asks a server for its descriptor without joining the volume (admin hello).
@@ -159,6 +166,9 @@ impl Pool {
             counters: Mutex::new(HashMap::new()),
             epoch_hook: OnceLock::new(),
             retry_window: (lease * 2).max(Duration::from_secs(5)),
+            mirrored: desc.replicas >= 2 && desc.servers.len() >= 2,
+            route: (0..desc.servers.len() as u32).map(AtomicU32::new).collect(),
+            meta_window: lease * 4 + Duration::from_secs(5),
         }
     }
 
@@ -342,6 +352,91 @@ impl Pool {
                 }
                 Err(e) => return Err(e.into()),
             }
+        }
+    }
+
+    /// The server that serves metadata range `range`, as far as this client
+    /// knows (on a mirrored volume: the range's home or the next server).
+    pub(crate) fn range_server(&self, range: u32) -> u32 {
+        self.route
+            .get(range as usize)
+            .map_or(range, |r| r.load(Ordering::Relaxed))
+    }
+
+    /// Sends a metadata request about range `range` to the server that
+    /// serves it; returns that server with the answer. On a mirrored volume
+    /// a server that cannot be reached, closes the connection, or answers
+    /// `NotOwner` is followed by the range's other copy, back and forth
+    /// (with backoff) for up to a takeover's time. Requests that are not
+    /// idempotent are not sent again after a lost connection (the caller
+    /// settles them).
+    pub(crate) async fn call_range(
+        &self,
+        range: u32,
+        req: Request,
+        payload: Bytes,
+    ) -> Result<(u32, Reply, Bytes)> {
+        let k = self.slots.len() as u32;
+        if !self.mirrored || range >= k {
+            let (r, p) = self.call(range, req, payload).await?;
+            return Ok((range, r, p));
+        }
+        *self.counters.lock().entry(req.name()).or_insert(0) += 1;
+        let deadline = Instant::now() + self.meta_window;
+        let mut backoff = Duration::from_millis(20);
+        let switch = |from: u32| {
+            let to = if from == range {
+                (range + 1) % k
+            } else {
+                range
+            };
+            if let Some(r) = self.route.get(range as usize) {
+                let _ = r.compare_exchange(from, to, Ordering::Relaxed, Ordering::Relaxed);
+            }
+        };
+        loop {
+            let s = self.range_server(range);
+            self.check_lapse(s);
+            let failure = match self.conn(s).await {
+                Err(e) => e,
+                Ok(conn) => {
+                    let sent = self.now_ns();
+                    match conn.call(&req, payload.clone()).await {
+                        Ok((r, p)) => {
+                            self.touch(s, sent);
+                            return Ok((s, r, p));
+                        }
+                        Err(RpcError::Remote(w)) => {
+                            self.touch(s, sent);
+                            match w.code {
+                                ErrorCode::Grace => {}
+                                // Not serving the range (or shutting down).
+                                ErrorCode::NotOwner | ErrorCode::Unavailable => switch(s),
+                                _ => return Err(Error::new(w.code, w.message)),
+                            }
+                            Error::new(w.code, w.message)
+                        }
+                        Err(e @ RpcError::Disconnected(_)) => {
+                            if !retryable(&req) {
+                                return Err(e.into());
+                            }
+                            switch(s);
+                            e.into()
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            };
+            if failure.code == ErrorCode::Unavailable {
+                // Not reachable: its range may have moved to the other copy.
+                switch(s);
+            }
+            if Instant::now() >= deadline {
+                return Err(failure);
+            }
+            debug!(range, server = s, error = %failure, "metadata range: trying again");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(500));
         }
     }
 

@@ -30,7 +30,9 @@ pub(crate) fn errno(code: ErrorCode) -> Errno {
         | ErrorCode::Protocol
         | ErrorCode::WrongVolume
         | ErrorCode::Grace
-        | ErrorCode::NoLease => Errno::EIO,
+        | ErrorCode::NoLease
+        | ErrorCode::NotOwner
+        | ErrorCode::OutOfSync => Errno::EIO,
     }
 }
 
@@ -49,7 +51,7 @@ pub(crate) fn fail(op: &'static str, ino: u64, err: &Error) -> Errno {
 mod tests {
     use super::*;
 
-    const ALL: [ErrorCode; 20] = [
+    const ALL: [ErrorCode; 22] = [
         ErrorCode::NotFound,
         ErrorCode::Exists,
         ErrorCode::NotDir,
@@ -70,6 +72,8 @@ mod tests {
         ErrorCode::Protocol,
         ErrorCode::Io,
         ErrorCode::Unavailable,
+        ErrorCode::NotOwner,
+        ErrorCode::OutOfSync,
     ];
 
     #[test]
@@ -92,6 +96,8 @@ mod tests {
             libc::EFBIG,
             libc::EMLINK,
             libc::EOPNOTSUPP,
+            libc::EIO,
+            libc::EIO,
             libc::EIO,
             libc::EIO,
             libc::EIO,

@@ -25,12 +25,13 @@ pub fn nfsstat(code: ErrorCode) -> nfsstat3 {
         ErrorCode::FileTooBig => nfsstat3::NFS3ERR_FBIG,
         ErrorCode::TooManyLinks => nfsstat3::NFS3ERR_MLINK,
         ErrorCode::NotSupported => nfsstat3::NFS3ERR_NOTSUPP,
-        ErrorCode::Grace => nfsstat3::NFS3ERR_JUKEBOX,
+        ErrorCode::Grace | ErrorCode::NotOwner => nfsstat3::NFS3ERR_JUKEBOX,
         ErrorCode::Unavailable
         | ErrorCode::Io
         | ErrorCode::Protocol
         | ErrorCode::WrongVolume
-        | ErrorCode::NoLease => nfsstat3::NFS3ERR_IO,
+        | ErrorCode::NoLease
+        | ErrorCode::OutOfSync => nfsstat3::NFS3ERR_IO,
     }
 }
 

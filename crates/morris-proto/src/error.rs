@@ -46,6 +46,12 @@ pub enum ErrorCode {
     Io,
     /// The peer is unreachable or the connection was lost.
     Unavailable,
+    /// This server does not serve that inode's metadata range now (it is
+    /// the range's other copy, or its ownership lapsed); ask the other copy.
+    NotOwner,
+    /// A metadata copy is not at the position the primary expected; the
+    /// primary sends a whole snapshot.
+    OutOfSync,
 }
 
 impl ErrorCode {
@@ -95,6 +101,8 @@ impl ErrorCode {
             ErrorCode::Protocol => "protocol error",
             ErrorCode::Io => "I/O error",
             ErrorCode::Unavailable => "server unavailable",
+            ErrorCode::NotOwner => "not the owner of that metadata range",
+            ErrorCode::OutOfSync => "metadata copy out of sync",
         }
     }
 }

@@ -313,6 +313,52 @@ pub enum Request {
         /// First block not yet copied, or `None` when done.
         upto: Option<u64>,
     },
+    /// Server to server, on a mirrored volume: the primary of metadata range
+    /// `range` (generation `gen`) states where its copy is (`lineage`, `seq`)
+    /// and renews its ownership lease at the receiver, the range's other copy.
+    /// [`Reply::PeerState`]. The receiver refuses with `NotOwner` (in the
+    /// reply's fields) if it serves the range itself at a higher generation.
+    PeerSync {
+        /// The metadata range.
+        range: u32,
+        /// The sender's ownership generation.
+        gen: u64,
+        /// The sender's change-stream identity (new every time it starts capturing).
+        lineage: u64,
+        /// The last change the sender has committed.
+        seq: u64,
+    },
+    /// Server to server: changes `first_seq..` of range `range`, as SQLite
+    /// session changesets (payload: postcard `Vec<Vec<u8>>`), to be applied in
+    /// order; renews the sender's ownership lease. `OutOfSync` if the receiver
+    /// is not exactly at `first_seq - 1` of `lineage`. [`Reply::Ok`].
+    Replicate {
+        /// The metadata range.
+        range: u32,
+        /// The sender's ownership generation.
+        gen: u64,
+        /// The sender's change-stream identity.
+        lineage: u64,
+        /// Sequence number of the first changeset in the payload.
+        first_seq: u64,
+    },
+    /// Server to server: a piece of a whole copy of range `range`'s
+    /// metadata database (payload: the bytes at `offset`). The piece with
+    /// `last` installs it, at position (`lineage`, `seq`). [`Reply::Ok`].
+    SnapshotChunk {
+        /// The metadata range.
+        range: u32,
+        /// The sender's ownership generation.
+        gen: u64,
+        /// The sender's change-stream identity.
+        lineage: u64,
+        /// The last change the snapshot includes.
+        seq: u64,
+        /// Byte offset of the payload in the database file.
+        offset: u64,
+        /// This is the final piece.
+        last: bool,
+    },
 }
 
 impl Request {
@@ -348,6 +394,9 @@ impl Request {
             Request::NoteLeftover { .. } => "NoteLeftover",
             Request::ScanStale { .. } => "ScanStale",
             Request::ResyncAdvance { .. } => "ResyncAdvance",
+            Request::PeerSync { .. } => "PeerSync",
+            Request::Replicate { .. } => "Replicate",
+            Request::SnapshotChunk { .. } => "SnapshotChunk",
         }
     }
 }
@@ -418,6 +467,15 @@ pub enum Reply {
     /// Answer to `ScanStale`: (file id, the record, the inode if the file
     /// still exists).
     Stale(Vec<(FileId, StaleCopy, Option<Inode>)>),
+    /// Answer to [`Request::PeerSync`]: the receiver's view of the range.
+    PeerState {
+        /// The receiver serves the range itself (the sender must become its copy).
+        primary: bool,
+        /// The receiver's ownership generation.
+        gen: u64,
+        /// The receiver's copy is exactly at the sender's (`lineage`, `seq`).
+        in_sync: bool,
+    },
 }
 
 /// A message the server sends unasked.

@@ -278,6 +278,16 @@ impl Conn {
         true
     }
 
+    /// Closes the connection from the server's side: the client sees it end
+    /// (and reconnects); answers not yet written are lost.
+    pub fn close(&self) {
+        self.writer.closed.store(true, Ordering::SeqCst);
+        let w = self.writer.clone();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { w.close().await });
+        }
+    }
+
     /// True while the connection's writer is alive.
     pub fn is_open(&self) -> bool {
         !self.writer.closed.load(Ordering::SeqCst)
@@ -311,6 +321,7 @@ fn is_data_request(req: &Request) -> bool {
             | Request::ScanInodes { .. }
             | Request::ScanEntries { .. }
             | Request::ScanData { .. }
+            | Request::SnapshotChunk { .. }
     )
 }
 

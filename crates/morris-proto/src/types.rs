@@ -339,4 +339,27 @@ pub struct ServerStats {
     pub stale_by_server: Vec<(u32, u64)>,
     /// This server's own resync (catching up copies it missed).
     pub resync: ResyncStatus,
+    /// The metadata ranges this server keeps a copy of (mirrored volumes:
+    /// its own and its predecessor's; otherwise its own).
+    pub ranges: Vec<RangeStatus>,
+}
+
+/// One metadata range (the inodes `id mod k == range`) as kept by one server.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RangeStatus {
+    /// The range number.
+    pub range: u32,
+    /// This server serves the range's inodes, entries and leases.
+    pub primary: bool,
+    /// Primary: serving now (ownership confirmed, not lapsed).
+    /// Secondary: its copy is current (it could take over).
+    pub ready: bool,
+    /// Ownership generation: raised by every takeover.
+    pub gen: u64,
+    /// Primary of a mirrored range: the other copy is current.
+    pub peer_in_sync: bool,
+    /// Inodes in this copy.
+    pub inodes: u64,
+    /// Takeovers of ranges by this server since it started.
+    pub takeovers: u64,
 }

@@ -33,6 +33,7 @@ use tracing::{info, warn};
 mod blocks;
 mod leases;
 mod load;
+mod ranges;
 mod service;
 mod store;
 
@@ -128,6 +129,12 @@ impl ServerHandle {
     /// This run's lease epoch, as returned in `Hello`.
     pub fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// Fault injection for tests: drops all traffic between this server and
+    /// the other servers (metadata mirroring), both ways, while `cut`.
+    pub fn cut_peers(&self, cut: bool) {
+        self.server.cut_peers(cut);
     }
 
     /// Stops accepting, closes every connection, abandons waiting lease
@@ -230,6 +237,11 @@ pub async fn start(cfg: ServerConfig) -> Result<ServerHandle, ServerError> {
         cfg.data_dir.clone(),
         cfg.lease_ms,
     ));
+    // A formatted server may have granted leases in a previous life: they
+    // must run out (a lease time) before it grants new ones.
+    server
+        .init_ranges(u64::from(cfg.lease_ms))
+        .map_err(|e| ServerError::Config(format!("metadata ranges: {e}")))?;
     info!(
         %addr,
         data_dir = %cfg.data_dir.display(),

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -14,7 +14,7 @@ use morris_proto::{
     ErrorCode, FileId, Handle, Push, Reply, Request, ResyncStatus, ServerStats, WireError,
     MAX_FILE_SIZE, PROTOCOL_VERSION,
 };
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
@@ -22,10 +22,13 @@ use crate::blocks::Blocks;
 use crate::blocks::MAX_REPLICAS;
 use crate::leases::{Acquired, ClientId, Effects, LeaseTable, Millis, Recall, Ticket};
 use crate::load::{IoKind, Load};
+use crate::ranges::{Range, Ranges, Role};
 use crate::store::{check_name, check_new_name, FormatOutcome, Formatted, Store};
 
+mod peer;
+
 /// Every request name, in a fixed order, for the per-request counters.
-const OPS: [&str; 29] = [
+const OPS: [&str; 32] = [
     "Hello",
     "Format",
     "Status",
@@ -55,6 +58,9 @@ const OPS: [&str; 29] = [
     "NoteLeftover",
     "ScanStale",
     "ResyncAdvance",
+    "PeerSync",
+    "Replicate",
+    "SnapshotChunk",
 ];
 
 /// Who is on the other end of a connection, after its `Hello`.
@@ -81,14 +87,20 @@ struct LeaseState {
 
 /// The stripe server's state, shared by every connection.
 pub(crate) struct Server {
+    /// This server's own metadata store (its home range's copy, and the
+    /// record of its local extent files).
     store: Arc<Store>,
+    /// The metadata ranges kept here, once formatted.
+    ranges: RwLock<Option<Arc<Ranges>>>,
+    /// This server, for spawning its background tasks.
+    this: OnceLock<Weak<Server>>,
     blocks: Arc<Blocks>,
     data_dir: PathBuf,
     lease_ms: u32,
-    epoch: u64,
+    /// Changes on every start and whenever this server stops trusting the
+    /// leases it granted (`peer::lapse_all`).
+    epoch: AtomicU64,
     started: Instant,
-    /// Lease-taking requests before this time (ms since start) get `Grace`.
-    grace_until: Millis,
     leases: Mutex<LeaseState>,
     sessions: Mutex<Sessions>,
     requests: AtomicU64,
@@ -98,6 +110,9 @@ pub(crate) struct Server {
     /// This server's own resync progress, kept by whoever runs it.
     resync: Arc<Mutex<ResyncStatus>>,
     stopped: AtomicBool,
+    /// Fault injection: server-to-server traffic is dropped both ways, as if
+    /// the link between the two copies of a range were cut.
+    peers_cut: AtomicBool,
 }
 
 type Outcome = (Result<Reply, WireError>, Bytes);
@@ -197,13 +212,6 @@ impl Server {
         data_dir: PathBuf,
         lease_ms: u32,
     ) -> Server {
-        // A server that was never formatted can have granted no lease in a
-        // previous life, so it needs no grace period.
-        let grace_until = if store.formatted().is_some() {
-            Millis::from(lease_ms)
-        } else {
-            0
-        };
         let epoch = loop {
             let e: u64 = rand::random();
             if e != 0 {
@@ -212,12 +220,13 @@ impl Server {
         };
         Server {
             store,
+            ranges: RwLock::new(None),
+            this: OnceLock::new(),
             blocks,
             data_dir,
             lease_ms,
-            epoch,
+            epoch: AtomicU64::new(epoch),
             started: Instant::now(),
-            grace_until,
             leases: Mutex::new(LeaseState {
                 table: LeaseTable::new(Millis::from(lease_ms)),
                 waiters: HashMap::new(),
@@ -228,6 +237,7 @@ impl Server {
             load: Load::default(),
             resync: Arc::new(Mutex::new(ResyncStatus::default())),
             stopped: AtomicBool::new(false),
+            peers_cut: AtomicBool::new(false),
         }
     }
 
@@ -237,7 +247,70 @@ impl Server {
     }
 
     pub(crate) fn epoch(&self) -> u64 {
-        self.epoch
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// Fault injection: drops (or stops dropping) all server-to-server traffic.
+    pub(crate) fn cut_peers(&self, cut: bool) {
+        self.peers_cut.store(cut, Ordering::SeqCst);
+        warn!(cut, "fault injection: link to the other metadata copies");
+    }
+
+    /// The ranges kept here; `WrongVolume` before the server is formatted.
+    fn ranges(&self) -> Result<Arc<Ranges>, WireError> {
+        self.ranges
+            .read()
+            .clone()
+            .ok_or_else(|| err(ErrorCode::WrongVolume, "this server is not formatted"))
+    }
+
+    /// Sets up the metadata ranges of a formatted server (at start, or
+    /// right after `Format`) and starts shipping the changes of the ranges
+    /// it is primary of. `grace`: lease-taking requests wait until then
+    /// (ms since start), so leases of a previous life have run out.
+    pub(crate) fn init_ranges(self: &Arc<Self>, grace: Millis) -> Result<(), WireError> {
+        let _ = self.this.set(Arc::downgrade(self));
+        let Some(vol) = self.store.formatted() else {
+            return Ok(());
+        };
+        let k = vol.layout.servers;
+        let me = vol.index;
+        let mirrored = vol.layout.replicas >= 2 && k >= 2;
+        let addr = |i: u32| vol.descriptor.servers[i as usize].clone();
+        let mut list = Vec::new();
+        let next = (me + 1) % k;
+        let prev = (me + k - 1) % k;
+        list.push(Arc::new(Range::open(
+            me,
+            mirrored.then(|| (next, addr(next))),
+            self.store.clone(),
+            self.data_dir.join("range-home.state"),
+            Role::Primary,
+            grace,
+        )?));
+        if mirrored {
+            let path = self.data_dir.join("mirror.sqlite");
+            let mirror = Store::open(&path).map_err(|e| err(ErrorCode::Io, e.to_string()))?;
+            list.push(Arc::new(Range::open(
+                prev,
+                Some((prev, addr(prev))),
+                Arc::new(mirror),
+                self.data_dir.join("range-mirror.state"),
+                Role::Secondary,
+                grace,
+            )?));
+        }
+        let ranges = Arc::new(Ranges { k, me, list });
+        *self.ranges.write() = Some(ranges.clone());
+        if mirrored {
+            for r in &ranges.list {
+                if r.st.lock().role == Role::Primary {
+                    tokio::spawn(self.clone().forward(r.clone()));
+                }
+            }
+        }
+        info!(range = me, mirrored, "metadata ranges ready");
+        Ok(())
     }
 
     fn now_ms(&self) -> Millis {
@@ -354,6 +427,7 @@ impl Server {
 
     /// Expires silent clients and overdue recalls; run periodically.
     pub(crate) fn tick(&self) {
+        self.check_ownership();
         let recalls = {
             let mut st = self.leases.lock();
             let mut fx = Effects::default();
@@ -416,12 +490,16 @@ impl Server {
                 let store = self.store.clone();
                 let gen = random_gen();
                 let r = blocking(move || store.format(&descriptor, index, gen)).await;
-                return plain(r.map(|o| {
-                    if o == FormatOutcome::Formatted {
-                        info!(index, "formatted");
+                if let Ok(FormatOutcome::Formatted) = r {
+                    info!(index, "formatted");
+                    // Never formatted before: no lease of a previous life to wait out.
+                    if let Some(me) = self.this.get().and_then(Weak::upgrade) {
+                        if let Err(e) = me.init_ranges(0) {
+                            return plain(Err(e));
+                        }
                     }
-                    Reply::Ok
-                }));
+                }
+                return plain(r.map(|_| Reply::Ok));
             }
             Request::Status => return plain(self.status().await.map(Reply::Status)),
             Request::Statfs => return plain(self.statfs().await),
@@ -442,6 +520,15 @@ impl Server {
                 )))
             }
         };
+        if matches!(
+            req,
+            Request::PeerSync { .. } | Request::Replicate { .. } | Request::SnapshotChunk { .. }
+        ) {
+            return plain(self.peer_request(req, payload).await);
+        }
+        // Lapse or take over first, so nothing is answered under an
+        // ownership lease that has run out.
+        self.check_ownership();
         let now = self.now_ms();
         if !admin {
             self.leases.lock().table.touch(client, now);
@@ -459,14 +546,37 @@ impl Server {
                     "an admin session (Hello without a volume) cannot take leases",
                 )));
             }
-            if now < self.grace_until {
-                return plain(Err(err(
-                    ErrorCode::Grace,
-                    format!(
-                        "server restarted; lease grace period ends in {} ms",
-                        self.grace_until - now
-                    ),
-                )));
+            let ranges = match self.ranges() {
+                Ok(r) => r,
+                Err(e) => return plain(Err(e)),
+            };
+            // A new inode is allocated in this server's own range.
+            let range = match &req {
+                Request::CreateInode { .. } => ranges
+                    .home()
+                    .serving(now)
+                    .then(|| ranges.home())
+                    .ok_or_else(|| {
+                        ranges
+                            .home()
+                            .refusal(now)
+                            .unwrap_or_else(|| err(ErrorCode::NotOwner, "not serving"))
+                    }),
+                other => match subject(other) {
+                    Some(id) => ranges.serving_id(id, now),
+                    None => Ok(ranges.home()),
+                },
+            };
+            match range {
+                Err(e) => return plain(Err(e)),
+                Ok(range) => {
+                    if let Some(left) = range.grace_left(now) {
+                        return plain(Err(err(
+                            ErrorCode::Grace,
+                            format!("lease grace period ends in {left} ms"),
+                        )));
+                    }
+                }
             }
         }
         match req {
@@ -554,7 +664,7 @@ impl Server {
         }
         Ok(Reply::Hello {
             index: formatted.as_ref().map(|f| f.index),
-            epoch: self.epoch,
+            epoch: self.epoch(),
             descriptor: formatted.map(|f| f.descriptor.clone()),
             lease_ms: self.lease_ms,
         })
@@ -641,6 +751,10 @@ impl Server {
         blocking(move || blocks.read(id, replica, pos, len as usize)).await
     }
 
+    /// Runs a request other than Hello/Format/Status/Statfs/Read on the copy
+    /// of the metadata range it concerns (refused with `NotOwner` if this
+    /// server does not serve that range now), and answers a change only once
+    /// it has reached the range's other copy.
     async fn metadata_op(
         &self,
         vol: &Formatted,
@@ -649,7 +763,128 @@ impl Server {
         req: Request,
         payload: Bytes,
     ) -> Result<Reply, WireError> {
-        let store = self.store.clone();
+        let ranges = self.ranges()?;
+        let now = self.now_ms();
+        match &req {
+            Request::ScanInodes { .. }
+            | Request::ScanEntries { .. }
+            | Request::ScanStale { .. } => {
+                return self.scan_ranges(&ranges, req).await;
+            }
+            Request::Release { ino } => {
+                self.release(client, *ino);
+                return Ok(Reply::Ok);
+            }
+            _ => {}
+        }
+        let range = match &req {
+            Request::CreateInode { .. } => match ranges.home().refusal(now) {
+                None => Some(ranges.home().clone()),
+                Some(e) => return Err(e),
+            },
+            Request::AcquireRead { .. }
+            | Request::AcquireWrite { .. }
+            | Request::GetInode { .. }
+            | Request::SetAttr { .. }
+            | Request::MarkStale { .. }
+            | Request::NoteLeftover { .. }
+            | Request::ResyncAdvance { .. }
+            | Request::DeleteInode { .. }
+            | Request::Lookup { .. }
+            | Request::ReadDir { .. }
+            | Request::Link { .. }
+            | Request::Unlink { .. }
+            | Request::Rename { .. } => match subject(&req) {
+                Some(id) => Some(ranges.serving_id(id, now)?.clone()),
+                None => None,
+            },
+            _ => None,
+        };
+        let mutating = matches!(
+            req,
+            Request::CreateInode { .. }
+                | Request::SetAttr { .. }
+                | Request::MarkStale { .. }
+                | Request::NoteLeftover { .. }
+                | Request::ResyncAdvance { .. }
+                | Request::DeleteInode { .. }
+                | Request::Link { .. }
+                | Request::Unlink { .. }
+                | Request::Rename { .. }
+        );
+        let Some(range) = range else {
+            return self
+                .metadata_inner(vol, self.store.clone(), client, conn_id, req, payload)
+                .await;
+        };
+        let rvol = range.store.formatted().ok_or_else(|| {
+            err(
+                ErrorCode::NotOwner,
+                format!("metadata range {} has no copy here yet", range.range),
+            )
+        })?;
+        let reply = self
+            .metadata_inner(&rvol, range.store.clone(), client, conn_id, req, payload)
+            .await?;
+        if mutating && range.peer.is_some() {
+            self.wait_replicated(&range, range.store.committed_seq())
+                .await?;
+        }
+        Ok(reply)
+    }
+
+    /// `ScanInodes`, `ScanEntries`, `ScanStale` over every range this
+    /// server serves, merged in key order (`merge_pages`).
+    async fn scan_ranges(&self, ranges: &Ranges, req: Request) -> Result<Reply, WireError> {
+        let stores: Vec<Arc<Store>> = ranges
+            .serving(self.now_ms())
+            .into_iter()
+            .map(|r| r.store.clone())
+            .collect();
+        blocking(move || match req {
+            Request::ScanInodes { after, max } => {
+                let pages = stores
+                    .iter()
+                    .map(|s| s.scan_inodes(after, max))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(Reply::Inodes(merge_pages(pages, |i| i.id, max)))
+            }
+            Request::ScanEntries {
+                after_dir,
+                after_cookie,
+                max,
+            } => {
+                let pages = stores
+                    .iter()
+                    .map(|s| s.scan_entries(after_dir, after_cookie, max))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(Reply::ScanEntries(merge_pages(
+                    pages,
+                    |(d, e)| (*d, e.cookie),
+                    max,
+                )))
+            }
+            Request::ScanStale { server, after, max } => {
+                let pages = stores
+                    .iter()
+                    .map(|s| s.scan_stale(server, after, max))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(Reply::Stale(merge_pages(pages, |(id, _, _)| *id, max)))
+            }
+            _ => Err(err(ErrorCode::Protocol, "not a scan")),
+        })
+        .await
+    }
+
+    async fn metadata_inner(
+        &self,
+        vol: &Formatted,
+        store: Arc<Store>,
+        client: ClientId,
+        conn_id: u64,
+        req: Request,
+        payload: Bytes,
+    ) -> Result<Reply, WireError> {
         match req {
             Request::Renew => Ok(Reply::Ok),
             Request::Release { ino } => {
@@ -838,12 +1073,21 @@ impl Server {
             Request::Sync { id } => {
                 let blocks = self.blocks.clone();
                 let copies = vol.descriptor.replicas;
+                // Every metadata copy kept here (the home store first).
+                let others: Vec<Arc<Store>> = self
+                    .ranges()
+                    .map(|r| r.list.iter().skip(1).map(|x| x.store.clone()).collect())
+                    .unwrap_or_default();
                 blocking(move || {
                     match id {
                         Some(id) => blocks.sync_file(id, copies)?,
                         None => blocks.sync_all()?,
                     }
-                    store.sync()
+                    store.sync()?;
+                    for s in others {
+                        s.sync()?;
+                    }
+                    Ok(())
                 })
                 .await?;
                 Ok(Reply::Ok)
@@ -877,7 +1121,12 @@ impl Server {
             | Request::Format { .. }
             | Request::Status
             | Request::Statfs
-            | Request::Read { .. } => Err(err(ErrorCode::Protocol, "request routed wrongly")),
+            | Request::Read { .. }
+            | Request::PeerSync { .. }
+            | Request::Replicate { .. }
+            | Request::SnapshotChunk { .. } => {
+                Err(err(ErrorCode::Protocol, "request routed wrongly"))
+            }
         }
     }
 
@@ -939,11 +1188,15 @@ impl Server {
 
     async fn statfs(&self) -> Result<Reply, WireError> {
         let (total, free) = self.disk();
-        Ok(Reply::Statfs {
-            total,
-            free,
-            files: self.store.inode_count(),
-        })
+        let files = match self.ranges() {
+            Ok(r) => r
+                .serving(self.now_ms())
+                .iter()
+                .map(|x| x.store.inode_count())
+                .sum(),
+            Err(_) => self.store.inode_count(),
+        };
+        Ok(Reply::Statfs { total, free, files })
     }
 
     async fn status(&self) -> Result<ServerStats, WireError> {
@@ -1003,6 +1256,10 @@ impl Server {
             write_service_us: self.load.service_us().1,
             stale_by_server,
             resync: self.resync.lock().clone(),
+            ranges: self
+                .ranges()
+                .map(|r| r.list.iter().map(|x| x.status(self.now_ms())).collect())
+                .unwrap_or_default(),
         })
     }
 
@@ -1038,6 +1295,42 @@ impl Server {
         }
     }
 }
+
+/// Merges pages of a cursor scan, each in key order and each possibly cut
+/// short by its store's reply budget, into one page: a prefix of the union
+/// that ends at the smallest last key of any page (so nothing a shorter page
+/// left out is skipped by the caller's next cursor), at most `max` items and
+/// about one store reply's worth of bytes.
+fn merge_pages<T: serde::Serialize, K: Ord + Copy>(
+    pages: Vec<Vec<T>>,
+    key: impl Fn(&T) -> K,
+    max: u32,
+) -> Vec<T> {
+    let cutoff = pages.iter().filter_map(|p| p.last().map(&key)).min();
+    let Some(cutoff) = cutoff else {
+        return Vec::new();
+    };
+    let mut all: Vec<T> = pages
+        .into_iter()
+        .flatten()
+        .filter(|x| key(x) <= cutoff)
+        .collect();
+    all.sort_by_key(|x| key(x));
+    let mut bytes = 0usize;
+    let mut keep = 0usize;
+    for x in &all {
+        bytes += postcard::to_stdvec(x).map_or(64, |v| v.len());
+        if keep > 0 && (bytes > MERGED_BUDGET || keep >= max.max(1) as usize) {
+            break;
+        }
+        keep += 1;
+    }
+    all.truncate(keep);
+    all
+}
+
+/// Most bytes of one merged scan reply (below the protocol's header limit).
+const MERGED_BUDGET: usize = 768 << 10;
 
 fn remove_client_conn(s: &mut Sessions, client: ClientId, conn_id: u64) {
     if let Some(v) = s.by_client.get_mut(&client) {

@@ -310,6 +310,8 @@ pub struct Store {
     inodes: AtomicU64,
     entries: AtomicU64,
     data_files: AtomicU64,
+    /// Change capture for mirroring (`replica.rs`).
+    capture: replica::Capture,
 }
 
 impl Store {
@@ -378,6 +380,7 @@ impl Store {
             inodes: AtomicU64::new(inodes),
             entries: AtomicU64::new(entries),
             data_files: AtomicU64::new(data_files),
+            capture: replica::Capture::default(),
         })
     }
 
@@ -411,6 +414,19 @@ impl Store {
         f: impl FnOnce(&Transaction<'_>) -> Result<T, WireError>,
     ) -> Result<T, WireError> {
         let mut conn = self.write.lock();
+        self.txn_locked(&mut conn, f)
+    }
+
+    /// Runs `f` in an IMMEDIATE transaction on the locked write connection,
+    /// capturing its changes when capture is on.
+    fn txn_locked<T>(
+        &self,
+        conn: &mut Connection,
+        f: impl FnOnce(&Transaction<'_>) -> Result<T, WireError>,
+    ) -> Result<T, WireError> {
+        if self.capture.is_on() {
+            return self.captured_txn(conn, f);
+        }
         let tx = conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(db_err)?;
@@ -479,42 +495,41 @@ impl Store {
             .map_err(|e| WireError::new(ErrorCode::Invalid, e.to_string()))?;
         let formatted = Formatted::new(descriptor.clone(), index);
         let owns_root = formatted.layout.inode_server(ROOT_ID) == index;
-        let tx = conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(db_err)?;
-        tx.execute(
-            "INSERT INTO volume (one, descriptor, own_index, counter) VALUES (1, ?1, ?2, ?3)",
-            params![blob, i64::from(index), FIRST_COUNTER as i64],
-        )
-        .map_err(db_err)?;
-        if owns_root {
-            let now = Timestamp::now();
-            let root = Inode {
-                id: ROOT_ID,
-                gen: root_gen,
-                parent: ROOT_ID,
-                attr: Attr {
-                    kind: FileKind::Dir,
-                    mode: 0o755,
-                    uid: 0,
-                    gid: 0,
-                    nlink: 2,
-                    size: 0,
-                    atime: now,
-                    mtime: now,
-                    ctime: now,
-                    rdev: 0,
-                },
-                stale: Vec::new(),
-                target: None,
-            };
+        self.txn_locked(&mut conn, |tx| {
             tx.execute(
-                "INSERT INTO inodes (id, gen, data, next_cookie) VALUES (?1, ?2, ?3, 1)",
-                params![sql_id(ROOT_ID), i64::from(root_gen), encode_inode(&root)?],
+                "INSERT INTO volume (one, descriptor, own_index, counter) VALUES (1, ?1, ?2, ?3)",
+                params![blob, i64::from(index), FIRST_COUNTER as i64],
             )
             .map_err(db_err)?;
-        }
-        tx.commit().map_err(db_err)?;
+            if owns_root {
+                let now = Timestamp::now();
+                let root = Inode {
+                    id: ROOT_ID,
+                    gen: root_gen,
+                    parent: ROOT_ID,
+                    attr: Attr {
+                        kind: FileKind::Dir,
+                        mode: 0o755,
+                        uid: 0,
+                        gid: 0,
+                        nlink: 2,
+                        size: 0,
+                        atime: now,
+                        mtime: now,
+                        ctime: now,
+                        rdev: 0,
+                    },
+                    stale: Vec::new(),
+                    target: None,
+                };
+                tx.execute(
+                    "INSERT INTO inodes (id, gen, data, next_cookie) VALUES (?1, ?2, ?3, 1)",
+                    params![sql_id(ROOT_ID), i64::from(root_gen), encode_inode(&root)?],
+                )
+                .map_err(db_err)?;
+            }
+            Ok(())
+        })?;
         if owns_root {
             self.inodes.fetch_add(1, Ordering::Relaxed);
         }
@@ -1161,6 +1176,11 @@ fn touch_dir(a: &mut Attr) {
     a.ctime = now;
 }
 
+mod replica;
+#[cfg(test)]
+mod replica_tests;
 mod stale;
 #[cfg(test)]
 mod tests;
+
+pub use replica::Captured;

@@ -661,8 +661,9 @@ pub fn fsck(addr: &str) -> (bool, String, String) {
 }
 
 /// A server of a `k`-server volume that owns neither the inodes of `paths`
-/// nor the root directory (inodes are not mirrored: tests that lose a
-/// server pick one whose loss only costs data-block copies).
+/// nor the root directory: tests that kill it lose only data-block copies
+/// and the secondary copy of metadata (`kill -9` refuses connections, so
+/// the metadata primaries go on without it).
 pub fn copy_only_server(k: u32, paths: &[&Path]) -> usize {
     use std::os::unix::fs::MetadataExt;
     let mut owners = vec![(1 % u64::from(k)) as u32];
@@ -673,6 +674,40 @@ pub fn copy_only_server(k: u32, paths: &[&Path]) -> usize {
     (0..k)
         .find(|s| !owners.contains(s))
         .expect("a server besides the owners") as usize
+}
+
+/// A server of a mirrored `k`-server volume whose *silence* (`SIGSTOP`, a
+/// cut link) costs only data-block copies: it is neither the primary (`id
+/// mod k`) nor the secondary (the next server) of the metadata range of the
+/// root or of `paths`. A silent secondary stops its primary (the static
+/// two-copy rule: a secondary that cannot be told from a cut-off one might
+/// take over), so such tests must not pick one.
+pub fn quiet_server(k: u32, paths: &[&Path]) -> Option<usize> {
+    use std::os::unix::fs::MetadataExt;
+    let mut busy = vec![1 % k, 2 % k];
+    for p in paths {
+        let o = (std::fs::metadata(p).expect("stat").ino() % u64::from(k)) as u32;
+        busy.push(o);
+        busy.push((o + 1) % k);
+    }
+    (0..k).find(|s| !busy.contains(s)).map(|s| s as usize)
+}
+
+/// Creates empty files `dir/name`, `dir/name.1`, ... until one leaves a
+/// [`quiet_server`]; returns that file and the server.
+pub fn create_with_quiet_server(k: u32, dir: &Path, name: &str) -> (PathBuf, usize) {
+    for i in 0..4 * k {
+        let p = if i == 0 {
+            dir.join(name)
+        } else {
+            dir.join(format!("{name}.{i}"))
+        };
+        std::fs::write(&p, b"").expect("create");
+        if let Some(v) = quiet_server(k, &[&p]) {
+            return (p, v);
+        }
+    }
+    panic!("no file in {} leaves a quiet server", dir.display());
 }
 
 /// The whole content of `path` (panics with the path on failure).

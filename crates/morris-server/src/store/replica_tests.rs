@@ -1,0 +1,347 @@
+//! Tests of metadata mirroring (`replica.rs`).
+
+use super::*;
+use rusqlite::types::Value;
+use tokio::sync::mpsc::{error::TryRecvError, unbounded_channel, UnboundedReceiver};
+use uuid::Uuid;
+
+const TABLES: [(&str, &str); 4] = [
+    ("volume", "one"),
+    ("inodes", "id"),
+    ("entries", "dir, name"),
+    ("stale_copies", "id, server"),
+];
+
+type Rows = Vec<Vec<Value>>;
+
+fn descriptor(servers: usize) -> VolumeDescriptor {
+    VolumeDescriptor {
+        uuid: Uuid::new_v4(),
+        servers: (0..servers)
+            .map(|i| format!("127.0.0.1:{}", 7000 + i))
+            .collect(),
+        stripe_unit: 4096,
+        replicas: 1,
+        created: Timestamp::now(),
+    }
+}
+
+fn attr(kind: FileKind) -> Attr {
+    Attr {
+        kind,
+        mode: 0o644,
+        uid: 1000,
+        gid: 1000,
+        nlink: 0,
+        size: 0,
+        atime: Timestamp::default(),
+        mtime: Timestamp::default(),
+        ctime: Timestamp::default(),
+        rdev: 0,
+    }
+}
+
+fn root(s: &Store) -> Handle {
+    s.get_inode(ROOT_ID).unwrap().unwrap().handle()
+}
+
+/// A two-server descriptor and the index of the server owning the root.
+fn volume() -> (VolumeDescriptor, u32) {
+    let d = descriptor(2);
+    let own = Layout::new(2, d.stripe_unit, 1).inode_server(ROOT_ID);
+    (d, own)
+}
+
+fn dump(s: &Store, table: &str, order: &str) -> Rows {
+    s.with_reader(|c| {
+        let mut st = c
+            .prepare(&format!("SELECT * FROM {table} ORDER BY {order}"))
+            .unwrap();
+        let n = st.column_count();
+        st.query_map([], |r| (0..n).map(|i| r.get::<_, Value>(i)).collect())
+            .unwrap()
+            .collect::<Result<Rows, _>>()
+            .unwrap()
+    })
+}
+
+/// The replicated tables, in `TABLES` order.
+fn dump_all(s: &Store) -> Vec<Rows> {
+    TABLES.iter().map(|(t, o)| dump(s, t, o)).collect()
+}
+
+fn data_files(s: &Store) -> Rows {
+    dump(s, "data_files", "id")
+}
+
+fn drain(rx: &mut UnboundedReceiver<Captured>) -> Vec<Captured> {
+    let mut out = Vec::new();
+    while let Ok(c) = rx.try_recv() {
+        out.push(c);
+    }
+    out
+}
+
+fn assert_same(copy: &Store, primary: &Store) {
+    assert_eq!(dump_all(copy), dump_all(primary));
+    assert_eq!(copy.formatted(), primary.formatted());
+    assert_eq!(copy.inode_count(), primary.inode_count());
+    assert_eq!(copy.entry_count(), primary.entry_count());
+}
+
+#[test]
+fn a_copy_follows_every_change_of_the_replicated_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let (d, own) = volume();
+    let p = Store::open(&dir.path().join("p.sqlite")).unwrap();
+    p.format(&d, own, 7).unwrap();
+    p.add_data_file(77).unwrap();
+    let (tx, mut rx) = unbounded_channel();
+    let base = p.start_capture(tx);
+    assert_eq!((base, p.committed_seq()), (0, 0));
+    let snap = dir.path().join("snap.sqlite");
+    assert_eq!(p.snapshot_to(&snap).unwrap(), base);
+    assert_eq!(p.snapshot_to(&snap).unwrap_err().code, ErrorCode::Io);
+    let at_snapshot = dump_all(&p);
+
+    let c = Store::open(&dir.path().join("c.sqlite")).unwrap();
+    assert!(c.formatted().is_none());
+    c.add_data_file(4242).unwrap();
+    c.install_snapshot(&snap).unwrap();
+    assert_same(&c, &p);
+    assert_eq!(data_files(&c), vec![vec![Value::Integer(4242)]]);
+    assert_eq!(c.data_file_count(), 1);
+
+    let r = root(&p);
+    let sub = p
+        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 1)
+        .unwrap();
+    p.link(r, b"sub", sub.handle(), FileKind::Dir, None)
+        .unwrap();
+    let f = p.create_inode(0, &attr(FileKind::File), None, 2).unwrap();
+    p.link(sub.handle(), b"f", f.handle(), FileKind::File, None)
+        .unwrap();
+    p.link(r, b"hard", f.handle(), FileKind::File, None)
+        .unwrap();
+    let l = p
+        .create_inode(0, &attr(FileKind::Symlink), Some(b"f"), 3)
+        .unwrap();
+    p.link(sub.handle(), b"l", l.handle(), FileKind::Symlink, None)
+        .unwrap();
+    p.rename(sub.handle(), b"l", b"l2", None).unwrap();
+    p.unlink(r, b"hard", Some(f.id)).unwrap();
+    let set = SetAttr {
+        size: Some(12_345),
+        mode: Some(0o600),
+        ..SetAttr::default()
+    };
+    p.set_attr(f.handle(), &set).unwrap();
+    let gone = p.create_inode(0, &attr(FileKind::File), None, 4).unwrap();
+    p.delete_inode(gone.handle()).unwrap();
+    let rec = p.mark_stale(f.handle(), 0, 8).unwrap().stale[0];
+    p.mark_stale(f.handle(), 1, 5).unwrap();
+    p.resync_advance(f.id, 0, rec.seq, Some(10)).unwrap();
+    p.note_leftover(gone.id, 1).unwrap();
+    let seq = p.committed_seq();
+    assert!(seq > base);
+    // Server-local and failed transactions send nothing.
+    p.add_data_file(f.id).unwrap();
+    let e = p
+        .link(r, b"sub", f.handle(), FileKind::File, None)
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Exists);
+    assert_eq!(p.committed_seq(), seq);
+
+    let caps = drain(&mut rx);
+    let seqs: Vec<u64> = caps.iter().map(|c| c.seq).collect();
+    assert_eq!(seqs, (base + 1..=seq).collect::<Vec<_>>());
+    for cap in &caps {
+        c.apply_changeset(&cap.changeset).unwrap();
+    }
+    let now = dump_all(&p);
+    for (i, (table, _)) in TABLES.iter().enumerate() {
+        assert_ne!(now[i], at_snapshot[i], "{table} changed after the snapshot");
+        assert!(!now[i].is_empty(), "{table} has rows");
+    }
+    assert_same(&c, &p);
+    assert_eq!(data_files(&c), vec![vec![Value::Integer(4242)]]);
+    assert_eq!(data_files(&p).len(), 2);
+    // Reads on the copy see what the primary has.
+    assert_eq!(c.get_inode(f.id).unwrap(), p.get_inode(f.id).unwrap());
+    assert_eq!(c.get_inode(f.id).unwrap().unwrap().stale.len(), 2);
+    assert_eq!(
+        c.lookup(root(&c), b"sub").unwrap(),
+        p.lookup(r, b"sub").unwrap()
+    );
+    assert!(c.get_inode(gone.id).unwrap().is_none());
+    // The counts kept by applying match a recount.
+    let counts = (c.inode_count(), c.entry_count(), c.data_file_count());
+    c.recount().unwrap();
+    assert_eq!(
+        (c.inode_count(), c.entry_count(), c.data_file_count()),
+        counts
+    );
+    // The copy is durable like any store.
+    drop(c);
+    let c = Store::open(&dir.path().join("c.sqlite")).unwrap();
+    assert_same(&c, &p);
+}
+
+#[test]
+fn format_is_captured_and_a_later_snapshot_takes_the_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let (d, own) = volume();
+    let p = Store::open(&dir.path().join("p.sqlite")).unwrap();
+    let (tx, mut rx) = unbounded_channel();
+    assert_eq!(p.start_capture(tx), 0);
+    assert_eq!(p.format(&d, own, 9).unwrap(), FormatOutcome::Formatted);
+    let caps = drain(&mut rx);
+    assert_eq!(caps.len(), 1);
+    assert_eq!(caps[0].seq, 1);
+    let c = Store::open(&dir.path().join("c.sqlite")).unwrap();
+    c.apply_changeset(&caps[0].changeset).unwrap();
+    assert_same(&c, &p);
+    assert_eq!(c.formatted().unwrap().descriptor, d);
+    assert_eq!(c.get_inode(ROOT_ID).unwrap().unwrap().gen, 9);
+    assert_eq!(
+        p.format(&d, own, 9).unwrap(),
+        FormatOutcome::AlreadyFormatted
+    );
+    assert!(drain(&mut rx).is_empty());
+
+    for g in 0..3 {
+        p.create_inode(0, &attr(FileKind::File), None, g).unwrap();
+    }
+    let snap = dir.path().join("snap.sqlite");
+    let s = p.snapshot_to(&snap).unwrap();
+    assert_eq!((s, p.committed_seq()), (4, 4));
+    let h = p.create_inode(0, &attr(FileKind::File), None, 5).unwrap();
+    p.link(root(&p), b"h", h.handle(), FileKind::File, None)
+        .unwrap();
+    let caps = drain(&mut rx);
+    assert!(caps.iter().all(|c| c.seq > 1));
+    assert_eq!(caps.iter().filter(|c| c.seq > s).count(), 2);
+
+    let c2 = Store::open(&dir.path().join("c2.sqlite")).unwrap();
+    c2.install_snapshot(&snap).unwrap();
+    assert_eq!(c2.inode_count(), 4);
+    // A changeset the snapshot already holds does not apply.
+    let old = caps.iter().find(|c| c.seq <= s).unwrap();
+    assert!(c2.apply_changeset(&old.changeset).is_err());
+    for cap in caps.iter().filter(|c| c.seq > s) {
+        c2.apply_changeset(&cap.changeset).unwrap();
+    }
+    assert_same(&c2, &p);
+    for cap in &caps {
+        c.apply_changeset(&cap.changeset).unwrap();
+    }
+    assert_same(&c, &p);
+}
+
+#[test]
+fn conflicting_changesets_are_refused_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (d, own) = volume();
+    let p = Store::open(&dir.path().join("p.sqlite")).unwrap();
+    p.format(&d, own, 1).unwrap();
+    let (tx, mut rx) = unbounded_channel();
+    p.start_capture(tx);
+    let snap = dir.path().join("snap.sqlite");
+    p.snapshot_to(&snap).unwrap();
+    let c = Store::open(&dir.path().join("c.sqlite")).unwrap();
+    c.install_snapshot(&snap).unwrap();
+
+    let f = p.create_inode(0, &attr(FileKind::File), None, 2).unwrap();
+    let set = SetAttr {
+        mode: Some(0o640),
+        ..SetAttr::default()
+    };
+    p.set_attr(f.handle(), &set).unwrap();
+    p.link(root(&p), b"x", f.handle(), FileKind::File, None)
+        .unwrap();
+    let caps = drain(&mut rx);
+    assert_eq!(caps.len(), 3);
+    let (create, setattr, link) = (&caps[0], &caps[1], &caps[2]);
+
+    let unchanged = |c: &Store, before: &(Vec<Rows>, u64, u64)| {
+        assert_eq!(&dump_all(c), &before.0);
+        assert_eq!((c.inode_count(), c.entry_count()), (before.1, before.2));
+    };
+    let state = |c: &Store| (dump_all(c), c.inode_count(), c.entry_count());
+
+    // Out of order: the row to update is missing.
+    let before = state(&c);
+    let e = c.apply_changeset(&setattr.changeset).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Io);
+    unchanged(&c, &before);
+    // Twice: the row to insert exists.
+    c.apply_changeset(&create.changeset).unwrap();
+    let before = state(&c);
+    c.apply_changeset(&create.changeset).unwrap_err();
+    unchanged(&c, &before);
+    c.apply_changeset(&setattr.changeset).unwrap();
+    c.apply_changeset(&setattr.changeset).unwrap_err();
+    // Not a changeset at all.
+    c.apply_changeset(b"not a changeset").unwrap_err();
+
+    // The link inserts an entry and updates the root; when only the root
+    // row differs, the entry is not inserted either.
+    let bump = |by: i64| {
+        c.write
+            .lock()
+            .execute(
+                "UPDATE inodes SET next_cookie = next_cookie + ?1 WHERE id = ?2",
+                params![by, sql_id(ROOT_ID)],
+            )
+            .unwrap()
+    };
+    bump(100);
+    let before = state(&c);
+    let e = c.apply_changeset(&link.changeset).unwrap_err();
+    assert!(e.message.contains("inodes"), "{}", e.message);
+    unchanged(&c, &before);
+    assert!(c.lookup(root(&c), b"x").unwrap().is_none());
+    bump(-100);
+    c.apply_changeset(&link.changeset).unwrap();
+    assert_same(&c, &p);
+}
+
+#[test]
+fn capture_stops_and_guards_the_copy_operations() {
+    let dir = tempfile::tempdir().unwrap();
+    let (d, own) = volume();
+    let p = Store::open(&dir.path().join("p.sqlite")).unwrap();
+    p.format(&d, own, 1).unwrap();
+    let snap = dir.path().join("snap.sqlite");
+    p.snapshot_to(&snap).unwrap();
+    let (tx, mut rx) = unbounded_channel();
+    p.start_capture(tx);
+    // A capturing store is a primary: it takes no copy.
+    assert!(p.install_snapshot(&snap).is_err());
+    let missing = dir.path().join("missing.sqlite");
+    let c = Store::open(&dir.path().join("c.sqlite")).unwrap();
+    assert_eq!(
+        c.install_snapshot(&missing).unwrap_err().code,
+        ErrorCode::NotFound
+    );
+    assert!(!missing.exists());
+    p.create_inode(0, &attr(FileKind::File), None, 1).unwrap();
+    let cap = rx.try_recv().unwrap();
+    assert!(p.apply_changeset(&cap.changeset).is_err());
+    p.stop_capture();
+    p.create_inode(0, &attr(FileKind::File), None, 1).unwrap();
+    assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Disconnected);
+    assert_eq!(p.committed_seq(), 1);
+    // A new sink continues the numbering.
+    let (tx, mut rx) = unbounded_channel();
+    assert_eq!(p.start_capture(tx), 1);
+    p.create_inode(0, &attr(FileKind::File), None, 1).unwrap();
+    assert_eq!(rx.try_recv().unwrap().seq, 2);
+    // A dropped receiver ends capture.
+    drop(rx);
+    p.create_inode(0, &attr(FileKind::File), None, 1).unwrap();
+    assert!(!p.capture.is_on());
+    assert_eq!(p.committed_seq(), 2);
+    p.install_snapshot(&snap).unwrap();
+    assert_eq!(p.inode_count(), 1);
+}
