@@ -2,8 +2,9 @@
 //! and reads go on without an error, the copies it missed are recorded as
 //! stale, nobody reads them before the server has caught up, and the
 //! returning server's resync brings the volume back to healthy (and fsck
-//! clean) by itself. Inodes are not mirrored yet, so the server lost here
-//! never holds the file's inode or the root directory.
+//! clean) by itself. Most tests lose a server that holds neither the
+//! file's inode nor the root (a copy server); the `owner` tests lose the
+//! server holding both, whose metadata range its copy then takes over.
 
 mod common;
 

@@ -615,9 +615,11 @@ async fn inodes_and_blocks_of_other_servers_are_refused() {
     })
     .await;
     c.hello(Some(d.uuid), 3).await.unwrap();
+    // Metadata of another server's range: `NotOwner` (a client then asks
+    // the range's other copy, on a mirrored volume).
     assert_eq!(
         c.code(Request::GetInode { ino: ROOT_ID }).await,
-        ErrorCode::Invalid
+        ErrorCode::NotOwner
     );
     let root = Handle {
         id: ROOT_ID,
@@ -629,7 +631,7 @@ async fn inodes_and_blocks_of_other_servers_are_refused() {
             name: b"x".to_vec()
         })
         .await,
-        ErrorCode::Invalid
+        ErrorCode::NotOwner
     );
     let f = c.create(FileKind::File).await;
     assert_eq!(f.id % 2, 0);

@@ -52,24 +52,38 @@ impl<'a> Repairer<'a> {
         }
     }
 
-    fn owner(&self, id: FileId) -> &Session {
-        &self.sessions[self.layout.inode_server(id) as usize]
+    /// The server that serves `id`'s metadata range: its home, or on a
+    /// mirrored volume the next server if that one took the range over
+    /// (the home answers `NotOwner` then).
+    async fn owner(&self, id: FileId) -> &Session {
+        let home = self.layout.inode_server(id);
+        let s = &self.sessions[home as usize];
+        if self.layout.replicas < 2 || self.sessions.len() < 2 {
+            return s;
+        }
+        match s.call(&Request::GetInode { ino: id }).await {
+            Err(e) if e.code() == ErrorCode::NotOwner => {
+                &self.sessions[((home + 1) % self.layout.servers) as usize]
+            }
+            _ => s,
+        }
     }
 
     /// Reads an inode; `None` if it does not exist.
     async fn get(&self, id: FileId) -> Result<Option<Inode>> {
         let req = Request::GetInode { ino: id };
-        match self.owner(id).call(&req).await {
+        let s = self.owner(id).await;
+        match s.call(&req).await {
             Ok(Reply::Inode(i)) => Ok(Some(i)),
-            Ok(other) => Err(crate::admin::unexpected(&req, &self.owner(id).addr, &other)),
+            Ok(other) => Err(crate::admin::unexpected(&req, &s.addr, &other)),
             Err(e) if is_gone(&e) => Ok(None),
-            Err(e) => Err(anyhow!("GetInode {id} on {}: {e}", self.owner(id).addr)),
+            Err(e) => Err(anyhow!("GetInode {id} on {}: {e}", s.addr)),
         }
     }
 
     /// Sends a lease-taking request to `ino`'s owner, then gives the lease back.
     async fn leased(&self, ino: FileId, req: Request) -> Result<Reply, RpcError> {
-        let s = self.owner(ino);
+        let s = self.owner(ino).await;
         let r = s.call_through_grace(&req, self.grace).await;
         if let Err(e) = s.call(&Request::Release { ino }).await {
             warn!(ino, error = %e, "cannot release a lease");
