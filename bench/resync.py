@@ -29,7 +29,6 @@ Usage:
 """
 
 import argparse
-import datetime
 import hashlib
 import json
 import os
@@ -47,6 +46,7 @@ MiB = 1 << 20
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
 from lib.util import drop_caches, free_port, is_mounted, parse_size  # noqa: E402
+from lib.util import log_times, log_warnings as warnings  # noqa: E402
 
 ROOT_ID = 1  # the root directory's inode id (owner = id mod k)
 
@@ -261,41 +261,6 @@ class Volume:
                 os.kill(p.pid, signal.SIGKILL)
                 p.wait()
             self.procs[i] = None
-
-
-def log_times(path, since_marker, patterns):
-    """UTC timestamps (epoch secs) of the first line after since_marker containing each pattern."""
-    out = {k: None for k in patterns}
-    seen = False
-    with open(path, errors="replace") as f:
-        for line in f:
-            if since_marker in line:
-                seen = True
-                continue
-            if not seen:
-                continue
-            for k, pat in patterns.items():
-                if out[k] is None and pat in line:
-                    ts = line.split()[0].rstrip("Z")
-                    try:
-                        out[k] = datetime.datetime.fromisoformat(ts).replace(
-                            tzinfo=datetime.timezone.utc).timestamp()
-                    except ValueError:
-                        pass
-    return out
-
-
-def warnings(d, limit=40):
-    """WARN/ERROR lines of every log in d: {log name: [first lines], ...} plus counts."""
-    out = {}
-    for fn in sorted(os.listdir(d)):
-        if not fn.endswith(".log"):
-            continue
-        with open(os.path.join(d, fn), errors="replace") as f:
-            lines = [ln.rstrip() for ln in f if " WARN " in ln or " ERROR " in ln]
-        if lines:
-            out[fn] = {"count": len(lines), "first": lines[:limit]}
-    return out
 
 
 def server_entry(st, i):

@@ -1,5 +1,6 @@
 """Small helpers shared by the benchmark scripts."""
 
+import datetime
 import os
 import socket
 import subprocess
@@ -33,3 +34,39 @@ def is_mounted(path):
     path = os.path.realpath(path)
     with open("/proc/self/mountinfo") as f:
         return any(line.split()[4] == path for line in f)
+
+
+def log_warnings(d, limit=40):
+    """WARN/ERROR lines of every *.log in directory d:
+    {log name: {"count": n, "first": [first `limit` lines]}} (logs without any are left out)."""
+    out = {}
+    for fn in sorted(os.listdir(d)):
+        if not fn.endswith(".log"):
+            continue
+        with open(os.path.join(d, fn), errors="replace") as f:
+            lines = [ln.rstrip() for ln in f if " WARN " in ln or " ERROR " in ln]
+        if lines:
+            out[fn] = {"count": len(lines), "first": lines[:limit]}
+    return out
+
+
+def log_times(path, since_marker, patterns):
+    """UTC timestamps (epoch secs) of the first line after since_marker containing each pattern."""
+    out = {k: None for k in patterns}
+    seen = False
+    with open(path, errors="replace") as f:
+        for line in f:
+            if since_marker in line:
+                seen = True
+                continue
+            if not seen:
+                continue
+            for k, pat in patterns.items():
+                if out[k] is None and pat in line:
+                    ts = line.split()[0].rstrip("Z")
+                    try:
+                        out[k] = datetime.datetime.fromisoformat(ts).replace(
+                            tzinfo=datetime.timezone.utc).timestamp()
+                    except ValueError:
+                        pass
+    return out
