@@ -40,6 +40,14 @@ pub struct ServerArgs {
     /// shows the volume degraded until a server runs its resync.
     #[arg(long)]
     pub no_resync: bool,
+    /// etcd endpoints (comma-separated, e.g. http://10.0.0.5:2379) that
+    /// decide which copy of a metadata range serves it (mirrored volumes).
+    /// Without it the two copies decide between themselves, and a copy
+    /// that is silent (hung, cut off) stops the range it copies until it
+    /// answers again; with it that range goes on. Start every server of a
+    /// volume the same way.
+    #[arg(long, value_name = "URL,URL", value_delimiter = ',')]
+    pub etcd: Vec<String>,
 }
 
 /// Runs the server.
@@ -54,6 +62,7 @@ pub fn run(args: ServerArgs) -> Result<ExitCode> {
             data_dir: args.data.clone(),
             listen: args.listen.clone(),
             lease_ms: args.lease_ms,
+            etcd: args.etcd.clone(),
         };
         let mut handle = morris_server::start(cfg)
             .await

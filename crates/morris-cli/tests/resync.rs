@@ -15,54 +15,16 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{copy_only_server, pattern, read_all, wait_for, Cluster};
+use common::{copy_only_server, pattern, read_all, Cluster};
 
 const K: u32 = 4;
 const MIB: usize = 1 << 20;
 
-/// The address of a server that is running (server 0 may be the lost one).
-fn live(c: &Cluster) -> &str {
-    let i = c
-        .pids()
-        .iter()
-        .position(Option::is_some)
-        .expect("a running server");
-    c.addr(i)
-}
+use common::{fsck_clean, live, status, wait_healthy};
 
 /// A mount through a running server.
 fn mount(c: &Cluster) -> common::Mount {
     common::Mount::start(live(c), &[])
-}
-
-fn status(c: &Cluster) -> serde_json::Value {
-    let o = common::morris(&["status", live(c), "--json"]);
-    assert!(o.status.success(), "{}", common::both(&o));
-    serde_json::from_slice(&o.stdout).expect("status json")
-}
-
-/// Waits until `morris status` calls the volume healthy (the resync done).
-fn wait_healthy(c: &Cluster) {
-    wait_for(
-        Duration::from_secs(90),
-        "the volume to be healthy again",
-        || {
-            let s = status(c);
-            if s["health"] == "healthy" {
-                Ok(())
-            } else {
-                Err(serde_json::to_string(&s["servers"]).unwrap_or_default())
-            }
-        },
-    );
-}
-
-fn fsck_clean(c: &Cluster) {
-    let (ok, out, all) = common::fsck(c.addr(0));
-    assert!(ok, "fsck failed:\n{all}");
-    for want in ["0 errors", "0 orphan data files", "0 stale copies"] {
-        assert!(out.contains(want), "fsck is not clean ({want}):\n{all}");
-    }
 }
 
 /// Every extent file of server `data`, by name (`<id>` or `<id>.<copy>`).

@@ -131,6 +131,9 @@ fn retryable(req: &Request) -> bool {
             | Request::DeleteData { .. }
             | Request::Sync { .. }
             | Request::SetAttr { .. }
+            | Request::MarkStale { .. }
+            | Request::NoteLeftover { .. }
+            | Request::ScanStale { .. }
     )
 }
 
@@ -401,7 +404,21 @@ impl Pool {
                 Err(e) => e,
                 Ok(conn) => {
                     let sent = self.now_ns();
-                    match conn.call(&req, payload.clone()).await {
+                    // A server that stays silent (hung, stopped, cut off)
+                    // is left for the other copy after the longest a
+                    // request may legitimately wait there (a recall).
+                    let answer = tokio::time::timeout(
+                        self.lease * 2 + Duration::from_secs(1),
+                        conn.call(&req, payload.clone()),
+                    )
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(RpcError::Disconnected(format!(
+                            "{} (no answer in time)",
+                            self.slots[s as usize].addr
+                        )))
+                    });
+                    match answer {
                         Ok((r, p)) => {
                             self.touch(s, sent);
                             return Ok((s, r, p));

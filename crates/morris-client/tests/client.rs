@@ -24,6 +24,7 @@ async fn cluster(k: usize, unit: u32) -> Cluster {
             data_dir: d.path().to_path_buf(),
             listen: "127.0.0.1:0".into(),
             lease_ms: 1500,
+            etcd: Vec::new(),
         })
         .await
         .unwrap();

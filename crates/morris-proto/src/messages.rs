@@ -327,6 +327,9 @@ pub enum Request {
         lineage: u64,
         /// The last change the sender has committed.
         seq: u64,
+        /// The sender has ownership decided by etcd (`--etcd`); both copies
+        /// of a range must agree, or it is refused with `Invalid`.
+        etcd: bool,
     },
     /// Server to server: changes `first_seq..` of range `range`, as SQLite
     /// session changesets (payload: postcard `Vec<Vec<u8>>`), to be applied in

@@ -30,6 +30,7 @@ use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{info, warn};
 
+mod arbiter;
 mod blocks;
 mod leases;
 mod load;
@@ -52,6 +53,11 @@ pub struct ServerConfig {
     pub listen: String,
     /// Lease duration in milliseconds (also the grace period after a restart).
     pub lease_ms: u32,
+    /// etcd endpoints (`http://host:port`) that decide which copy of a
+    /// metadata range serves it, on a mirrored volume; empty: the two copies
+    /// decide between themselves (the static rule, `ranges.rs`). Every
+    /// server of a volume must be started the same way.
+    pub etcd: Vec<String>,
 }
 
 impl ServerConfig {
@@ -61,6 +67,7 @@ impl ServerConfig {
             data_dir: data_dir.into(),
             listen: listen.into(),
             lease_ms: DEFAULT_LEASE_MS,
+            etcd: Vec::new(),
         }
     }
 }
@@ -236,6 +243,7 @@ pub async fn start(cfg: ServerConfig) -> Result<ServerHandle, ServerError> {
         Arc::new(blocks),
         cfg.data_dir.clone(),
         cfg.lease_ms,
+        cfg.etcd.clone(),
     ));
     // A formatted server may have granted leases in a previous life: they
     // must run out (a lease time) before it grants new ones.

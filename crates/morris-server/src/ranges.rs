@@ -9,7 +9,8 @@
 //! `peer.rs`), the other the **secondary**.
 //!
 //! Safety rule (no two servers serve a range at once, even across a network
-//! split), the static two-copy rule:
+//! split), the static two-copy rule (with `--etcd`, etcd decides instead:
+//! `arbiter.rs`):
 //!
 //! | who | may | only while |
 //! |---|---|---|
@@ -33,6 +34,7 @@ use morris_proto::{ErrorCode, FileId, RangeStatus, WireError};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
+use crate::arbiter::Arbiter;
 use crate::leases::Millis;
 use crate::store::Store;
 
@@ -73,6 +75,8 @@ pub(crate) struct RangeState {
     pub last_heard: Millis,
     /// Takeovers by this server since start.
     pub takeovers: u64,
+    /// Secondary with an arbiter: a takeover is being asked for.
+    pub taking_over: bool,
 }
 
 /// One copy of one metadata range kept by this server.
@@ -95,6 +99,8 @@ pub(crate) struct Range {
     pub changed: watch::Sender<u64>,
     /// Secondary: one `Replicate` / `SnapshotChunk` applied at a time.
     pub apply: tokio::sync::Mutex<()>,
+    /// etcd decides ownership instead of the two copies (`arbiter.rs`).
+    pub arbiter: Option<Arc<Arbiter>>,
 }
 
 /// The ranges this server keeps: its home range first.
@@ -167,6 +173,7 @@ impl Range {
         state_path: PathBuf,
         default: Role,
         grace_until: Millis,
+        arbiter: Option<Arc<Arbiter>>,
     ) -> Result<Range, WireError> {
         let (gen, role) = load_role(&state_path)?.unwrap_or((1, default));
         let unmirrored = peer.is_none();
@@ -194,10 +201,12 @@ impl Range {
                 seq: 0,
                 last_heard: 0,
                 takeovers: 0,
+                taking_over: false,
             }),
             acked: watch::channel(0).0,
             changed: watch::channel(0).0,
             apply: tokio::sync::Mutex::new(()),
+            arbiter,
         })
     }
 
@@ -218,7 +227,7 @@ impl Range {
             "this server keeps the other copy of metadata range"
         } else if !st.established {
             "this server has not yet confirmed its ownership of metadata range"
-        } else if st.lapsed || (st.peer_in_sync && now >= st.own_until) {
+        } else if self.ownership_ended(&st, now) {
             "this server's ownership lease lapsed for metadata range"
         } else {
             return None;
@@ -227,6 +236,16 @@ impl Range {
             ErrorCode::NotOwner,
             format!("{why} {}", self.range),
         ))
+    }
+
+    /// True if the primary's ownership ran out: its etcd lease (with an
+    /// arbiter) or its ownership lease from the copy (without).
+    pub fn ownership_ended(&self, st: &RangeState, now: Millis) -> bool {
+        st.lapsed
+            || match &self.arbiter {
+                Some(a) => !a.valid(now),
+                None => st.peer_in_sync && now >= st.own_until,
+            }
     }
 
     /// Remaining grace (ms), if any.

@@ -18,6 +18,7 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
+use crate::arbiter::{Arbiter, Etcd};
 use crate::blocks::Blocks;
 use crate::blocks::MAX_REPLICAS;
 use crate::leases::{Acquired, ClientId, Effects, LeaseTable, Millis, Recall, Ticket};
@@ -113,6 +114,9 @@ pub(crate) struct Server {
     /// Fault injection: server-to-server traffic is dropped both ways, as if
     /// the link between the two copies of a range were cut.
     peers_cut: AtomicBool,
+    /// etcd endpoints deciding metadata ownership (empty: the two copies
+    /// decide, `ranges.rs`).
+    etcd: Vec<String>,
 }
 
 type Outcome = (Result<Reply, WireError>, Bytes);
@@ -211,6 +215,7 @@ impl Server {
         blocks: Arc<Blocks>,
         data_dir: PathBuf,
         lease_ms: u32,
+        etcd: Vec<String>,
     ) -> Server {
         let epoch = loop {
             let e: u64 = rand::random();
@@ -238,6 +243,7 @@ impl Server {
             resync: Arc::new(Mutex::new(ResyncStatus::default())),
             stopped: AtomicBool::new(false),
             peers_cut: AtomicBool::new(false),
+            etcd,
         }
     }
 
@@ -277,6 +283,28 @@ impl Server {
         let me = vol.index;
         let mirrored = vol.layout.replicas >= 2 && k >= 2;
         let addr = |i: u32| vol.descriptor.servers[i as usize].clone();
+        let arbiter = (mirrored && !self.etcd.is_empty()).then(|| {
+            let a = Arc::new(Arbiter {
+                cell: OnceLock::new(),
+            });
+            let (a2, endpoints, uuid) = (a.clone(), self.etcd.clone(), vol.descriptor.uuid);
+            let (lease_ms, started) = (self.lease_ms, self.started);
+            tokio::spawn(async move {
+                loop {
+                    match Etcd::connect(&endpoints, uuid, lease_ms, started).await {
+                        Ok(e) => {
+                            let _ = a2.cell.set(e.clone());
+                            e.keep_alive().await;
+                        }
+                        Err(e) => {
+                            warn!(error = %e, endpoints = ?endpoints, "cannot reach etcd; metadata ranges wait for it");
+                            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                        }
+                    }
+                }
+            });
+            a
+        });
         let mut list = Vec::new();
         let next = (me + 1) % k;
         let prev = (me + k - 1) % k;
@@ -287,6 +315,7 @@ impl Server {
             self.data_dir.join("range-home.state"),
             Role::Primary,
             grace,
+            arbiter.clone(),
         )?));
         if mirrored {
             let path = self.data_dir.join("mirror.sqlite");
@@ -298,6 +327,7 @@ impl Server {
                 self.data_dir.join("range-mirror.state"),
                 Role::Secondary,
                 grace,
+                arbiter.clone(),
             )?));
         }
         let ranges = Arc::new(Ranges { k, me, list });
@@ -309,7 +339,12 @@ impl Server {
                 }
             }
         }
-        info!(range = me, mirrored, "metadata ranges ready");
+        info!(
+            range = me,
+            mirrored,
+            arbiter = if arbiter.is_some() { "etcd" } else { "copies" },
+            "metadata ranges ready"
+        );
         Ok(())
     }
 

@@ -25,6 +25,7 @@ async fn server(dir: &std::path::Path, listen: &str) -> ServerHandle {
             data_dir: dir.to_path_buf(),
             listen: listen.into(),
             lease_ms: LEASE_MS,
+            etcd: Vec::new(),
         })
         .await
         {

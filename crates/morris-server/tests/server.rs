@@ -23,6 +23,7 @@ async fn server(dir: &std::path::Path) -> ServerHandle {
         data_dir: dir.to_path_buf(),
         listen: "127.0.0.1:0".into(),
         lease_ms: LEASE_MS,
+        etcd: Vec::new(),
     })
     .await
     .expect("server starts")
@@ -825,6 +826,7 @@ async fn restart_keeps_data_and_answers_grace() {
         data_dir: dir.path().to_path_buf(),
         listen: addr.to_string(),
         lease_ms: LEASE_MS,
+        etcd: Vec::new(),
     })
     .await
     {
@@ -874,6 +876,7 @@ async fn a_second_server_cannot_share_the_directory() {
         data_dir: dir.path().to_path_buf(),
         listen: "127.0.0.1:0".into(),
         lease_ms: LEASE_MS,
+        etcd: Vec::new(),
     })
     .await;
     assert!(matches!(second, Err(morris_server::ServerError::Locked(_))));

@@ -167,6 +167,8 @@ pub struct ClusterOpts {
     pub replicas: u8,
     /// Run `morris format` (else the servers stay unformatted).
     pub format: bool,
+    /// Extra `morris server` arguments, at every start and restart.
+    pub server_args: Vec<String>,
 }
 
 impl Default for ClusterOpts {
@@ -176,6 +178,7 @@ impl Default for ClusterOpts {
             stripe_unit: "64K".into(),
             replicas: 1,
             format: true,
+            server_args: Vec::new(),
         }
     }
 }
@@ -304,7 +307,8 @@ impl Cluster {
             // A free port can be taken between finding and binding it: retry.
             for _ in 0..5 {
                 let addr = format!("127.0.0.1:{}", free_port());
-                let mut child = spawn_server(&data, &log, &addr, c.opts.lease_ms, &[]);
+                let extra: Vec<&str> = c.opts.server_args.iter().map(String::as_str).collect();
+                let mut child = spawn_server(&data, &log, &addr, c.opts.lease_ms, &extra);
                 match wait_listening(&mut child, &addr) {
                     Ok(()) => {
                         started = Some((addr, child));
@@ -399,7 +403,9 @@ impl Cluster {
     pub fn restart_with(&mut self, i: usize, extra: &[&str]) {
         self.kill9(i);
         let s = &mut self.servers[i];
-        let mut child = spawn_server(&s.data, &s.log, &s.addr, self.opts.lease_ms, extra);
+        let mut all: Vec<&str> = self.opts.server_args.iter().map(String::as_str).collect();
+        all.extend_from_slice(extra);
+        let mut child = spawn_server(&s.data, &s.log, &s.addr, self.opts.lease_ms, &all);
         if let Err(e) = wait_listening(&mut child, &s.addr) {
             let _ = child.kill();
             let _ = child.wait();
@@ -710,6 +716,90 @@ pub fn create_with_quiet_server(k: u32, dir: &Path, name: &str) -> (PathBuf, usi
     panic!("no file in {} leaves a quiet server", dir.display());
 }
 
+/// A single-member etcd (Debian's `etcd-server`) on free loopback ports,
+/// in a temporary directory; killed when dropped.
+pub struct EtcdProc {
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    child: Child,
+    _dir: TempDir,
+}
+
+impl EtcdProc {
+    /// Starts etcd and waits until it answers.
+    pub fn start() -> EtcdProc {
+        let etcd = ["/usr/bin/etcd", "/usr/local/bin/etcd"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .expect("etcd not found: install Debian's etcd-server (scripts/setup.sh does)");
+        let dir = tempfile::Builder::new()
+            .prefix("morris-etcd-")
+            .tempdir()
+            .expect("cannot create a temporary directory");
+        let (client, peer) = (free_port(), free_port());
+        let url = format!("http://127.0.0.1:{client}");
+        let log = File::create(dir.path().join("etcd.log")).expect("etcd log");
+        let mut cmd = Command::new(etcd);
+        cmd.arg("--name")
+            .arg("test")
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .arg("--listen-client-urls")
+            .arg(&url)
+            .arg("--advertise-client-urls")
+            .arg(&url)
+            .arg("--listen-peer-urls")
+            .arg(format!("http://127.0.0.1:{peer}"))
+            .arg("--initial-advertise-peer-urls")
+            .arg(format!("http://127.0.0.1:{peer}"))
+            .arg("--initial-cluster")
+            .arg(format!("test=http://127.0.0.1:{peer}"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone"))
+            .stderr(log);
+        die_with_parent(&mut cmd);
+        let mut child = cmd.spawn().expect("cannot start etcd");
+        let addr = format!("127.0.0.1:{client}");
+        let start = Instant::now();
+        loop {
+            if let Ok(mut s) = TcpStream::connect(&addr) {
+                use std::io::Write;
+                let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+                let _ = s.write_all(b"GET /health HTTP/1.0\r\n\r\n");
+                let mut body = String::new();
+                let _ = s.read_to_string(&mut body);
+                if body.contains("\"health\":\"true\"") {
+                    break;
+                }
+            }
+            if let Ok(Some(st)) = child.try_wait() {
+                panic!(
+                    "etcd exited with {st}:\n{}",
+                    read_log(&dir.path().join("etcd.log"))
+                );
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "etcd not healthy after 30 s:\n{}",
+                read_log(&dir.path().join("etcd.log"))
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        EtcdProc {
+            url,
+            child,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for EtcdProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// The whole content of `path` (panics with the path on failure).
 pub fn read_all(path: &Path) -> Vec<u8> {
     let mut out = Vec::new();
@@ -717,4 +807,46 @@ pub fn read_all(path: &Path) -> Vec<u8> {
         .and_then(|mut f| f.read_to_end(&mut out))
         .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     out
+}
+
+/// The address of a server that is running (server 0 may be the lost one).
+pub fn live(c: &Cluster) -> &str {
+    let i = c
+        .pids()
+        .iter()
+        .position(Option::is_some)
+        .expect("a running server");
+    c.addr(i)
+}
+
+/// `morris status --json` through a running server.
+pub fn status(c: &Cluster) -> serde_json::Value {
+    let o = morris(&["status", live(c), "--json"]);
+    assert!(o.status.success(), "{}", both(&o));
+    serde_json::from_slice(&o.stdout).expect("status json")
+}
+
+/// Waits until `morris status` calls the volume healthy (the resync done).
+pub fn wait_healthy(c: &Cluster) {
+    wait_for(
+        Duration::from_secs(90),
+        "the volume to be healthy again",
+        || {
+            let s = status(c);
+            if s["health"] == "healthy" {
+                Ok(())
+            } else {
+                Err(serde_json::to_string(&s["servers"]).unwrap_or_default())
+            }
+        },
+    );
+}
+
+/// Runs `morris fsck` and checks it found nothing wrong.
+pub fn fsck_clean(c: &Cluster) {
+    let (ok, out, all) = fsck(c.addr(0));
+    assert!(ok, "fsck failed:\n{all}");
+    for want in ["0 errors", "0 orphan data files", "0 stale copies"] {
+        assert!(out.contains(want), "fsck is not clean ({want}):\n{all}");
+    }
 }

@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::{blocking, err, LeaseState, Server};
+use crate::arbiter::Claim;
 use crate::leases::{LeaseTable, Millis};
 use crate::ranges::{Range, Role};
 use crate::store::Captured;
@@ -115,7 +116,8 @@ impl Server {
     fn confirm(&self, range: &Range, sent: Millis) {
         let mut st = range.st.lock();
         st.own_until = st.own_until.max(sent + self.own_ms());
-        if !st.established || st.lapsed {
+        // With an arbiter, only a claim in etcd establishes (`claim`).
+        if range.arbiter.is_none() && (!st.established || st.lapsed) {
             info!(range = range.range, gen = st.gen, "serving metadata range");
             st.established = true;
             st.lapsed = false;
@@ -144,6 +146,7 @@ impl Server {
             gen,
             lineage,
             seq,
+            etcd: range.arbiter.is_some(),
         };
         let (reply, _) = self.peer_call(c, &req, Bytes::new()).await?;
         match reply {
@@ -175,6 +178,71 @@ impl Server {
                 })
             }
             other => Err(Lost::Other(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// This server's index.
+    fn me(&self) -> u32 {
+        self.ranges().map_or(0, |r| r.me)
+    }
+
+    /// With etcd: records there that `range`'s copy is not current, then
+    /// stops waiting for it (changes are answered with one copy). Does
+    /// nothing if etcd cannot be told: the primary then waits, and lapses
+    /// when its etcd lease runs out.
+    async fn go_on_alone(&self, range: &Range) {
+        let Some(e) = range.arbiter.as_ref().and_then(|a| a.get()) else {
+            return;
+        };
+        let gen = range.st.lock().gen;
+        match e.set_copy_current(range.range, self.me(), gen, false).await {
+            Ok(true) => {
+                range.st.lock().peer_in_sync = false;
+                range.bump();
+                warn!(range = range.range, peer = %range.peer_addr,
+                    "metadata copy not answering; recorded in etcd, serving without it");
+            }
+            Ok(false) => debug!(range = range.range, "no longer the owner in etcd"),
+            Err(e) => debug!(range = range.range, error = %e, "cannot reach etcd"),
+        }
+    }
+
+    /// With etcd: takes or confirms ownership of `range` there. `Ok(true)`:
+    /// serving; `Ok(false)`: not (yet); `Err(())`: another server serves
+    /// it at a newer generation (this copy was demoted).
+    async fn claim(&self, range: &Range) -> Result<bool, ()> {
+        let Some(e) = range.arbiter.as_ref().and_then(|a| a.get()) else {
+            return Ok(false);
+        };
+        if !e.valid(self.now_ms()) {
+            return Ok(false);
+        }
+        let gen = range.st.lock().gen;
+        match e.claim(range.range, self.me(), gen).await {
+            Ok(Claim::Owned) => {
+                {
+                    let mut st = range.st.lock();
+                    st.established = true;
+                    st.lapsed = false;
+                    // The claim recorded the copy as not current.
+                    st.peer_in_sync = false;
+                }
+                range.bump();
+                info!(
+                    range = range.range,
+                    gen, "serving metadata range (owner in etcd)"
+                );
+                Ok(true)
+            }
+            Ok(Claim::Superseded(newer)) => {
+                self.demote(range, newer);
+                Err(())
+            }
+            Ok(Claim::Held) => Ok(false),
+            Err(e) => {
+                debug!(range = range.range, error = %e, "cannot claim the range in etcd");
+                Ok(false)
+            }
         }
     }
 
@@ -301,12 +369,32 @@ impl Server {
         let mut at_peer = base;
         let mut conn: Option<RpcClient> = None;
         let mut need_snapshot = false;
+        // With etcd: the copy is recorded there as current.
+        let mut etcd_marked = false;
         info!(range = range.range, peer = %range.peer_addr, "shipping metadata changes");
         loop {
             if self.stopped.load(std::sync::atomic::Ordering::SeqCst)
                 || range.st.lock().role != Role::Primary
             {
                 break;
+            }
+            if range.arbiter.is_some() {
+                let unclaimed = {
+                    let st = range.st.lock();
+                    !st.established || st.lapsed
+                };
+                if unclaimed {
+                    match self.claim(&range).await {
+                        Ok(true) => etcd_marked = false,
+                        Ok(false) => {
+                            pending.clear();
+                            while rx.try_recv().is_ok() {}
+                            tokio::time::sleep(pause).await;
+                            continue;
+                        }
+                        Err(()) => break,
+                    }
+                }
             }
             while let Ok(x) = rx.try_recv() {
                 pending.push_back(x);
@@ -332,6 +420,17 @@ impl Server {
                             let peer_dead = matches!(e, Lost::Refused);
                             if let Lost::Other(m) = &e {
                                 debug!(range = range.range, error = %m, "metadata copy unreachable");
+                            }
+                            if range.arbiter.is_some() {
+                                if range.st.lock().peer_in_sync {
+                                    self.go_on_alone(&range).await;
+                                }
+                                etcd_marked = false;
+                                if !range.st.lock().peer_in_sync {
+                                    pending.clear();
+                                }
+                                tokio::time::sleep(pause).await;
+                                continue;
                             }
                             let in_sync = {
                                 let mut st = range.st.lock();
@@ -363,6 +462,7 @@ impl Server {
                     Ok(seq) => {
                         need_snapshot = false;
                         at_peer = seq;
+                        etcd_marked = self.mark_current(&range).await;
                         conn = Some(c);
                     }
                     Err(e) => {
@@ -383,7 +483,11 @@ impl Server {
                     },
                     _ = tokio::time::sleep(beat) => {
                         match self.handshake(&range, &c, lineage, at_peer).await {
-                            Ok(Hand::InSync) => {}
+                            Ok(Hand::InSync) => {
+                                if !etcd_marked && range.st.lock().peer_in_sync {
+                                    etcd_marked = self.mark_current(&range).await;
+                                }
+                            }
                             Ok(Hand::NeedSnapshot) => need_snapshot = true,
                             Ok(Hand::Demoted) => break,
                             Err(_) => continue,
@@ -438,12 +542,33 @@ impl Server {
                     if let Lost::Other(m) = e {
                         debug!(range = range.range, error = %m, "changes not applied by the copy");
                     }
+                    if range.arbiter.is_some() {
+                        // Do not keep clients waiting for a silent copy.
+                        self.go_on_alone(&range).await;
+                        etcd_marked = false;
+                    }
                     // Reconnect: the handshake tells where the copy is.
                 }
             }
         }
         range.store.stop_capture();
         info!(range = range.range, "stopped shipping metadata changes");
+    }
+
+    /// With etcd: records that the copy is current (it has a snapshot and
+    /// every later change is waited for). True if recorded (or no etcd).
+    async fn mark_current(&self, range: &Range) -> bool {
+        let Some(e) = range.arbiter.as_ref().and_then(|a| a.get()) else {
+            return range.arbiter.is_none();
+        };
+        let gen = range.st.lock().gen;
+        match e.set_copy_current(range.range, self.me(), gen, true).await {
+            Ok(ok) => ok,
+            Err(e) => {
+                debug!(range = range.range, error = %e, "cannot reach etcd");
+                false
+            }
+        }
     }
 
     /// Waits until the change `seq` of `range` is at its secondary (or the
@@ -453,23 +578,17 @@ impl Server {
         let mut acked = range.acked.subscribe();
         let mut changed = range.changed.subscribe();
         loop {
-            {
-                let st = range.st.lock();
-                if st.role != Role::Primary
-                    || st.lapsed
-                    || (st.peer_in_sync && self.now_ms() >= st.own_until)
-                {
-                    return Err(err(
-                        ErrorCode::Unavailable,
-                        format!(
-                            "metadata range {}: ownership ended before the change reached its copy",
-                            range.range
-                        ),
-                    ));
-                }
-                if !st.peer_in_sync {
-                    return Ok(());
-                }
+            if range.refusal(self.now_ms()).is_some() {
+                return Err(err(
+                    ErrorCode::Unavailable,
+                    format!(
+                        "metadata range {}: ownership ended before the change reached its copy",
+                        range.range
+                    ),
+                ));
+            }
+            if !range.st.lock().peer_in_sync {
+                return Ok(());
             }
             if *acked.borrow_and_update() >= seq {
                 return Ok(());
@@ -509,8 +628,23 @@ impl Server {
         let now = self.now_ms();
         match req {
             Request::PeerSync {
-                gen, lineage, seq, ..
+                gen,
+                lineage,
+                seq,
+                etcd,
+                ..
             } => {
+                if etcd != range.arbiter.is_some() {
+                    warn!(
+                        range = r,
+                        peer_etcd = etcd,
+                        "the other copy of this range is started with a different --etcd setting"
+                    );
+                    return Err(err(
+                        ErrorCode::Invalid,
+                        "the servers of one volume must all use etcd (--etcd) or none",
+                    ));
+                }
                 let (mine, role) = {
                     let st = range.st.lock();
                     (st.gen, st.role)
@@ -659,8 +793,7 @@ impl Server {
                 let lapse = st.role == Role::Primary
                     && st.established
                     && !st.lapsed
-                    && st.peer_in_sync
-                    && now >= st.own_until;
+                    && range.ownership_ended(&st, now);
                 let take = st.role == Role::Secondary
                     && st.in_sync
                     && now >= st.last_heard + self.own_ms() + self.takeover_margin();
@@ -674,9 +807,44 @@ impl Server {
                 self.lapse_all("ownership lapsed");
             }
             if due_takeover {
-                self.take_over(range);
+                match &range.arbiter {
+                    None => self.take_over(range),
+                    Some(_) => self.ask_etcd_to_take_over(range),
+                }
             }
         }
+    }
+
+    /// With etcd: a takeover happens only if etcd agrees (the primary's
+    /// owner key is gone and the copy is recorded current).
+    fn ask_etcd_to_take_over(&self, range: &Arc<Range>) {
+        let Some(e) = range.arbiter.as_ref().and_then(|a| a.get()).cloned() else {
+            return;
+        };
+        let gen = {
+            let mut st = range.st.lock();
+            if st.taking_over {
+                return;
+            }
+            st.taking_over = true;
+            st.gen
+        };
+        let Some(me) = self.this.get().and_then(|w| w.upgrade()) else {
+            return;
+        };
+        let range = range.clone();
+        tokio::spawn(async move {
+            let took = e.take_over(range.range, me.me(), gen).await;
+            range.st.lock().taking_over = false;
+            match took {
+                Ok(true) => me.take_over(&range),
+                Ok(false) => debug!(
+                    range = range.range,
+                    "etcd: the range is still owned, or its copy not current"
+                ),
+                Err(err) => debug!(range = range.range, error = %err, "cannot reach etcd"),
+            }
+        });
     }
 
     fn take_over(&self, range: &Arc<Range>) {

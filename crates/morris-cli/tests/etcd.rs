@@ -1,0 +1,143 @@
+//! Metadata ownership decided by etcd (`morris server --etcd URL`): a real
+//! single-member etcd from Debian's `etcd-server`, four real servers with
+//! `--replicas 2`, a FUSE mount. What etcd adds over the two copies alone:
+//! a *silent* server (here `SIGSTOP`: connected, answering nothing) stops
+//! neither the metadata range it keeps a copy of nor, after a takeover, the
+//! range it serves.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{fsck_clean, pattern, read_all, status, wait_for, wait_healthy, Cluster, EtcdProc};
+
+const K: u32 = 4;
+/// The root directory (id 1) is metadata range 1: server 1 serves it,
+/// server 2 keeps its copy.
+const ROOT_RANGE: u32 = 1;
+
+fn cluster(etcd: &EtcdProc) -> Cluster {
+    Cluster::start(
+        K as usize,
+        common::ClusterOpts {
+            replicas: 2,
+            server_args: vec!["--etcd".into(), etcd.url.clone()],
+            ..common::ClusterOpts::default()
+        },
+    )
+}
+
+/// Server `i`'s view of metadata range `range` (`stats.ranges`).
+fn copy_of(s: &serde_json::Value, i: usize, range: u32) -> serde_json::Value {
+    s["servers"][i]["stats"]["ranges"]
+        .as_array()
+        .and_then(|v| v.iter().find(|r| r["range"] == range).cloned())
+        .unwrap_or_default()
+}
+
+/// Creates and writes `n` files under `dir` and reads them back.
+fn write_files(dir: &std::path::Path, tag: &str, n: usize, seed: u64) -> Result<(), String> {
+    for i in 0..n {
+        let p = dir.join(format!("{tag}-{i}"));
+        let data = pattern(seed + i as u64, 0, 200_000 + i * 1000);
+        std::fs::write(&p, &data).map_err(|e| format!("write {}: {e}", p.display()))?;
+        let back = std::fs::read(&p).map_err(|e| format!("read {}: {e}", p.display()))?;
+        if back != data {
+            return Err(format!("{} differs", p.display()));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_silent_copy_server_does_not_stop_the_range_it_copies() {
+    let etcd = EtcdProc::start();
+    let c = cluster(&etcd);
+    wait_healthy(&c);
+    let m = c.mount();
+    write_files(&m.path, "before", 4, 70).expect("write before");
+    // Server 2 keeps the copy of the root's range; it goes silent.
+    let copy = (ROOT_RANGE + 1) as usize;
+    let pid = c.pids()[copy].expect("running");
+    common::signal(pid, libc::SIGSTOP);
+    // Names keep being created in the root (range 1) and files written:
+    // server 1 records in etcd that its copy is not current and goes on.
+    let wrote = write_files(&m.path, "during", 6, 80);
+    let s = status(&c);
+    common::signal(pid, libc::SIGCONT);
+    if let Err(e) = wrote {
+        panic!(
+            "writing with the copy server stopped failed: {e}; mount log:\n{}\nserver logs:\n{}",
+            common::read_log(&m.log),
+            c.logs()
+        );
+    }
+    let served = copy_of(&s, ROOT_RANGE as usize, ROOT_RANGE);
+    assert_eq!(served["primary"], true, "{s}");
+    assert_eq!(served["ready"], true, "{s}");
+    assert_eq!(served["peer_in_sync"], false, "{s}");
+    drop(m);
+    // Back: the copy gets a snapshot and is recorded current again.
+    wait_healthy(&c);
+    fsck_clean(&c);
+    let m = c.mount();
+    for i in 0..6 {
+        let p = m.path.join(format!("during-{i}"));
+        assert!(
+            read_all(&p) == pattern(80 + i as u64, 0, 200_000 + i * 1000),
+            "{} differs",
+            p.display()
+        );
+    }
+}
+
+#[test]
+fn a_silent_primary_is_taken_over_and_demoted_when_it_wakes() {
+    let etcd = EtcdProc::start();
+    let c = cluster(&etcd);
+    wait_healthy(&c);
+    let m = c.mount();
+    write_files(&m.path, "before", 4, 90).expect("write before");
+    // Server 1 (the root's range) goes silent: its etcd lease runs out, its
+    // owner key goes, and server 2 (copy current in etcd) takes over.
+    let primary = ROOT_RANGE as usize;
+    let pid = c.pids()[primary].expect("running");
+    common::signal(pid, libc::SIGSTOP);
+    let wrote = write_files(&m.path, "during", 4, 100);
+    let s = status(&c);
+    common::signal(pid, libc::SIGCONT);
+    if let Err(e) = wrote {
+        panic!(
+            "writing with the root's server stopped failed: {e}; mount log:\n{}\nserver logs:\n{}",
+            common::read_log(&m.log),
+            c.logs()
+        );
+    }
+    let taken = copy_of(&s, primary + 1, ROOT_RANGE);
+    assert_eq!(taken["primary"], true, "server 2 did not take over: {s}");
+    assert!(taken["gen"].as_u64().unwrap_or(0) >= 2, "{s}");
+    drop(m);
+    // Awake, server 1 finds its etcd lease gone and a newer generation: it
+    // keeps the copy. Nobody serves the range twice.
+    wait_for(Duration::from_secs(60), "server 1 to keep the copy", || {
+        let s = status(&c);
+        let old = copy_of(&s, primary, ROOT_RANGE);
+        let new = copy_of(&s, primary + 1, ROOT_RANGE);
+        if old["primary"] == false && old["ready"] == true && new["primary"] == true {
+            Ok(())
+        } else {
+            Err(format!("{old} / {new}"))
+        }
+    });
+    wait_healthy(&c);
+    fsck_clean(&c);
+    let m = c.mount();
+    for i in 0..4 {
+        let p = m.path.join(format!("during-{i}"));
+        assert!(
+            read_all(&p) == pattern(100 + i as u64, 0, 200_000 + i * 1000),
+            "{} differs",
+            p.display()
+        );
+    }
+}
