@@ -220,7 +220,10 @@ mod tests {
         let two = new_descriptor(servers.clone(), 1 << 20, 2).unwrap();
         let text = describe(&two);
         assert!(text.contains("2 copies of every data block"), "{text}");
-        assert!(text.contains("Not yet mirrored: inodes"), "{text}");
+        assert!(
+            text.contains("Inodes, directories and leases have"),
+            "{text}"
+        );
         let four: Vec<String> = (1..=4).map(|i| format!("h{i}:1")).collect();
         assert!(
             new_descriptor(four, 1 << 20, 4).is_err(),

@@ -65,19 +65,24 @@ impl Client {
             ));
         }
         let limit = self.pool.lease() / 2;
-        // One more try if the connection was closed under the request while
-        // the server itself answers (a server that stops trusting its leases
-        // closes every session: `lapse_all`); a dead server refuses both.
+        // Two more tries if the connection was closed under the request
+        // while the server itself answers (a server that stops trusting its
+        // leases closes every session: `lapse_all`); a dead server refuses
+        // them at once, a silent one runs into the time limit.
         let attempt = async {
-            match self
-                .pool
-                .call_once(server, req.clone(), payload.clone())
-                .await
-            {
-                Err(e) if e.code == ErrorCode::Unavailable => {
-                    self.pool.call_once(server, req, payload).await
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                match self
+                    .pool
+                    .call_once(server, req.clone(), payload.clone())
+                    .await
+                {
+                    Err(e) if e.code == ErrorCode::Unavailable && tries < 3 => {
+                        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    }
+                    r => break r,
                 }
-                r => r,
             }
         };
         let r = match tokio::time::timeout(limit, attempt).await {
@@ -178,6 +183,7 @@ impl Client {
                     stored.insert(index);
                 }
                 Err(e) if e.code == ErrorCode::Unavailable => {
+                    tracing::debug!(id, server, index, error = %e, "copy write missed");
                     note_missed(&mut missed, server, index)
                 }
                 Err(e) => failed = failed.or(Some(e)),

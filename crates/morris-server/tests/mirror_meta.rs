@@ -15,7 +15,7 @@ use morris_proto::{
 use morris_server::{start, ServerConfig, ServerHandle};
 use uuid::Uuid;
 
-const LEASE_MS: u32 = 600;
+const LEASE_MS: u32 = 1000;
 const K: u32 = 2;
 
 async fn server(dir: &std::path::Path, listen: &str) -> ServerHandle {

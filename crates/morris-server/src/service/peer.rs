@@ -411,7 +411,20 @@ impl Server {
                     };
                     match attempt {
                         Ok((_, Hand::Demoted)) => break,
-                        Ok((c, Hand::InSync)) => c,
+                        Ok((c, Hand::InSync)) => {
+                            if !range.st.lock().peer_in_sync {
+                                // Back after we went on without it: current
+                                // only if nothing was answered meanwhile.
+                                if pending.is_empty() && range.store.committed_seq() == at_peer {
+                                    range.st.lock().peer_in_sync = true;
+                                    range.bump();
+                                    etcd_marked = self.mark_current(&range).await;
+                                } else {
+                                    need_snapshot = true;
+                                }
+                            }
+                            c
+                        }
                         Ok((c, Hand::NeedSnapshot)) => {
                             need_snapshot = true;
                             c
