@@ -27,6 +27,27 @@ fn mount(c: &Cluster) -> common::Mount {
     common::Mount::start(live(c), &[])
 }
 
+/// Writes `data` to the existing file `f` in 1 MiB pieces, then fsyncs and
+/// closes it, on a thread of its own; returns once 11 MiB are written.
+fn write_in_background(f: &Path, data: &[u8]) -> std::thread::JoinHandle<std::io::Result<()>> {
+    let (tx, rx) = mpsc::channel();
+    let (f, data) = (f.to_path_buf(), data.to_vec());
+    let writer = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut file = std::fs::OpenOptions::new().write(true).open(&f)?;
+        for (i, chunk) in data.chunks(MIB).enumerate() {
+            file.write_all(chunk)?;
+            if i == 10 {
+                let _ = tx.send(());
+            }
+        }
+        file.sync_all()?;
+        common::close_checked(file)
+    });
+    rx.recv_timeout(Duration::from_secs(120))
+        .expect("the writer stalled before the kill");
+    writer
+}
+
 /// Every extent file of server `data`, by name (`<id>` or `<id>.<copy>`).
 fn extents(data: &Path) -> BTreeMap<String, PathBuf> {
     let mut out = BTreeMap::new();
@@ -94,23 +115,7 @@ fn a_copy_server_killed_during_a_long_write_is_caught_up_when_it_returns() {
     let data = pattern(51, 0, total);
 
     // The writer goes on while server v is killed a quarter of the way in.
-    let (tx, rx) = mpsc::channel();
-    let writer = {
-        let (f, data) = (f.clone(), data.clone());
-        std::thread::spawn(move || -> std::io::Result<()> {
-            let mut file = std::fs::OpenOptions::new().write(true).open(&f)?;
-            for (i, chunk) in data.chunks(MIB).enumerate() {
-                file.write_all(chunk)?;
-                if i == 10 {
-                    let _ = tx.send(());
-                }
-            }
-            file.sync_all()?;
-            common::close_checked(file)
-        })
-    };
-    rx.recv_timeout(Duration::from_secs(120))
-        .expect("the writer stalled before the kill");
+    let writer = write_in_background(&f, &data);
     c.kill9(v);
     writer
         .join()
@@ -340,23 +345,7 @@ fn the_owner_of_a_files_inode_and_of_the_root_killed_during_a_long_write() {
     let f = create_owned_by(K, root_owner, &m.path, "big");
     let total = 40 * MIB;
     let data = pattern(61, 0, total);
-    let (tx, rx) = mpsc::channel();
-    let writer = {
-        let (f, data) = (f.clone(), data.clone());
-        std::thread::spawn(move || -> std::io::Result<()> {
-            let mut file = std::fs::OpenOptions::new().write(true).open(&f)?;
-            for (i, chunk) in data.chunks(MIB).enumerate() {
-                file.write_all(chunk)?;
-                if i == 10 {
-                    let _ = tx.send(());
-                }
-            }
-            file.sync_all()?;
-            common::close_checked(file)
-        })
-    };
-    rx.recv_timeout(Duration::from_secs(120))
-        .expect("the writer stalled before the kill");
+    let writer = write_in_background(&f, &data);
     let v = root_owner as usize;
     c.kill9(v);
     if let Err(e) = writer.join().expect("writer thread") {

@@ -54,6 +54,18 @@ fn lost(e: RpcError) -> Lost {
     }
 }
 
+/// Refuses changes for a copy that is not a secondary, or that follows a
+/// newer generation than the sender's.
+fn from_current_primary(st: &crate::ranges::RangeState, r: u32, gen: u64) -> Result<(), WireError> {
+    if st.role == Role::Primary || gen < st.gen {
+        return Err(err(
+            ErrorCode::NotOwner,
+            format!("range {r}: generation {gen} is not current"),
+        ));
+    }
+    Ok(())
+}
+
 impl Server {
     /// The margin a secondary waits past the ownership lease before taking
     /// over (clock-rate differences, the primary's tick).
@@ -699,12 +711,7 @@ impl Server {
                 let _one = range.apply.lock().await;
                 {
                     let mut st = range.st.lock();
-                    if st.role == Role::Primary || gen < st.gen {
-                        return Err(err(
-                            ErrorCode::NotOwner,
-                            format!("range {r}: generation {gen} is not current"),
-                        ));
-                    }
+                    from_current_primary(&st, r, gen)?;
                     st.last_heard = now;
                     if !(st.in_sync && st.lineage == lineage && st.seq + 1 == first_seq) {
                         st.in_sync = false;
@@ -750,12 +757,7 @@ impl Server {
                 let _one = range.apply.lock().await;
                 {
                     let mut st = range.st.lock();
-                    if st.role == Role::Primary || gen < st.gen {
-                        return Err(err(
-                            ErrorCode::NotOwner,
-                            format!("range {r}: generation {gen} is not current"),
-                        ));
-                    }
+                    from_current_primary(&st, r, gen)?;
                     st.in_sync = false;
                     st.last_heard = now;
                 }
