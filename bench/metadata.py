@@ -52,8 +52,6 @@ import errno
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -63,14 +61,12 @@ import time
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
-from lib.util import drop_caches, free_port, is_mounted, log_times, log_warnings  # noqa: E402
+from lib import loopback  # noqa: E402
+from lib.loopback import BenchError, interrupt_on_signals, require_root_fuse, run_bench  # noqa: E402
+from lib.util import drop_caches, finish, log_times, log_warnings, med  # noqa: E402
 
 ROOT_ID = 1  # the root directory's inode id (owner of range ROOT_ID mod k)
 PAYLOAD = b"m" * 64  # contents of every takeover-loop file
-
-
-class BenchError(Exception):
-    pass
 
 
 def log(*a):
@@ -111,143 +107,19 @@ def run_with_timeout(fn, timeout, what):
 
 # ---------------------------------------------------------------- cluster
 
-class Volume:
-    """K servers + one mount; everything started here is ended here, by PID."""
+class Volume(loopback.Volume):
+    """K servers + one mount through server 0 (never killed here); everything started
+    here is ended here, by PID. Servers and the mount run in their own session: a
+    Ctrl-C on the terminal reaches only this script, which then unmounts before it
+    stops the servers."""
 
     def __init__(self, exe, base, k, replicas, lease_ms=None):
-        self.exe, self.base, self.k, self.lease_ms = exe, base, k, lease_ms
-        self.procs = [None] * k
-        self.addrs, self.mounts = [], []
-        os.makedirs(base, exist_ok=True)
-        for i in range(k):
-            self.addrs.append(f"127.0.0.1:{free_port()}")
-            self.start_server(i)
-        for i in range(k):
-            self.wait_port(i)
-        out = subprocess.run([exe, "format", "--servers", ",".join(self.addrs), "--replicas", str(replicas)],
-                             capture_output=True, text=True, timeout=60)
-        if out.returncode != 0:
-            raise BenchError(f"format failed: {out.stdout}{out.stderr}")
-        self.via = 0  # mounts and status go through server 0 (never killed here)
-
-    def data_dir(self, i):
-        return os.path.join(self.base, f"server-{i}")
-
-    def log_path(self, i):
-        return os.path.join(self.base, f"server-{i}.log")
-
-    @property
-    def mount_log(self):
-        return os.path.join(self.base, "mount.log")
-
-    def start_server(self, i):
-        cmd = [self.exe, "server", "--data", self.data_dir(i), "--listen", self.addrs[i]]
-        if self.lease_ms:
-            cmd += ["--lease-ms", str(self.lease_ms)]
-        with open(self.log_path(i), "ab") as lf:
-            # Own session: a Ctrl-C on the terminal reaches only this script, which
-            # then unmounts before it stops the servers.
-            self.procs[i] = subprocess.Popen(cmd, stdout=lf, stderr=lf, start_new_session=True)
-
-    def wait_port(self, i, timeout=20):
-        host, port = self.addrs[i].split(":")
-        end = time.time() + timeout
-        while time.time() < end:
-            if self.procs[i].poll() is not None:
-                raise BenchError(f"server {i} exited with {self.procs[i].returncode}; see {self.log_path(i)}")
-            try:
-                socket.create_connection((host, int(port)), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise BenchError(f"server {i} ({self.addrs[i]}) did not listen within {timeout}s")
-
-    def kill9(self, i):
-        p = self.procs[i]
-        os.kill(p.pid, signal.SIGKILL)
-        p.wait()
-        self.procs[i] = None
-
-    def mount(self, path):
-        os.makedirs(path, exist_ok=True)
-        lf = open(self.mount_log, "ab")
-        p = subprocess.Popen([self.exe, "mount", self.addrs[self.via], path], stdout=lf, stderr=lf,
-                             start_new_session=True)
-        lf.close()
-        self.mounts.append((path, p))
-        for _ in range(600):
-            if is_mounted(path):
-                return path
-            if p.poll() is not None:
-                raise BenchError(f"mount exited with {p.returncode}; see {self.mount_log}")
-            time.sleep(0.05)
-        raise BenchError("mount did not come up within 30 s")
-
-    def umount(self, path):
-        for i, (m, p) in enumerate(self.mounts):
-            if m == path:
-                if is_mounted(m):
-                    subprocess.run(["fusermount3", "-u", m], check=False, stderr=subprocess.DEVNULL)
-                if is_mounted(m):
-                    subprocess.run(["fusermount3", "-uz", m], check=False)
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.kill(p.pid, signal.SIGKILL)
-                    p.wait()
-                del self.mounts[i]
-                return
-
-    def status(self):
-        out = subprocess.run([self.exe, "status", self.addrs[self.via], "--json"], capture_output=True,
-                             text=True, timeout=30)
-        if out.returncode != 0:
-            raise BenchError(f"status failed: {out.stderr}")
-        return json.loads(out.stdout)
+        super().__init__(exe, base, k, replicas, lease_ms=lease_ms, via=0, own_session=True,
+                         format_timeout=60, quiet_umount=True)
 
     def wait_healthy(self, timeout, what, check_alive=()):
         """Polls status every 0.5 s until health == healthy; returns (seconds, timeline, last status)."""
-        t0 = time.perf_counter()
-        timeline = []
-        while True:
-            now = time.perf_counter() - t0
-            if now > timeout:
-                raise BenchError(f"TIMEOUT: volume not healthy {timeout:.0f}s after {what}; "
-                                 f"last status {json.dumps(timeline[-1:])}")
-            for i in check_alive:
-                if self.procs[i].poll() is not None:
-                    raise BenchError(f"server {i} exited ({self.procs[i].returncode}); see {self.log_path(i)}")
-            try:
-                st = self.status()
-            except (BenchError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:
-                timeline.append({"t": round(now, 2), "error": str(e)})
-                time.sleep(0.5)
-                continue
-            timeline.append({"t": round(now, 2), "health": st.get("health"), "ranges": range_roles(st)})
-            if st.get("health") == "healthy":
-                return now, timeline, st
-            time.sleep(0.5)
-
-    def fsck(self):
-        out = subprocess.run([self.exe, "fsck", self.addrs[self.via]], capture_output=True, text=True,
-                             timeout=600)
-        return out.returncode, out.stdout + out.stderr
-
-    def stop(self):
-        for m, _ in list(self.mounts):
-            self.umount(m)
-        for p in self.procs:
-            if p is not None and p.poll() is None:
-                os.kill(p.pid, signal.SIGTERM)
-        for i, p in enumerate(self.procs):
-            if p is None:
-                continue
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.kill(p.pid, signal.SIGKILL)
-                p.wait()
-            self.procs[i] = None
+        return super().wait_healthy(timeout, what, check_alive, note=lambda st: {"ranges": range_roles(st)})
 
 
 def range_roles(st):
@@ -622,11 +494,6 @@ def trim_ops(r, keep_before=20):
     r["ops_fields"] = ["kind", "i", "start_s", "seconds", "error"]
 
 
-def med(rows, key):
-    v = [r[key] for r in rows if r.get(key) is not None]
-    return statistics.median(v) if v else None
-
-
 def fmt(v, spec="10.0f"):
     return f"{'-':>{spec.split('.')[0]}}" if v is None else f"{v:{spec}}"
 
@@ -653,12 +520,7 @@ def main():
     leases = [int(x) for x in a.leases.split(",") if x]
     a.takeover_runs = a.runs if a.takeover_runs is None else a.takeover_runs
 
-    if os.geteuid() != 0:
-        sys.exit("metadata.py: needs root (drop_caches, FUSE)")
-    if not os.path.exists("/dev/fuse") or not shutil.which("fusermount3"):
-        sys.exit("metadata.py: FUSE (/dev/fuse, fusermount3) missing")
-    if not os.access(a.exe, os.X_OK):
-        sys.exit(f"metadata.py: {a.exe} not found / not executable")
+    require_root_fuse("metadata.py", a.exe)
     if set(parts) - {"cost", "takeover"}:
         sys.exit(f"metadata.py: unknown part(s) in --parts {a.parts}")
     if "takeover" in parts and a.servers < 3:
@@ -670,19 +532,13 @@ def main():
 
     base = tempfile.mkdtemp(prefix="morris-metadata-", dir=a.dir)
 
-    def on_signal(sig, _frame):
-        # Only the first signal interrupts; later ones must not cut the cleanup short.
-        for sg in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-            signal.signal(sg, lambda s_, f_: log(f"signal {s_} ignored: cleaning up"))
-        raise KeyboardInterrupt(f"signal {sig}")
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    cost, takeover, failure = [], [], None
+    # Only the first signal interrupts; later ones must not cut the cleanup short.
+    interrupt_on_signals(ignore_later=lambda sig: log(f"signal {sig} ignored: cleaning up"))
+    cost, takeover = [], []
     phases = []  # machine state around each part
     t_all = time.time()
-    try:
+
+    def parts_run():
         if "cost" in parts:
             ms0 = machine_state()
             for run in range(a.runs):
@@ -697,20 +553,8 @@ def main():
                     log(f"=== takeover, lease {lease} ms, run {run + 1}/{a.takeover_runs}")
                     takeover.append(takeover_run(a, base, lease, run))
                 phases.append({"part": f"takeover lease {lease}", "before": ms0, "after": machine_state()})
-    except BenchError as e:
-        failure = str(e)
-    except KeyboardInterrupt as e:
-        failure = f"interrupted ({e})"
-    finally:
-        if failure:
-            keep = tempfile.mkdtemp(prefix="morris-metadata-failure-logs-", dir=a.dir)
-            log(f"logs of the failed run kept in {keep}")
-            for dp, _, fs in os.walk(base):
-                for fn in fs:
-                    if fn.endswith(".log"):
-                        shutil.copy(os.path.join(dp, fn),
-                                    os.path.join(keep, os.path.relpath(dp, base).replace("/", "_") + "_" + fn))
-        remove_tree(base)
+
+    failure = run_bench(parts_run, base, remove_tree, log, a.dir, "morris-metadata-failure-logs-")
 
     # ---- summary
     by = {v: [r for r in cost if r["variant"] == v] for v in ("R1", "R2", "local")}
@@ -791,10 +635,7 @@ def main():
         print(f"machine during {p['part']}: rustc {p['before']['rustc']} -> {p['after']['rustc']}, "
               f"cargo {p['before']['cargo']} -> {p['after']['cargo']}, load {p['before']['loadavg'][0]} -> "
               f"{p['after']['loadavg'][0]}")
-    print(f"wrote {a.out}")
-    if failure:
-        print(f"\nFAILED: {failure}", file=sys.stderr)
-        sys.exit(1)
+    finish(a.out, failure)
 
 
 if __name__ == "__main__":

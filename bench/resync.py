@@ -33,9 +33,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
-import socket
-import statistics
 import struct
 import subprocess
 import sys
@@ -45,14 +42,11 @@ import time
 MiB = 1 << 20
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
-from lib.util import drop_caches, free_port, is_mounted, parse_size  # noqa: E402
+from lib.loopback import BenchError, Volume, interrupt_on_signals, require_root_fuse, run_bench  # noqa: E402
+from lib.util import drop_caches, finish, med, parse_size  # noqa: E402
 from lib.util import log_times, log_warnings as warnings  # noqa: E402
 
 ROOT_ID = 1  # the root directory's inode id (owner = id mod k)
-
-
-class BenchError(Exception):
-    pass
 
 
 def log(*a):
@@ -139,130 +133,6 @@ def read_check(path, expect_size, expect_sha, buf):
 
 # ---------------------------------------------------------------- cluster
 
-class Volume:
-    """K servers + mounts; everything started here is ended here, by PID."""
-
-    def __init__(self, exe, base, k, unit, replicas):
-        self.exe, self.base, self.k = exe, base, k
-        self.procs = [None] * k
-        self.addrs, self.mounts = [], []
-        os.makedirs(base, exist_ok=True)
-        for i in range(k):
-            self.addrs.append(f"127.0.0.1:{free_port()}")
-            self.start_server(i)
-        for i in range(k):
-            self.wait_port(i)
-        out = subprocess.run([exe, "format", "--servers", ",".join(self.addrs), "--stripe-unit", unit,
-                              "--replicas", str(replicas)], capture_output=True, text=True)
-        if out.returncode != 0:
-            raise BenchError(f"format failed: {out.stdout}{out.stderr}")
-        self.root_owner = ROOT_ID % k
-
-    def data_dir(self, i):
-        return os.path.join(self.base, f"server-{i}")
-
-    def log_path(self, i):
-        return os.path.join(self.base, f"server-{i}.log")
-
-    def start_server(self, i):
-        with open(self.log_path(i), "ab") as lf:
-            self.procs[i] = subprocess.Popen(
-                [self.exe, "server", "--data", self.data_dir(i), "--listen", self.addrs[i]],
-                stdout=lf, stderr=lf)
-
-    def wait_port(self, i, timeout=20):
-        host, port = self.addrs[i].split(":")
-        end = time.time() + timeout
-        while time.time() < end:
-            if self.procs[i].poll() is not None:
-                raise BenchError(f"server {i} exited with {self.procs[i].returncode}; see {self.log_path(i)}")
-            try:
-                socket.create_connection((host, int(port)), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise BenchError(f"server {i} ({self.addrs[i]}) did not listen within {timeout}s")
-
-    def kill9(self, i):
-        p = self.procs[i]
-        os.kill(p.pid, signal.SIGKILL)
-        p.wait()
-        self.procs[i] = None
-
-    @property
-    def live(self):
-        return self.addrs[self.root_owner]
-
-    def mount(self, path):
-        os.makedirs(path, exist_ok=True)
-        lf = open(os.path.join(self.base, "mount.log"), "ab")
-        p = subprocess.Popen([self.exe, "mount", self.live, path], stdout=lf, stderr=lf)
-        lf.close()
-        self.mounts.append((path, p))
-        for _ in range(600):
-            if is_mounted(path):
-                return path
-            if p.poll() is not None:
-                raise BenchError(f"mount exited with {p.returncode}; see {self.base}/mount.log")
-            time.sleep(0.05)
-        raise BenchError("mount did not come up")
-
-    def umount(self, path):
-        for i, (m, p) in enumerate(self.mounts):
-            if m == path:
-                if is_mounted(m):
-                    subprocess.run(["fusermount3", "-u", m], check=False)
-                if is_mounted(m):
-                    subprocess.run(["fusermount3", "-uz", m], check=False)
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.kill(p.pid, signal.SIGKILL)
-                    p.wait()
-                del self.mounts[i]
-                return
-
-    def remount_cold(self, path, times=None):
-        """Fresh mount with every cache dropped; times[...] gets umount/sync+drop/mount seconds."""
-        t0 = time.perf_counter()
-        self.umount(path)
-        t1 = time.perf_counter()
-        drop_caches()
-        t2 = time.perf_counter()
-        m = self.mount(path)
-        if times is not None:
-            times.append({"umount_s": round(t1 - t0, 2), "sync_drop_s": round(t2 - t1, 2),
-                          "mount_s": round(time.perf_counter() - t2, 2)})
-        return m
-
-    def status(self):
-        out = subprocess.run([self.exe, "status", self.live, "--json"], capture_output=True, text=True,
-                             timeout=30)
-        if out.returncode != 0:
-            raise BenchError(f"status failed: {out.stderr}")
-        return json.loads(out.stdout)
-
-    def fsck(self):
-        out = subprocess.run([self.exe, "fsck", self.live], capture_output=True, text=True, timeout=600)
-        return out.returncode, out.stdout + out.stderr
-
-    def stop(self):
-        for m, _ in list(self.mounts):
-            self.umount(m)
-        for p in self.procs:
-            if p is not None and p.poll() is None:
-                os.kill(p.pid, signal.SIGTERM)
-        for i, p in enumerate(self.procs):
-            if p is None:
-                continue
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.kill(p.pid, signal.SIGKILL)
-                p.wait()
-            self.procs[i] = None
-
-
 def server_entry(st, i):
     for s in st.get("servers", []):
         if s.get("index") == i:
@@ -276,7 +146,8 @@ def one_run(a, run, base, size):
     rd = os.path.join(base, f"run{run}")
     os.makedirs(rd)
     r = {"run": run + 1}
-    vol = Volume(a.exe, os.path.join(rd, "volume"), a.servers, "1M", 2)
+    # Mounts, status and fsck through the root directory's owner: never the one killed.
+    vol = Volume(a.exe, os.path.join(rd, "volume"), a.servers, 2, stripe_unit="1M", via=ROOT_ID % a.servers)
     cleanup = [vol]
     buf = bytearray(size)
     try:
@@ -312,7 +183,7 @@ def one_run(a, run, base, size):
         os.close(os.open(f2, os.O_WRONLY | os.O_CREAT, 0o644))
         ino = os.stat(f2).st_ino
         owner = ino % vol.k
-        cands = [s for s in range(vol.k) if s not in (owner, vol.root_owner)]
+        cands = [s for s in range(vol.k) if s not in (owner, vol.via)]
         # Prefer one that does not hold file 1's inode either: the mount keeps a
         # lease there, and its exit after unmount then waits ~2 lease times.
         cands = [s for s in cands if s != r["file1_inode_owner"]] or cands
@@ -330,7 +201,7 @@ def one_run(a, run, base, size):
             el, t0, fs, slow = write_pattern(f2, p2, progress)
         except OSError as e:
             raise BenchError(f"DEGRADED WRITE FAILED after kill -9 of server {victim}: {e!r} "
-                             f"(see {vol.base}/mount.log)") from e
+                             f"(see {vol.mount_log})") from e
         t_end = t0 + el
         r["degraded_write"] = size / MiB / el
         r["degraded_write_fsync_s"] = fs
@@ -339,7 +210,7 @@ def one_run(a, run, base, size):
         r["before_kill_write"] = mark["bytes"] / MiB / (mark["t"] - t0)
         # The client's record(s) of the missed copies (lowest missed block), from the mount's log.
         r["missed_from_blocks"] = []
-        with open(os.path.join(vol.base, "mount.log"), errors="replace") as mf:
+        with open(vol.mount_log, errors="replace") as mf:
             for line in mf:
                 if "recording its copies as stale" in line:
                     fb = [w.split("=", 1)[1] for w in line.split() if w.startswith("from_block=")]
@@ -447,11 +318,6 @@ def one_run(a, run, base, size):
     return r
 
 
-def med(runs, key):
-    v = [r[key] for r in runs if r.get(key) is not None]
-    return statistics.median(v) if v else None
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="1G")
@@ -466,12 +332,7 @@ def main():
     a = ap.parse_args()
     size = parse_size(a.size)
 
-    if os.geteuid() != 0:
-        sys.exit("resync.py: needs root (drop_caches, FUSE)")
-    if not os.path.exists("/dev/fuse") or not shutil.which("fusermount3"):
-        sys.exit("resync.py: FUSE (/dev/fuse, fusermount3) missing")
-    if not os.access(a.exe, os.X_OK):
-        sys.exit(f"resync.py: {a.exe} not found / not executable")
+    require_root_fuse("resync.py", a.exe)
     for sub, flag in (("server", "--no-resync"), ("format", "--replicas"), ("status", "--json"), ("fsck", "--all")):
         h = subprocess.run([a.exe, sub, "--help"], capture_output=True, text=True).stdout
         if flag not in h:
@@ -483,33 +344,18 @@ def main():
 
     base = tempfile.mkdtemp(prefix="morris-resync-", dir=a.dir)
 
-    def on_signal(sig, _frame):
-        raise KeyboardInterrupt(f"signal {sig}")
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    runs, failure = [], None
+    interrupt_on_signals()
+    runs = []
     t_all = time.time()
-    try:
+
+    def all_runs():
         for run in range(a.runs):
             log(f"=== run {run + 1}/{a.runs}, size {size // MiB} MiB, dir {base}")
             runs.append(one_run(a, run, base, size))
-    except BenchError as e:
-        failure = str(e)
-    except KeyboardInterrupt as e:
-        failure = f"interrupted ({e})"
-    finally:
-        # Keep logs of a failed run next to the JSON before deleting the temp dir.
-        if failure:
-            keep = tempfile.mkdtemp(prefix="morris-resync-failure-logs-", dir=a.dir)
-            log(f"logs of the failed run kept in {keep}")
-            for dp, _, fs in os.walk(base):
-                for fn in fs:
-                    if fn.endswith(".log"):
-                        os.makedirs(keep, exist_ok=True)
-                        shutil.copy(os.path.join(dp, fn), os.path.join(keep, os.path.relpath(dp, base).replace("/", "_") + "_" + fn))
-        shutil.rmtree(base, ignore_errors=True)
+
+    # Keeps logs of a failed run before deleting the temp dir.
+    failure = run_bench(all_runs, base, lambda d: shutil.rmtree(d, ignore_errors=True), log, a.dir,
+                        "morris-resync-failure-logs-")
 
     keys = ["healthy_write", "healthy_write_before_mark", "healthy_write_after_mark", "degraded_write", "before_kill_write", "after_kill_write", "healthy_read",
             "degraded_read", "after_resync_read", "after_resync_read_file1", "local_write", "local_read",
@@ -563,10 +409,7 @@ def main():
         print()
         for k, v in ratios.items():
             print(f"{k:<46}{'-' if v is None else f'{v:10.2f}':>10}")
-    print(f"wrote {a.out}")
-    if failure:
-        print(f"\nFAILED: {failure}", file=sys.stderr)
-        sys.exit(1)
+    finish(a.out, failure)
 
 
 if __name__ == "__main__":

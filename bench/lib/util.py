@@ -3,7 +3,9 @@
 import datetime
 import os
 import socket
+import statistics
 import subprocess
+import sys
 
 
 def parse_size(s):
@@ -48,6 +50,20 @@ def log_warnings(d, limit=40):
         if lines:
             out[fn] = {"count": len(lines), "first": lines[:limit]}
     return out
+
+
+def med(rows, key):
+    """Median of row[key] over the rows that have it (None: none has)."""
+    v = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(v) if v else None
+
+
+def finish(out, failure):
+    """Last words of a bench: where the JSON went; then, if it failed, why (stderr) and exit 1."""
+    print(f"wrote {out}")
+    if failure:
+        print(f"\nFAILED: {failure}", file=sys.stderr)
+        sys.exit(1)
 
 
 def log_times(path, since_marker, patterns):

@@ -1,0 +1,248 @@
+"""A morris volume on loopback, for the benchmarks (stdlib only).
+
+K `morris server` processes on 127.0.0.1 (own data dir and log each, under
+`base`), `morris format`, FUSE mounts (`morris mount ADDR MNT` in the
+foreground, a child process) through one server, and `status` / `fsck`
+through the same server. Servers can be killed (-9) and restarted with the
+same --data/--listen/--lease-ms. Used by metadata.py and resync.py.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from .util import drop_caches, free_port, is_mounted
+
+
+class BenchError(Exception):
+    """A failed run: the scripts report it and exit non-zero."""
+
+
+def require_root_fuse(script, exe):
+    """Exits with `script: why` unless this runs as root, FUSE is there and exe is executable."""
+    if os.geteuid() != 0:
+        sys.exit(f"{script}: needs root (drop_caches, FUSE)")
+    if not os.path.exists("/dev/fuse") or not shutil.which("fusermount3"):
+        sys.exit(f"{script}: FUSE (/dev/fuse, fusermount3) missing")
+    if not os.access(exe, os.X_OK):
+        sys.exit(f"{script}: {exe} not found / not executable")
+
+
+def interrupt_on_signals(ignore_later=None):
+    """SIGTERM, SIGHUP and SIGINT raise KeyboardInterrupt("signal N") in the main thread.
+    With ignore_later(sig), only the first one does: later ones are handed to it
+    instead, so that they cannot cut the cleanup short."""
+    sigs = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+    def on_signal(sig, _frame):
+        if ignore_later:
+            for sg in sigs:
+                signal.signal(sg, lambda s_, f_: ignore_later(s_))
+        raise KeyboardInterrupt(f"signal {sig}")
+
+    for sg in sigs:
+        signal.signal(sg, on_signal)
+
+
+def run_bench(body, base, remove, log, keep_in, keep_prefix):
+    """Runs body(); returns None, or what failed it (a BenchError's text, or
+    "interrupted (...)" for a KeyboardInterrupt). Before it returns, the logs of a
+    failed run (every *.log below base) are copied into a new temp dir in keep_in,
+    named keep_prefix..., which is logged; then remove(base) in any case."""
+    failure = None
+    try:
+        body()
+    except BenchError as e:
+        failure = str(e)
+    except KeyboardInterrupt as e:
+        failure = f"interrupted ({e})"
+    finally:
+        if failure:
+            keep = tempfile.mkdtemp(prefix=keep_prefix, dir=keep_in)
+            log(f"logs of the failed run kept in {keep}")
+            for dp, _, fs in os.walk(base):
+                for fn in fs:
+                    if fn.endswith(".log"):
+                        shutil.copy(os.path.join(dp, fn),
+                                    os.path.join(keep, os.path.relpath(dp, base).replace("/", "_") + "_" + fn))
+        remove(base)
+    return failure
+
+
+def wait_or_kill(p, timeout):
+    """Waits up to timeout s for process p to exit, else kill -9s it; reaps it either way."""
+    try:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+class Volume:
+    """K servers + mounts; everything started here is ended here, by PID.
+
+    replicas, stripe_unit  `format --replicas`, `--stripe-unit` (None: left out)
+    lease_ms        every server's --lease-ms (None: the server's default)
+    via             the server mounts, status and fsck go through (the scripts
+                    never kill it)
+    own_session     servers and mounts in their own session: a Ctrl-C on the
+                    terminal then reaches only the script, which unmounts
+                    before it stops the servers
+    format_timeout  seconds `format` may take (None: no limit)
+    quiet_umount    no stderr from the first, plain `fusermount3 -u` (a lazy
+                    one follows when it fails)
+    """
+
+    def __init__(self, exe, base, k, replicas, stripe_unit=None, lease_ms=None, via=0,
+                 own_session=False, format_timeout=None, quiet_umount=False):
+        self.exe, self.base, self.k, self.lease_ms, self.via = exe, base, k, lease_ms, via
+        self.own_session, self.quiet_umount = own_session, quiet_umount
+        self.procs = [None] * k
+        self.addrs, self.mounts = [], []
+        os.makedirs(base, exist_ok=True)
+        for i in range(k):
+            self.addrs.append(f"127.0.0.1:{free_port()}")
+            self.start_server(i)
+        for i in range(k):
+            self.wait_port(i)
+        cmd = [exe, "format", "--servers", ",".join(self.addrs)]
+        if stripe_unit:
+            cmd += ["--stripe-unit", stripe_unit]
+        cmd += ["--replicas", str(replicas)]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=format_timeout)
+        if out.returncode != 0:
+            raise BenchError(f"format failed: {out.stdout}{out.stderr}")
+
+    def data_dir(self, i):
+        return os.path.join(self.base, f"server-{i}")
+
+    def log_path(self, i):
+        return os.path.join(self.base, f"server-{i}.log")
+
+    @property
+    def mount_log(self):
+        return os.path.join(self.base, "mount.log")
+
+    @property
+    def live(self):
+        """Address of the server mounts, status and fsck go through."""
+        return self.addrs[self.via]
+
+    def start_server(self, i):
+        cmd = [self.exe, "server", "--data", self.data_dir(i), "--listen", self.addrs[i]]
+        if self.lease_ms:
+            cmd += ["--lease-ms", str(self.lease_ms)]
+        with open(self.log_path(i), "ab") as lf:
+            self.procs[i] = subprocess.Popen(cmd, stdout=lf, stderr=lf, start_new_session=self.own_session)
+
+    def wait_port(self, i, timeout=20):
+        host, port = self.addrs[i].split(":")
+        end = time.time() + timeout
+        while time.time() < end:
+            if self.procs[i].poll() is not None:
+                raise BenchError(f"server {i} exited with {self.procs[i].returncode}; see {self.log_path(i)}")
+            try:
+                socket.create_connection((host, int(port)), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise BenchError(f"server {i} ({self.addrs[i]}) did not listen within {timeout}s")
+
+    def kill9(self, i):
+        p = self.procs[i]
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        self.procs[i] = None
+
+    def mount(self, path):
+        os.makedirs(path, exist_ok=True)
+        lf = open(self.mount_log, "ab")
+        p = subprocess.Popen([self.exe, "mount", self.live, path], stdout=lf, stderr=lf,
+                             start_new_session=self.own_session)
+        lf.close()
+        self.mounts.append((path, p))
+        for _ in range(600):
+            if is_mounted(path):
+                return path
+            if p.poll() is not None:
+                raise BenchError(f"mount exited with {p.returncode}; see {self.mount_log}")
+            time.sleep(0.05)
+        raise BenchError("mount did not come up within 30 s")
+
+    def umount(self, path):
+        for i, (m, p) in enumerate(self.mounts):
+            if m == path:
+                if is_mounted(m):
+                    subprocess.run(["fusermount3", "-u", m], check=False,
+                                   stderr=subprocess.DEVNULL if self.quiet_umount else None)
+                if is_mounted(m):
+                    subprocess.run(["fusermount3", "-uz", m], check=False)
+                wait_or_kill(p, 30)
+                del self.mounts[i]
+                return
+
+    def remount_cold(self, path, times=None):
+        """Fresh mount with every cache dropped; times[...] gets umount/sync+drop/mount seconds."""
+        t0 = time.perf_counter()
+        self.umount(path)
+        t1 = time.perf_counter()
+        drop_caches()
+        t2 = time.perf_counter()
+        m = self.mount(path)
+        if times is not None:
+            times.append({"umount_s": round(t1 - t0, 2), "sync_drop_s": round(t2 - t1, 2),
+                          "mount_s": round(time.perf_counter() - t2, 2)})
+        return m
+
+    def status(self):
+        out = subprocess.run([self.exe, "status", self.live, "--json"], capture_output=True, text=True,
+                             timeout=30)
+        if out.returncode != 0:
+            raise BenchError(f"status failed: {out.stderr}")
+        return json.loads(out.stdout)
+
+    def wait_healthy(self, timeout, what, check_alive=(), note=None):
+        """Polls status every 0.5 s until health == healthy; returns (seconds, timeline, last status).
+        note(status) -> dict of more fields for each timeline entry."""
+        t0 = time.perf_counter()
+        timeline = []
+        while True:
+            now = time.perf_counter() - t0
+            if now > timeout:
+                raise BenchError(f"TIMEOUT: volume not healthy {timeout:.0f}s after {what}; "
+                                 f"last status {json.dumps(timeline[-1:])}")
+            for i in check_alive:
+                if self.procs[i].poll() is not None:
+                    raise BenchError(f"server {i} exited ({self.procs[i].returncode}); see {self.log_path(i)}")
+            try:
+                st = self.status()
+            except (BenchError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:
+                timeline.append({"t": round(now, 2), "error": str(e)})
+                time.sleep(0.5)
+                continue
+            timeline.append({"t": round(now, 2), "health": st.get("health"), **(note(st) if note else {})})
+            if st.get("health") == "healthy":
+                return now, timeline, st
+            time.sleep(0.5)
+
+    def fsck(self):
+        out = subprocess.run([self.exe, "fsck", self.live], capture_output=True, text=True, timeout=600)
+        return out.returncode, out.stdout + out.stderr
+
+    def stop(self):
+        for m, _ in list(self.mounts):
+            self.umount(m)
+        for p in self.procs:
+            if p is not None and p.poll() is None:
+                os.kill(p.pid, signal.SIGTERM)
+        for i, p in enumerate(self.procs):
+            if p is None:
+                continue
+            wait_or_kill(p, 20)
+            self.procs[i] = None
