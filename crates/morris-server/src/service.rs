@@ -587,16 +587,10 @@ impl Server {
             };
             // A new inode is allocated in this server's own range.
             let range = match &req {
-                Request::CreateInode { .. } => ranges
-                    .home()
-                    .serving(now)
-                    .then(|| ranges.home())
-                    .ok_or_else(|| {
-                        ranges
-                            .home()
-                            .refusal(now)
-                            .unwrap_or_else(|| err(ErrorCode::NotOwner, "not serving"))
-                    }),
+                Request::CreateInode { .. } => match ranges.home().refusal(now) {
+                    None => Ok(ranges.home()),
+                    Some(e) => Err(e),
+                },
                 other => match subject(other) {
                     Some(id) => ranges.serving_id(id, now),
                     None => Ok(ranges.home()),
