@@ -1,9 +1,9 @@
 //! Tests of metadata mirroring (`replica.rs`).
 
+use super::tests::{attr, descriptor, root};
 use super::*;
 use rusqlite::types::Value;
 use tokio::sync::mpsc::{error::TryRecvError, unbounded_channel, UnboundedReceiver};
-use uuid::Uuid;
 
 const TABLES: [(&str, &str); 4] = [
     ("volume", "one"),
@@ -13,37 +13,6 @@ const TABLES: [(&str, &str); 4] = [
 ];
 
 type Rows = Vec<Vec<Value>>;
-
-fn descriptor(servers: usize) -> VolumeDescriptor {
-    VolumeDescriptor {
-        uuid: Uuid::new_v4(),
-        servers: (0..servers)
-            .map(|i| format!("127.0.0.1:{}", 7000 + i))
-            .collect(),
-        stripe_unit: 4096,
-        replicas: 1,
-        created: Timestamp::now(),
-    }
-}
-
-fn attr(kind: FileKind) -> Attr {
-    Attr {
-        kind,
-        mode: 0o644,
-        uid: 1000,
-        gid: 1000,
-        nlink: 0,
-        size: 0,
-        atime: Timestamp::default(),
-        mtime: Timestamp::default(),
-        ctime: Timestamp::default(),
-        rdev: 0,
-    }
-}
-
-fn root(s: &Store) -> Handle {
-    s.get_inode(ROOT_ID).unwrap().unwrap().handle()
-}
 
 /// A two-server descriptor and the index of the server owning the root.
 fn volume() -> (VolumeDescriptor, u32) {

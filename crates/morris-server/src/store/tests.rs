@@ -1,7 +1,7 @@
 use super::*;
 use uuid::Uuid;
 
-fn descriptor(servers: usize) -> VolumeDescriptor {
+pub(super) fn descriptor(servers: usize) -> VolumeDescriptor {
     VolumeDescriptor {
         uuid: Uuid::new_v4(),
         servers: (0..servers)
@@ -13,7 +13,7 @@ fn descriptor(servers: usize) -> VolumeDescriptor {
     }
 }
 
-fn attr(kind: FileKind) -> Attr {
+pub(super) fn attr(kind: FileKind) -> Attr {
     Attr {
         kind,
         mode: 0o100644,
@@ -28,7 +28,7 @@ fn attr(kind: FileKind) -> Attr {
     }
 }
 
-fn root(s: &Store) -> Handle {
+pub(super) fn root(s: &Store) -> Handle {
     s.get_inode(ROOT_ID).unwrap().unwrap().handle()
 }
 
