@@ -574,39 +574,12 @@ impl Server {
                 "this server is not formatted",
             )));
         };
-        if takes_lease(&req) {
-            if admin {
-                return plain(Err(err(
-                    ErrorCode::Protocol,
-                    "an admin session (Hello without a volume) cannot take leases",
-                )));
-            }
-            let ranges = match self.ranges() {
-                Ok(r) => r,
-                Err(e) => return plain(Err(e)),
-            };
-            // A new inode is allocated in this server's own range.
-            let range = match &req {
-                Request::CreateInode { .. } => match ranges.home().refusal(now) {
-                    None => Ok(ranges.home()),
-                    Some(e) => Err(e),
-                },
-                other => match subject(other) {
-                    Some(id) => ranges.serving_id(id, now),
-                    None => Ok(ranges.home()),
-                },
-            };
-            match range {
-                Err(e) => return plain(Err(e)),
-                Ok(range) => {
-                    if let Some(left) = range.grace_left(now) {
-                        return plain(Err(err(
-                            ErrorCode::Grace,
-                            format!("lease grace period ends in {left} ms"),
-                        )));
-                    }
-                }
-            }
+        // Grace is checked with the request's range, in `metadata_op`.
+        if admin && takes_lease(&req) {
+            return plain(Err(err(
+                ErrorCode::Protocol,
+                "an admin session (Hello without a volume) cannot take leases",
+            )));
         }
         match req {
             Request::Read {
@@ -846,6 +819,14 @@ impl Server {
                 .metadata_inner(vol, self.store.clone(), client, conn_id, req, payload)
                 .await;
         };
+        if takes_lease(&req) {
+            if let Some(left) = range.grace_left(now) {
+                return Err(err(
+                    ErrorCode::Grace,
+                    format!("lease grace period ends in {left} ms"),
+                ));
+            }
+        }
         let rvol = range.store.formatted().ok_or_else(|| {
             err(
                 ErrorCode::NotOwner,
