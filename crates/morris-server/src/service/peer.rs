@@ -801,6 +801,10 @@ impl Server {
     /// every request.
     pub(super) fn check_ownership(&self) {
         let Ok(ranges) = self.ranges() else { return };
+        if ranges.home().peer.is_none() {
+            // Not mirrored: one copy, nothing to lapse or take over.
+            return;
+        }
         let now = self.now_ms();
         for range in &ranges.list {
             let (due_lapse, due_takeover) = {
