@@ -48,6 +48,27 @@ fn write_in_background(f: &Path, data: &[u8]) -> std::thread::JoinHandle<std::io
     writer
 }
 
+/// Reads the file `name` through a fresh mount in 1 MiB preads, killing
+/// server `v` after 8 MiB: every read must succeed and the whole must equal
+/// `data`.
+fn read_killing(c: &mut Cluster, name: &Path, data: &[u8], v: usize) {
+    let m = mount(c);
+    let file = std::fs::File::open(m.path.join(name)).expect("open");
+    let mut got = vec![0u8; data.len()];
+    for (i, chunk) in got.chunks_mut(MIB).enumerate() {
+        if i == 8 {
+            c.kill9(v);
+        }
+        if let Err(e) = file.read_exact_at(chunk, (i * MIB) as u64) {
+            panic!(
+                "read at MiB {i} with server {v} killed: {e}; mount log:\n{}",
+                common::read_log(&m.log)
+            );
+        }
+    }
+    assert!(got == data, "read with server {v} killed midway differs");
+}
+
 /// Every extent file of server `data`, by name (`<id>` or `<id>.<copy>`).
 fn extents(data: &Path) -> BTreeMap<String, PathBuf> {
     let mut out = BTreeMap::new();
@@ -158,19 +179,7 @@ fn a_copy_server_killed_during_a_long_read_is_read_around() {
     std::fs::write(&f, &data).expect("write");
     let v = copy_only_server(K, &[&f]);
     drop(m);
-    let m = mount(&c);
-    let file = std::fs::File::open(m.path.join("big")).expect("open");
-    let mut got = vec![0u8; data.len()];
-    for (i, chunk) in got.chunks_mut(MIB).enumerate() {
-        if i == 8 {
-            c.kill9(v);
-        }
-        file.read_exact_at(chunk, (i * MIB) as u64)
-            .unwrap_or_else(|e| panic!("read at MiB {i} with server {v} killed: {e}"));
-    }
-    assert!(got == data, "read with server {v} killed midway differs");
-    drop(file);
-    drop(m);
+    read_killing(&mut c, "big".as_ref(), &data, v);
     // Reads miss nothing: the volume is healthy as soon as v is back.
     c.restart(v);
     wait_healthy(&c);
@@ -411,24 +420,8 @@ fn the_owner_of_a_files_inode_killed_during_a_long_read() {
     std::fs::write(&f, &data).expect("write");
     let name = f.file_name().expect("name").to_owned();
     drop(m);
-    let m = mount(&c);
-    let file = std::fs::File::open(m.path.join(&name)).expect("open");
     let v = root_owner as usize;
-    let mut got = vec![0u8; data.len()];
-    for (i, chunk) in got.chunks_mut(MIB).enumerate() {
-        if i == 8 {
-            c.kill9(v);
-        }
-        if let Err(e) = file.read_exact_at(chunk, (i * MIB) as u64) {
-            panic!(
-                "read at MiB {i} with server {v} killed: {e}; mount log:\n{}",
-                common::read_log(&m.log)
-            );
-        }
-    }
-    assert!(got == data, "read with server {v} killed midway differs");
-    drop(file);
-    drop(m);
+    read_killing(&mut c, name.as_ref(), &data, v);
     c.restart(v);
     wait_healthy(&c);
     fsck_clean(&c);
