@@ -280,31 +280,28 @@ impl Client {
         // (taken over, or not yet confirmed) answers `NotOwner`; keep going
         // round for as long as a takeover takes.
         let rounds = if self.layout.replicas > 1 { 40 } else { 1 };
-        for round in 0..rounds {
-            for i in 0..k {
-                let server = (first + i) % k;
-                let last = round + 1 == rounds && i + 1 == k;
-                if last {
-                    break;
+        let attempts = rounds * k;
+        for n in 0..attempts - 1 {
+            let server = (first + n) % k;
+            match self.call_bounded(server, req.clone(), Bytes::new()).await {
+                Ok((reply, _)) => return inode_reply(reply),
+                Err(e)
+                    if matches!(
+                        e.code,
+                        ErrorCode::Unavailable | ErrorCode::Grace | ErrorCode::NotOwner
+                    ) =>
+                {
+                    tracing::debug!(server, error = %e, "creating the inode elsewhere");
                 }
-                match self.call_bounded(server, req.clone(), Bytes::new()).await {
-                    Ok((reply, _)) => return inode_reply(reply),
-                    Err(e)
-                        if matches!(
-                            e.code,
-                            ErrorCode::Unavailable | ErrorCode::Grace | ErrorCode::NotOwner
-                        ) =>
-                    {
-                        tracing::debug!(server, error = %e, "creating the inode elsewhere");
-                    }
-                    Err(e) => return Err(e),
-                }
+                Err(e) => return Err(e),
             }
-            if round + 1 < rounds {
+            if (n + 1) % k == 0 {
+                // A full round refused: wait a little before the next.
                 tokio::time::sleep(self.pool.lease() / 8).await;
             }
         }
-        inode_reply(self.call((first + k - 1) % k, req).await?)
+        // The last one tried is waited for.
+        inode_reply(self.call((first + attempts - 1) % k, req).await?)
     }
 
     fn pick_server(&self) -> u32 {
