@@ -115,6 +115,7 @@ def main():
     ap.add_argument("--subnet", default="10.79.0")
     ap.add_argument("--out", default=os.path.join(BENCH, "results-hotspot.json"))
     ap.add_argument("--plot", default=os.path.join(os.path.dirname(BENCH), "docs", "hotspot.png"))
+    ap.add_argument("--keep-workdir", action="store_true", help="keep server and mount logs (path printed)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("hotspot.py: needs root (namespaces, tc, FUSE)")
@@ -122,7 +123,8 @@ def main():
     rates = {i: (srate if i < 4 else crate) for i in range(9)}
     rates[8] = srate
     results = {}
-    with Cluster(9, srate, rates=rates, prefix=a.prefix, subnet=a.subnet) as cl:
+    with Cluster(9, srate, rates=rates, prefix=a.prefix, subnet=a.subnet,
+                 keep_workdir=a.keep_workdir) as cl:
         srv, cli, sink = cl.hosts[:4], cl.hosts[4:8], cl.hosts[8]
         hot = srv[2]  # not the root directory's owner (server 1): see docs/benchmarks.md
         cl.verify(log=log)

@@ -1,4 +1,13 @@
-//! One connection per stripe server: connect, hello, reconnect, retry, renew.
+//! Two connections per stripe server: connect, hello, reconnect, retry, renew.
+//!
+//! Block reads and writes travel on a server's *data* connection, everything
+//! else (metadata, leases, `Renew`, recalls pushed by the server) on its
+//! *control* connection. A loaded link queues megabytes of block replies in
+//! the server's socket; on one shared connection a `Renew` answer waited
+//! behind them for longer than a lease, and every lease from that server
+//! lapsed (the hot-spot benchmark, docs/benchmarks.md). Both connections
+//! are sessions of the same client id, so the server keeps one lease table
+//! entry for them; pushes are taken from the control connection only.
 //!
 //! Every successful answer from server `i` records the instant its request was
 //! *sent*; the client's leases on `i` are valid until that instant plus the
@@ -26,10 +35,43 @@ impl From<RpcError> for Error {
     }
 }
 
-struct Slot {
-    addr: String,
+/// Which of a server's two connections a request travels on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    Control,
+    Data,
+}
+
+impl Lane {
+    fn of(req: &Request) -> Lane {
+        match req {
+            Request::Read { .. } | Request::Write { .. } => Lane::Data,
+            _ => Lane::Control,
+        }
+    }
+}
+
+/// One connection of a slot, made on first use and again after it closes.
+#[derive(Default)]
+struct Link {
     current: RwLock<Option<Arc<RpcClient>>>,
     connecting: tokio::sync::Mutex<()>,
+}
+
+impl Link {
+    fn open(&self) -> Option<Arc<RpcClient>> {
+        self.current
+            .read()
+            .as_ref()
+            .filter(|c| !c.is_closed())
+            .cloned()
+    }
+}
+
+struct Slot {
+    addr: String,
+    control: Link,
+    data: Link,
     epoch: AtomicU64,
     /// Trust term of this server's leases: bumped when the server restarts
     /// (new epoch) or when it has not answered for a lease time (its leases
@@ -154,8 +196,8 @@ impl Pool {
                 .iter()
                 .map(|a| Slot {
                     addr: a.clone(),
-                    current: RwLock::new(None),
-                    connecting: tokio::sync::Mutex::new(()),
+                    control: Link::default(),
+                    data: Link::default(),
                     epoch: AtomicU64::new(0),
                     term: AtomicU64::new(1),
                     last_ok: AtomicU64::new(0),
@@ -236,32 +278,43 @@ impl Pool {
         }
     }
 
-    async fn conn(&self, i: u32) -> Result<Arc<RpcClient>> {
+    /// The connection to server `i` that `req` travels on.
+    async fn conn(&self, i: u32, req: &Request) -> Result<Arc<RpcClient>> {
         let slot = self
             .slots
             .get(i as usize)
             .ok_or_else(|| Error::new(ErrorCode::Invalid, format!("no server {i}")))?;
-        if let Some(c) = slot.current.read().as_ref() {
-            if !c.is_closed() {
-                return Ok(c.clone());
-            }
+        let lane = Lane::of(req);
+        let link = match lane {
+            Lane::Control => &slot.control,
+            Lane::Data => &slot.data,
+        };
+        if let Some(c) = link.open() {
+            return Ok(c);
         }
-        let _g = slot.connecting.lock().await;
-        if let Some(c) = slot.current.read().as_ref() {
-            if !c.is_closed() {
-                return Ok(c.clone());
-            }
+        let _g = link.connecting.lock().await;
+        if let Some(c) = link.open() {
+            return Ok(c);
         }
-        let (ptx, mut prx) = mpsc::unbounded_channel::<Push>();
-        let c = Arc::new(RpcClient::connect(&slot.addr, Some(ptx)).await?);
-        let main = self.push_tx.clone();
-        tokio::spawn(async move {
-            while let Some(p) = prx.recv().await {
-                if main.send((i, p)).is_err() {
-                    break;
+        let c = if lane == Lane::Control {
+            let (ptx, mut prx) = mpsc::unbounded_channel::<Push>();
+            let c = RpcClient::connect(&slot.addr, Some(ptx)).await?;
+            let main = self.push_tx.clone();
+            tokio::spawn(async move {
+                while let Some(p) = prx.recv().await {
+                    if main.send((i, p)).is_err() {
+                        break;
+                    }
                 }
-            }
-        });
+            });
+            c
+        } else {
+            // The server pushes recalls on every connection of a client;
+            // the copy on the data connection may arrive late, behind
+            // block replies, and would recall a lease granted since.
+            RpcClient::connect(&slot.addr, None).await?
+        };
+        let c = Arc::new(c);
         let sent = self.now_ns();
         let (reply, _) = c
             .call(
@@ -295,8 +348,8 @@ impl Pool {
             }
         }
         slot.last_ok.fetch_max(sent, Ordering::SeqCst);
-        debug!(server = i, addr = %slot.addr, "connected");
-        *slot.current.write() = Some(c.clone());
+        debug!(server = i, addr = %slot.addr, ?lane, "connected");
+        *link.current.write() = Some(c.clone());
         Ok(c)
     }
 
@@ -314,7 +367,7 @@ impl Pool {
         let mut backoff = Duration::from_millis(20);
         loop {
             self.check_lapse(i);
-            let conn = match self.conn(i).await {
+            let conn = match self.conn(i, &req).await {
                 Ok(c) => c,
                 Err(e) => {
                     // Nothing was sent: any request may wait for the server.
@@ -400,7 +453,7 @@ impl Pool {
         loop {
             let s = self.range_server(range);
             self.check_lapse(s);
-            let failure = match self.conn(s).await {
+            let failure = match self.conn(s, &req).await {
                 Err(e) => e,
                 Ok(conn) => {
                     let sent = self.now_ns();
@@ -467,7 +520,7 @@ impl Pool {
     ) -> Result<(Reply, Bytes)> {
         *self.counters.lock().entry(req.name()).or_insert(0) += 1;
         self.check_lapse(i);
-        let conn = self.conn(i).await?;
+        let conn = self.conn(i, &req).await?;
         let sent = self.now_ns();
         match conn.call(&req, payload).await {
             Ok(r) => {
@@ -511,7 +564,7 @@ impl Pool {
     pub(crate) fn renew_quiet(self: &Arc<Self>) {
         let quarter = (self.lease / 4).as_nanos() as u64;
         for (i, s) in self.slots.iter().enumerate() {
-            let alive = s.current.read().as_ref().is_some_and(|c| !c.is_closed());
+            let alive = s.control.open().is_some();
             let quiet = self
                 .now_ns()
                 .saturating_sub(s.last_ok.load(Ordering::SeqCst))

@@ -15,20 +15,35 @@ struct Cluster {
 }
 
 async fn cluster(k: usize, unit: u32) -> Cluster {
+    cluster_with(k, unit, 1500, false).await.0
+}
+
+/// `k` servers formatted as one volume with lease time `lease_ms`; with
+/// `proxied`, the volume names a [`Proxy`] in front of each server, so that
+/// clients reach the servers only through them.
+async fn cluster_with(k: usize, unit: u32, lease_ms: u32, proxied: bool) -> (Cluster, Vec<Proxy>) {
     let mut dirs = Vec::new();
     let mut servers = Vec::new();
     let mut addrs = Vec::new();
+    let mut proxies = Vec::new();
     for _ in 0..k {
         let d = tempfile::tempdir().unwrap();
         let s = morris_server::start(ServerConfig {
             data_dir: d.path().to_path_buf(),
             listen: "127.0.0.1:0".into(),
-            lease_ms: 1500,
+            lease_ms,
             etcd: Vec::new(),
         })
         .await
         .unwrap();
-        addrs.push(s.local_addr().to_string());
+        let real = s.local_addr().to_string();
+        if proxied {
+            let p = Proxy::start(real.clone()).await;
+            addrs.push(p.addr.clone());
+            proxies.push(p);
+        } else {
+            addrs.push(real);
+        }
         servers.push(s);
         dirs.push(d);
     }
@@ -64,10 +79,99 @@ async fn cluster(k: usize, unit: u32) -> Cluster {
             .unwrap();
         assert_eq!(r, Reply::Ok);
     }
-    Cluster {
+    let c = Cluster {
         _dirs: dirs,
         _servers: servers,
         addrs,
+    };
+    (c, proxies)
+}
+
+/// A TCP relay in front of one server that can stop passing the server's
+/// bytes on one connection: what a link full of queued block replies does
+/// to everything behind them on that connection.
+struct Proxy {
+    addr: String,
+    conns: Arc<parking_lot::Mutex<Vec<Arc<Relayed>>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// One relayed connection.
+struct Relayed {
+    /// Bytes passed from the server to the client.
+    down: std::sync::atomic::AtomicU64,
+    frozen: tokio::sync::watch::Sender<bool>,
+}
+
+impl Proxy {
+    async fn start(server: String) -> Proxy {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let conns: Arc<parking_lot::Mutex<Vec<Arc<Relayed>>>> = Arc::default();
+        let list = conns.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = l.accept().await {
+                let Ok(upstream) = tokio::net::TcpStream::connect(&server).await else {
+                    continue;
+                };
+                let r = Arc::new(Relayed {
+                    down: Default::default(),
+                    frozen: tokio::sync::watch::channel(false).0,
+                });
+                list.lock().push(r.clone());
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = upstream.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                    let _ = sw.shutdown().await;
+                });
+                tokio::spawn(async move {
+                    let mut frozen = r.frozen.subscribe();
+                    let mut buf = vec![0u8; 64 << 10];
+                    loop {
+                        if frozen.wait_for(|f| !*f).await.is_err() {
+                            break;
+                        }
+                        let n = match sr.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        r.down
+                            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                        if cw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                    let _ = cw.shutdown().await;
+                });
+            }
+        });
+        Proxy { addr, conns, task }
+    }
+
+    /// Stops passing server bytes on the connection that has carried the
+    /// most of them; returns how many connections the proxy has relayed.
+    fn freeze_busiest(&self) -> usize {
+        let conns = self.conns.lock();
+        let busiest = conns
+            .iter()
+            .max_by_key(|r| r.down.load(std::sync::atomic::Ordering::Relaxed))
+            .unwrap();
+        busiest.frozen.send_replace(true);
+        conns.len()
+    }
+
+    fn thaw(&self) {
+        for r in self.conns.lock().iter() {
+            r.frozen.send_replace(false);
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
@@ -370,4 +474,60 @@ async fn two_clients_stay_coherent() {
     a.mkdir(ROOT_ID, b"later", 0o755, &me()).await.unwrap();
     assert!(b.lookup(ROOT_ID, b"later").await.is_ok());
     assert!(b.stats().recalls > 0 || a.stats().recalls > 0);
+}
+
+/// Lease traffic must not queue behind block data: with the connection
+/// that carries a file's blocks stalled (its replies stuck, as behind
+/// megabytes of queued reads on a loaded link), the client's renewals still
+/// get through and its read lease stays valid for longer than a lease time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn renewals_do_not_wait_behind_block_replies() {
+    let lease_ms = 3000;
+    let (c, proxies) = cluster_with(1, 1 << 20, lease_ms, true).await;
+    let cl = connect(&c).await;
+    let f = cl
+        .create(ROOT_ID, b"f", FileKind::File, 0o644, 0, true, &me())
+        .await
+        .unwrap();
+    let fh = cl.open(f.id, true, false).await.unwrap();
+    let data = pattern(4 << 20, 3);
+    cl.write(fh, 0, Bytes::from(data.clone())).await.unwrap();
+    cl.release(fh).await.unwrap();
+    let fh = cl.open(f.id, false, false).await.unwrap();
+    let first = cl.read(fh, 0, 1 << 20).await.unwrap();
+    assert_eq!(&first[..], &data[..1 << 20]);
+    let conns = proxies[0].freeze_busiest();
+    eprintln!("{conns} connections to the server; the busiest is stalled");
+    let acquires = |cl: &Client| {
+        cl.stats()
+            .requests
+            .iter()
+            .filter(|(n, _)| n.starts_with("Acquire"))
+            .map(|(_, v)| *v)
+            .sum::<u64>()
+    };
+    let before = acquires(&cl);
+    // A read of the next block waits on the stalled connection (unless
+    // readahead fetched it already).
+    let cl2 = cl.clone();
+    let stuck = tokio::spawn(async move { cl2.read(fh, 1 << 20, 1 << 20).await });
+    tokio::time::sleep(std::time::Duration::from_millis(
+        u64::from(lease_ms) * 5 / 2,
+    ))
+    .await;
+    // The read lease was renewed meanwhile: attributes come from it.
+    let got = tokio::time::timeout(std::time::Duration::from_secs(20), cl.getattr(f.id))
+        .await
+        .expect("getattr waited behind the stalled block connection")
+        .unwrap();
+    assert_eq!(got.attr.size, data.len() as u64);
+    assert_eq!(
+        acquires(&cl),
+        before,
+        "the read lease lapsed and was taken again"
+    );
+    proxies[0].thaw();
+    let second = stuck.await.unwrap().unwrap();
+    assert_eq!(&second[..], &data[1 << 20..2 << 20]);
+    cl.release(fh).await.unwrap();
 }
