@@ -16,8 +16,9 @@ sending as fast as they can from h2 to a sink host (h8), sharing h2's
 shaped uplink with morris (FIFO tbf: roughly by stream count). With
 --fig8 the Figure 8 program runs on h2 as well (it loads the shared disk,
 i.e. every server; reported for completeness). The hot server is h2, not h1:
-h1 owns the root directory, and metadata is not mirrored yet, so a hot root
-owner slows every client's lookups whatever the data copies do.
+h1 owns the root directory (primary of its metadata range), which would add
+the lookups of every client to what is measured. --keep-workdir keeps the
+servers' and mounts' logs (a lease that lapsed is logged there).
 
 Prints a table (medians of --runs), writes bench/results-hotspot.json and
 docs/hotspot.png. Usage (root):
@@ -135,8 +136,8 @@ def main():
                 owners = {}
                 for i in range(4):
                     write_file(os.path.join(m, f"f{i}"), a.size, seed=i + 1)
-                    # The inode (and the file's leases) live on server id mod k:
-                    # not mirrored yet, so a hot owner slows its file's reader.
+                    # The inode (and the file's leases) live on server id mod k
+                    # (the primary of that metadata range).
                     owners[f"f{i}"] = srv[os.stat(os.path.join(m, f"f{i}")).st_ino % len(srv)].ns
                 log(f"replicas={r}: inode owners {owners} (hot server {hot.ns})")
                 results[f"replicas={r} inode owners"] = owners
