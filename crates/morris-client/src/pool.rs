@@ -106,8 +106,9 @@ pub(crate) struct Pool {
     counters: Mutex<HashMap<&'static str, u64>>,
     epoch_hook: OnceLock<EpochHook>,
     retry_window: Duration,
-    /// Mirrored metadata: range r is served by server r or r+1.
-    mirrored: bool,
+    /// Copies of each metadata range: range r is served by one of servers
+    /// r .. r + meta_copies - 1 (1: not mirrored).
+    meta_copies: u32,
     /// Which server last served each metadata range (`call_range`).
     route: Vec<AtomicU32>,
     /// How long a metadata request keeps looking for its range's server:
@@ -211,7 +212,12 @@ impl Pool {
             counters: Mutex::new(HashMap::new()),
             epoch_hook: OnceLock::new(),
             retry_window: (lease * 2).max(Duration::from_secs(5)),
-            mirrored: desc.replicas >= 2 && desc.servers.len() >= 2,
+            meta_copies: morris_proto::layout::Layout::new(
+                desc.servers.len() as u32,
+                desc.stripe_unit,
+                u32::from(desc.replicas),
+            )
+            .meta_copies(),
             route: (0..desc.servers.len() as u32).map(AtomicU32::new).collect(),
             meta_window: lease * 4 + Duration::from_secs(5),
         }
@@ -412,7 +418,7 @@ impl Pool {
     }
 
     /// The server that serves metadata range `range`, as far as this client
-    /// knows (on a mirrored volume: the range's home or the next server).
+    /// knows (on a mirrored volume: the range's home or one of the next servers).
     pub(crate) fn range_server(&self, range: u32) -> u32 {
         self.route
             .get(range as usize)
@@ -422,7 +428,7 @@ impl Pool {
     /// Sends a metadata request about range `range` to the server that
     /// serves it; returns that server with the answer. On a mirrored volume
     /// a server that cannot be reached, closes the connection, or answers
-    /// `NotOwner` is followed by the range's other copy, back and forth
+    /// `NotOwner` is followed by the range's next copy, round its copies
     /// (with backoff) for up to a takeover's time. Requests that are not
     /// idempotent are not sent again after a lost connection (the caller
     /// settles them).
@@ -433,19 +439,17 @@ impl Pool {
         payload: Bytes,
     ) -> Result<(u32, Reply, Bytes)> {
         let k = self.slots.len() as u32;
-        if !self.mirrored || range >= k {
+        if self.meta_copies < 2 || range >= k {
             let (r, p) = self.call(range, req, payload).await?;
             return Ok((range, r, p));
         }
         *self.counters.lock().entry(req.name()).or_insert(0) += 1;
         let deadline = Instant::now() + self.meta_window;
         let mut backoff = Duration::from_millis(20);
+        // The next copy of the range after `from`, round its holders.
         let switch = |from: u32| {
-            let to = if from == range {
-                (range + 1) % k
-            } else {
-                range
-            };
+            let pos = (from + k - range) % k;
+            let to = (range + (pos + 1) % self.meta_copies) % k;
             if let Some(r) = self.route.get(range as usize) {
                 let _ = r.compare_exchange(from, to, Ordering::Relaxed, Ordering::Relaxed);
             }

@@ -52,6 +52,25 @@ impl Layout {
         (id % self.k()) as u32
     }
 
+    /// Copies of each metadata range: one per replica, at most three
+    /// (1 when not mirrored).
+    pub fn meta_copies(&self) -> u32 {
+        if self.replicas >= 2 && self.servers >= 2 {
+            self.replicas.min(3).min(self.servers)
+        } else {
+            1
+        }
+    }
+
+    /// The servers holding copies of metadata range `range` (the inodes
+    /// `id mod k == range`): the range's home first, then the next servers
+    /// round the ring.
+    pub fn meta_holders(&self, range: u32) -> Vec<u32> {
+        (0..self.meta_copies())
+            .map(|j| ((u64::from(range) + u64::from(j)) % self.k()) as u32)
+            .collect()
+    }
+
     /// The server holding block `index` of file `id` (first replica).
     pub fn block_server(&self, id: FileId, index: u64) -> u32 {
         ((u128::from(id) + u128::from(index)) % u128::from(self.k())) as u32

@@ -330,6 +330,10 @@ pub enum Request {
         /// The sender has ownership decided by etcd (`--etcd`); both copies
         /// of a range must agree, or it is refused with `Invalid`.
         etcd: bool,
+        /// The receiver is the sender's *successor*: the one copy that may
+        /// take the range over if the sender goes silent (with three
+        /// copies the third only follows).
+        candidate: bool,
     },
     /// Server to server: changes `first_seq..` of range `range`, as SQLite
     /// session changesets (payload: postcard `Vec<Vec<u8>>`), to be applied in

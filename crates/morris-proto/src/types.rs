@@ -340,7 +340,7 @@ pub struct ServerStats {
     /// This server's own resync (catching up copies it missed).
     pub resync: ResyncStatus,
     /// The metadata ranges this server keeps a copy of (mirrored volumes:
-    /// its own and its predecessor's; otherwise its own).
+    /// its own and its one or two predecessors'; otherwise its own).
     pub ranges: Vec<RangeStatus>,
 }
 
@@ -356,7 +356,7 @@ pub struct RangeStatus {
     pub ready: bool,
     /// Ownership generation: raised by every takeover.
     pub gen: u64,
-    /// Primary of a mirrored range: the other copy is current.
+    /// Primary of a mirrored range: every other copy is current.
     pub peer_in_sync: bool,
     /// Inodes in this copy.
     pub inodes: u64,

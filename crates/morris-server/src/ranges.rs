@@ -2,11 +2,18 @@
 //!
 //! The inodes with `id mod k == r` (their directory entries, stale-copy
 //! records and leases) form *range r*. Without mirroring, server r keeps and
-//! serves range r alone. On a mirrored volume (`--replicas 2|3`) range r has
-//! two copies: one at server r (its *home*, file `meta.sqlite`) and one at
-//! server r+1 (file `mirror.sqlite`). One copy is the **primary** (serves
-//! clients, ships every committed change to the other before answering:
-//! `peer.rs`), the other the **secondary**.
+//! serves range r alone. On a mirrored volume range r has one copy per
+//! replica (at most three): at server r (its *home*, file `meta.sqlite`),
+//! at server r+1 (file `mirror.sqlite`) and, with `--replicas 3`, at server
+//! r+2 (`mirror2.sqlite`). One copy is the **primary** (serves clients,
+//! ships every committed change to every other copy before answering:
+//! `peer.rs`), the others are **secondaries**. Of the secondaries, the
+//! primary's *successor* (the next holder after it: r+1 for r, r+2 for r+1,
+//! r for r+2) is its **candidate**, the only copy that may take the range
+//! over; the primary tells each secondary in `PeerSync` whether it is the
+//! candidate. A third copy only follows (it keeps every answered change, so
+//! two lost servers lose nothing; it serves once a primary designates it
+//! after a takeover). In the rules below "the secondary" is the candidate.
 //!
 //! Safety rule (no two servers serve a range at once, even across a network
 //! split), the static two-copy rule (with `--etcd`, etcd decides instead:
@@ -56,9 +63,11 @@ pub(crate) struct RangeState {
     /// Primary: the role was confirmed with the secondary (or taken over)
     /// in this process life.
     pub established: bool,
-    /// Primary: the secondary's copy may be current (so it could take over
-    /// and the ownership lease is needed).
-    pub peer_in_sync: bool,
+    /// Primary: per secondary (in `Range::peers` order), its copy may be
+    /// current. For the candidate (first) this means it could take over and
+    /// the ownership lease is needed; for every secondary, that answers
+    /// wait for it.
+    pub peer_in_sync: Vec<bool>,
     /// Primary: ownership lease end (ms since the server started).
     pub own_until: Millis,
     /// Primary: the ownership lease ran out; not serving until confirmed again.
@@ -77,24 +86,41 @@ pub(crate) struct RangeState {
     pub takeovers: u64,
     /// Secondary with an arbiter: a takeover is being asked for.
     pub taking_over: bool,
+    /// Secondary: the current primary named this copy its candidate (in
+    /// this process life).
+    pub candidate: bool,
+}
+
+impl RangeState {
+    /// Primary: the candidate's copy may be current (it could take over).
+    pub fn candidate_in_sync(&self) -> bool {
+        self.peer_in_sync.first().copied().unwrap_or(false)
+    }
+}
+
+/// Another server holding a copy of a range.
+pub(crate) struct Peer {
+    /// Its index.
+    pub server: u32,
+    /// Its address.
+    pub addr: String,
+    /// Highest change it has applied (while this copy is primary).
+    pub acked: watch::Sender<u64>,
 }
 
 /// One copy of one metadata range kept by this server.
 pub(crate) struct Range {
     /// The range number.
     pub range: u32,
-    /// The other server holding this range.
-    pub peer: Option<u32>,
-    /// The peer's address.
-    pub peer_addr: String,
+    /// The other servers holding this range, this server's successor
+    /// (its candidate when primary) first; empty when not mirrored.
+    pub peers: Vec<Peer>,
     /// The copy.
     pub store: Arc<Store>,
     /// Role file (`<gen> <primary|secondary>`).
     state_path: PathBuf,
     /// State; never held across an await.
     pub st: Mutex<RangeState>,
-    /// Highest change the peer has applied (primary side).
-    pub acked: watch::Sender<u64>,
     /// Bumped whenever the range's role or peer state changes (wakes waiters).
     pub changed: watch::Sender<u64>,
     /// Secondary: one `Replicate` / `SnapshotChunk` applied at a time.
@@ -168,7 +194,7 @@ impl Range {
     /// A range copy with its persisted role (or `default` if none was saved).
     pub fn open(
         range: u32,
-        peer: Option<(u32, String)>,
+        peers: Vec<(u32, String)>,
         store: Arc<Store>,
         state_path: PathBuf,
         default: Role,
@@ -176,15 +202,19 @@ impl Range {
         arbiter: Option<Arc<Arbiter>>,
     ) -> Result<Range, WireError> {
         let (gen, role) = load_role(&state_path)?.unwrap_or((1, default));
-        let unmirrored = peer.is_none();
-        let (peer, peer_addr) = match peer {
-            Some((p, a)) => (Some(p), a),
-            None => (None, String::new()),
-        };
+        let unmirrored = peers.is_empty();
+        let n = peers.len();
+        let peers = peers
+            .into_iter()
+            .map(|(server, addr)| Peer {
+                server,
+                addr,
+                acked: watch::channel(0).0,
+            })
+            .collect();
         Ok(Range {
             range,
-            peer,
-            peer_addr,
+            peers,
             store,
             state_path,
             st: Mutex::new(RangeState {
@@ -192,7 +222,7 @@ impl Range {
                 gen,
                 // Without a copy there is nobody to confirm with.
                 established: unmirrored,
-                peer_in_sync: false,
+                peer_in_sync: vec![false; n],
                 own_until: 0,
                 lapsed: false,
                 grace_until,
@@ -202,8 +232,8 @@ impl Range {
                 last_heard: 0,
                 takeovers: 0,
                 taking_over: false,
+                candidate: false,
             }),
-            acked: watch::channel(0).0,
             changed: watch::channel(0).0,
             apply: tokio::sync::Mutex::new(()),
             arbiter,
@@ -244,7 +274,7 @@ impl Range {
         st.lapsed
             || match &self.arbiter {
                 Some(a) => !a.valid(now),
-                None => st.peer_in_sync && now >= st.own_until,
+                None => st.candidate_in_sync() && now >= st.own_until,
             }
     }
 
@@ -272,7 +302,9 @@ impl Range {
                 st.in_sync
             },
             gen: st.gen,
-            peer_in_sync: st.role == Role::Primary && st.peer_in_sync,
+            peer_in_sync: st.role == Role::Primary
+                && !st.peer_in_sync.is_empty()
+                && st.peer_in_sync.iter().all(|x| *x),
             inodes: self.store.inode_count(),
             takeovers: st.takeovers,
         }

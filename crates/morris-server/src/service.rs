@@ -305,26 +305,41 @@ impl Server {
             });
             a
         });
+        // Copies of each metadata range: one per replica, at most three,
+        // at servers r, r+1, r+2 (`ranges.rs`).
+        let copies = vol.layout.meta_copies();
+        // The other holders of range r, this server's successor first.
+        let peers_of = |r: u32| -> Vec<(u32, String)> {
+            let pos = (me + k - r) % k;
+            (1..copies)
+                .map(|j| (r + (pos + j) % copies) % k)
+                .map(|s| (s, addr(s)))
+                .collect()
+        };
         let mut list = Vec::new();
-        let next = (me + 1) % k;
-        let prev = (me + k - 1) % k;
         list.push(Arc::new(Range::open(
             me,
-            mirrored.then(|| (next, addr(next))),
+            peers_of(me),
             self.store.clone(),
             self.data_dir.join("range-home.state"),
             Role::Primary,
             grace,
             arbiter.clone(),
         )?));
-        if mirrored {
-            let path = self.data_dir.join("mirror.sqlite");
+        for back in 1..copies {
+            let r = (me + k - back) % k;
+            let suffix = if back == 1 {
+                String::new()
+            } else {
+                back.to_string()
+            };
+            let path = self.data_dir.join(format!("mirror{suffix}.sqlite"));
             let mirror = Store::open(&path).map_err(|e| err(ErrorCode::Io, e.to_string()))?;
             list.push(Arc::new(Range::open(
-                prev,
-                Some((prev, addr(prev))),
+                r,
+                peers_of(r),
                 Arc::new(mirror),
-                self.data_dir.join("range-mirror.state"),
+                self.data_dir.join(format!("range-mirror{suffix}.state")),
                 Role::Secondary,
                 grace,
                 arbiter.clone(),
@@ -836,7 +851,7 @@ impl Server {
         let reply = self
             .metadata_inner(&rvol, range.store.clone(), client, conn_id, req, payload)
             .await?;
-        if mutating && range.peer.is_some() {
+        if mutating && !range.peers.is_empty() {
             self.wait_replicated(&range, range.store.committed_seq())
                 .await?;
         }

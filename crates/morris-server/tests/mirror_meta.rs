@@ -48,7 +48,12 @@ struct Vol {
 }
 
 async fn volume() -> Vol {
-    let dirs: Vec<_> = (0..K)
+    volume_of(K, 2).await
+}
+
+/// `k` servers formatted as one volume with `replicas` copies.
+async fn volume_of(k: u32, replicas: u8) -> Vol {
+    let dirs: Vec<_> = (0..k)
         .map(|_| tempfile::tempdir().expect("tempdir"))
         .collect();
     let mut servers = Vec::new();
@@ -67,7 +72,7 @@ async fn volume() -> Vol {
         uuid: Uuid::new_v4(),
         servers: addrs.clone(),
         stripe_unit: 4096,
-        replicas: 2,
+        replicas,
         created: Timestamp::now(),
     };
     for (i, a) in addrs.iter().enumerate() {
@@ -85,7 +90,7 @@ async fn volume() -> Vol {
         servers,
         uuid: desc.uuid,
     };
-    for i in 0..K {
+    for i in 0..k {
         v.wait_range(i, |r| r.primary && r.ready).await;
     }
     v
@@ -448,5 +453,148 @@ async fn a_cut_between_the_copies_never_gives_two_writers() {
     v.handle(other).cut_peers(false);
     v.wait_range(r, |x| !x.primary && x.ready).await;
     v.wait_copy(other, r, |x| x.primary && x.ready && x.peer_in_sync)
+        .await;
+}
+
+/// With three copies a range survives losing two of its servers one after
+/// the other: the first primary's successor takes over, brings the third
+/// copy up to date, and when it dies too the third copy takes over with
+/// every answered change. The two returning servers become copies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_copies_survive_two_lost_servers_in_turn() {
+    let k = 4;
+    let mut v = volume_of(k, 3).await;
+    let a = (ROOT_ID % u64::from(k)) as u32;
+    let (b, c3) = ((a + 1) % k, (a + 2) % k);
+    v.wait_copy(b, a, |x| !x.primary && x.ready).await;
+    v.wait_copy(c3, a, |x| !x.primary && x.ready).await;
+    let st = v.status(a).await.expect("status");
+    assert_eq!(
+        st.ranges.len(),
+        3,
+        "a server keeps three ranges: {:?}",
+        st.ranges
+    );
+    let root = root(&v, a).await;
+    let f = inode(
+        call_until(
+            &v,
+            b,
+            21,
+            &Request::CreateInode {
+                parent: ROOT_ID,
+                attr: attr(FileKind::File),
+                target: None,
+            },
+        )
+        .await,
+    );
+    let link = |name: &str| Request::Link {
+        dir: root,
+        name: name.as_bytes().to_vec(),
+        child: f.handle(),
+        kind: FileKind::File,
+        replace: None,
+    };
+    let lookup = |name: &str| Request::Lookup {
+        dir: root,
+        name: name.as_bytes().to_vec(),
+    };
+    let cl = v.client(a, 22).await.expect("client");
+    for i in 0..20 {
+        cl.call(&link(&format!("f{i}"))).await.expect("link");
+    }
+    drop(cl);
+
+    // The first primary dies: its successor takes over and sends the
+    // third copy a snapshot of its own stream.
+    v.kill(a).await;
+    call_until(&v, b, 23, &link("after-a")).await;
+    v.wait_copy(c3, a, |x| !x.primary && x.ready && x.gen >= 2)
+        .await;
+    call_until(&v, b, 24, &link("after-a-2")).await;
+
+    // The second dies too: the third copy takes over with everything.
+    v.kill(b).await;
+    for name in (0..20)
+        .map(|i| format!("f{i}"))
+        .chain(["after-a".into(), "after-a-2".into()])
+    {
+        let got = call_until(&v, c3, 25, &lookup(&name)).await;
+        assert!(
+            matches!(&got, Reply::Entry(Some(e)) if e.child == f.handle()),
+            "{name}: {got:?}"
+        );
+    }
+    v.wait_copy(c3, a, |x| x.primary && x.ready && x.gen >= 3)
+        .await;
+    call_until(&v, c3, 26, &link("after-b")).await;
+
+    // Both come back as copies and catch up; neither serves the range.
+    v.restart(a).await;
+    v.restart(b).await;
+    v.wait_copy(a, a, |x| !x.primary && x.ready).await;
+    v.wait_copy(b, a, |x| !x.primary && x.ready).await;
+    v.wait_copy(c3, a, |x| x.primary && x.ready && x.peer_in_sync)
+        .await;
+    for at in [a, b] {
+        let cl = v.client(at, 27).await.expect("client");
+        let refused = cl.call(&lookup("after-b")).await;
+        assert!(
+            matches!(&refused, Err(e) if e.code() == ErrorCode::NotOwner),
+            "server {at} must not serve the range: {refused:?}"
+        );
+    }
+    // And the copy that came back first holds the last change: it takes
+    // the range over when the third server dies.
+    v.kill(c3).await;
+    let got = call_until(&v, a, 28, &lookup("after-b")).await;
+    assert!(
+        matches!(&got, Reply::Entry(Some(e)) if e.child == f.handle()),
+        "{got:?}"
+    );
+}
+
+/// Only the primary's successor may take its range over: with the
+/// primary and the third copy both cut off from every other server, the
+/// successor takes over, and the third copy, which hears from nobody,
+/// never serves the range. Healed, it follows the new primary, and the
+/// old primary becomes a copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_three_copies_only_the_successor_takes_over() {
+    let k = 4;
+    let v = volume_of(k, 3).await;
+    let a = (ROOT_ID % u64::from(k)) as u32;
+    let (b, c3) = ((a + 1) % k, (a + 2) % k);
+    v.wait_copy(b, a, |x| !x.primary && x.ready).await;
+    v.wait_copy(c3, a, |x| !x.primary && x.ready).await;
+    v.handle(a).cut_peers(true);
+    v.handle(c3).cut_peers(true);
+    v.wait_copy(b, a, |x| x.primary && x.ready && x.gen >= 2)
+        .await;
+    // Well past the time the third copy would have needed to take over.
+    let until = Instant::now() + Duration::from_millis(u64::from(LEASE_MS) * 4);
+    while Instant::now() < until {
+        let st = v.status(c3).await.expect("status");
+        let copy = st.ranges.iter().find(|x| x.range == a).expect("copy of a");
+        assert!(
+            !copy.primary,
+            "the third copy took the range over: {copy:?}"
+        );
+        let st = v.status(a).await.expect("status");
+        let own = st.ranges.iter().find(|x| x.range == a).expect("own range");
+        assert!(
+            !(own.primary && own.ready),
+            "the cut-off primary still serves: {own:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    v.handle(c3).cut_peers(false);
+    v.wait_copy(c3, a, |x| !x.primary && x.ready && x.gen >= 2)
+        .await;
+    v.handle(a).cut_peers(false);
+    v.wait_copy(a, a, |x| !x.primary && x.ready && x.gen >= 2)
+        .await;
+    v.wait_copy(b, a, |x| x.primary && x.ready && x.peer_in_sync)
         .await;
 }

@@ -53,20 +53,22 @@ impl<'a> Repairer<'a> {
     }
 
     /// The server that serves `id`'s metadata range: its home, or on a
-    /// mirrored volume the next server if that one took the range over
-    /// (the home answers `NotOwner` then).
+    /// mirrored volume the first of the range's other copies that does not
+    /// answer `NotOwner` (one of them took the range over).
     async fn owner(&self, id: FileId) -> &Session {
         let home = self.layout.inode_server(id);
-        let s = &self.sessions[home as usize];
-        if self.layout.replicas < 2 || self.sessions.len() < 2 {
-            return s;
+        let holders = self.layout.meta_holders(home);
+        if holders.len() < 2 {
+            return &self.sessions[home as usize];
         }
-        match s.call(&Request::GetInode { ino: id }).await {
-            Err(e) if e.code() == ErrorCode::NotOwner => {
-                &self.sessions[((home + 1) % self.layout.servers) as usize]
+        for h in &holders {
+            let s = &self.sessions[*h as usize];
+            match s.call(&Request::GetInode { ino: id }).await {
+                Err(e) if e.code() == ErrorCode::NotOwner => continue,
+                _ => return s,
             }
-            _ => s,
         }
+        &self.sessions[home as usize]
     }
 
     /// Reads an inode; `None` if it does not exist.

@@ -1,6 +1,7 @@
-//! Metadata mirroring between the two servers of a range: the primary's
-//! forwarder (ships every committed change before it is answered, renews
-//! its ownership lease), the secondary's side of `PeerSync` / `Replicate` /
+//! Metadata mirroring between the servers of a range: the primary's
+//! forwarder (one follower task per secondary: ships every committed change
+//! before it is answered; the candidate's answers renew the ownership
+//! lease), the secondary's side of `PeerSync` / `Replicate` /
 //! `SnapshotChunk`, takeover and lapse. The rules are in `ranges.rs`.
 
 use std::collections::VecDeque;
@@ -94,7 +95,7 @@ impl Server {
         }
     }
 
-    async fn peer_connect(&self, range: &Range) -> Result<RpcClient, Lost> {
+    async fn peer_connect(&self, range: &Range, i: usize) -> Result<RpcClient, Lost> {
         if self.peers_cut.load(std::sync::atomic::Ordering::SeqCst) {
             tokio::time::sleep(self.peer_timeout()).await;
             return Err(Lost::Other("link cut (fault injection)".into()));
@@ -106,7 +107,7 @@ impl Server {
             .ok_or_else(|| Lost::Other("not formatted".into()))?;
         let c = match tokio::time::timeout(
             self.peer_timeout(),
-            RpcClient::connect(&range.peer_addr, None),
+            RpcClient::connect(&range.peers[i].addr, None),
         )
         .await
         {
@@ -142,11 +143,13 @@ impl Server {
         Millis::from(self.lease_ms)
     }
 
-    /// `PeerSync`: tells the secondary that its copy should be at `seq` of
-    /// `lineage`, renews the ownership lease, learns whether it is.
+    /// `PeerSync` to secondary `i`: tells it that its copy should be at
+    /// `seq` of `lineage` and whether it is the candidate, renews the
+    /// ownership lease (candidate only), learns whether it is.
     async fn handshake(
         &self,
         range: &Range,
+        i: usize,
         c: &RpcClient,
         lineage: u64,
         seq: u64,
@@ -159,6 +162,7 @@ impl Server {
             lineage,
             seq,
             etcd: range.arbiter.is_some(),
+            candidate: i == 0,
         };
         let (reply, _) = self.peer_call(c, &req, Bytes::new()).await?;
         match reply {
@@ -177,10 +181,17 @@ impl Server {
                     )))
                 }
             }
+            // A secondary that follows a newer primary.
+            Reply::PeerState { gen: theirs, .. } if theirs > gen => {
+                self.demote(range, theirs);
+                Ok(Hand::Demoted)
+            }
             Reply::PeerState { in_sync, .. } => {
-                self.confirm(range, sent);
+                if i == 0 {
+                    self.confirm(range, sent);
+                }
                 if !in_sync {
-                    range.st.lock().peer_in_sync = false;
+                    range.st.lock().peer_in_sync[i] = false;
                     range.bump();
                 }
                 Ok(if in_sync {
@@ -209,9 +220,9 @@ impl Server {
         let gen = range.st.lock().gen;
         match e.set_copy_current(range.range, self.me(), gen, false).await {
             Ok(true) => {
-                range.st.lock().peer_in_sync = false;
+                range.st.lock().peer_in_sync[0] = false;
                 range.bump();
-                warn!(range = range.range, peer = %range.peer_addr,
+                warn!(range = range.range, peer = %range.peers[0].addr,
                     "metadata copy not answering; recorded in etcd, serving without it");
             }
             Ok(false) => debug!(range = range.range, "no longer the owner in etcd"),
@@ -237,7 +248,7 @@ impl Server {
                     st.established = true;
                     st.lapsed = false;
                     // The claim recorded the copy as not current.
-                    st.peer_in_sync = false;
+                    st.peer_in_sync.fill(false);
                 }
                 range.bump();
                 info!(
@@ -270,8 +281,9 @@ impl Server {
             st.role = Role::Secondary;
             st.gen = gen;
             st.established = false;
-            st.peer_in_sync = false;
+            st.peer_in_sync.fill(false);
             st.in_sync = false;
+            st.candidate = false;
         }
         range.store.stop_capture();
         range.bump();
@@ -287,14 +299,16 @@ impl Server {
     async fn send_snapshot(
         &self,
         range: &Range,
+        i: usize,
         c: &RpcClient,
         lineage: u64,
         pending: &mut VecDeque<Captured>,
         rx: &mut mpsc::UnboundedReceiver<Captured>,
     ) -> Result<u64, Lost> {
-        let path = self
-            .data_dir
-            .join(format!("snapshot-out-{}.sqlite", range.range));
+        let path = self.data_dir.join(format!(
+            "snapshot-out-{}-{}.sqlite",
+            range.range, range.peers[i].server
+        ));
         let _ = std::fs::remove_file(&path);
         let store = range.store.clone();
         let p2 = path.clone();
@@ -308,9 +322,10 @@ impl Server {
         let len = std::fs::metadata(&path)
             .map_err(|e| Lost::Other(e.to_string()))?
             .len();
-        // From the last piece on the copy is current and could take over:
-        // from now on this server serves only under the ownership lease.
-        range.st.lock().peer_in_sync = true;
+        // From the last piece on the copy is current (the candidate could
+        // take over: from now on this server serves only under the
+        // ownership lease), and answers wait for it.
+        range.st.lock().peer_in_sync[i] = true;
         range.bump();
         let gen = range.st.lock().gen;
         let mut offset = 0u64;
@@ -341,7 +356,9 @@ impl Server {
             if let Err(e) = self.peer_call(c, &req, Bytes::from(chunk)).await {
                 break Err(e);
             }
-            self.confirm(range, sent);
+            if i == 0 {
+                self.confirm(range, sent);
+            }
             offset += n;
             if last {
                 break Ok(());
@@ -349,9 +366,11 @@ impl Server {
         };
         let _ = std::fs::remove_file(&path);
         r?;
-        range.acked.send_modify(|a| *a = (*a).max(seq));
+        range.peers[i].acked.send_modify(|a| *a = (*a).max(seq));
+        range.bump();
         info!(
             range = range.range,
+            peer = %range.peers[i].addr,
             seq,
             bytes = len,
             "metadata copy sent whole"
@@ -359,8 +378,9 @@ impl Server {
         Ok(seq)
     }
 
-    /// Ships `range`'s changes to its peer for as long as this server is the
-    /// range's primary.
+    /// Ships `range`'s changes to every other copy for as long as this
+    /// server is the range's primary: one follower task per secondary, fed
+    /// the same captured changes.
     pub(super) async fn forward(self: Arc<Self>, range: Arc<Range>) {
         let (tx, mut rx) = mpsc::unbounded_channel::<Captured>();
         let lineage = loop {
@@ -371,7 +391,51 @@ impl Server {
         };
         let base = range.store.start_capture(tx);
         range.st.lock().lineage = lineage;
-        range.acked.send_modify(|a| *a = (*a).max(base));
+        let mut feeds = Vec::new();
+        let mut tasks = Vec::new();
+        for i in 0..range.peers.len() {
+            range.peers[i].acked.send_modify(|a| *a = (*a).max(base));
+            let (ftx, frx) = mpsc::unbounded_channel::<Captured>();
+            feeds.push(ftx);
+            tasks.push(tokio::spawn(self.clone().follow(
+                range.clone(),
+                i,
+                lineage,
+                base,
+                frx,
+            )));
+        }
+        info!(
+            range = range.range,
+            copies = range.peers.len() + 1,
+            "shipping metadata changes"
+        );
+        let fan = tokio::spawn(async move {
+            while let Some(x) = rx.recv().await {
+                for f in &feeds {
+                    let _ = f.send(x.clone());
+                }
+            }
+        });
+        for t in tasks {
+            let _ = t.await;
+        }
+        range.store.stop_capture();
+        fan.abort();
+        info!(range = range.range, "stopped shipping metadata changes");
+    }
+
+    /// Ships `range`'s changes to its secondary `i` (0: the candidate).
+    async fn follow(
+        self: Arc<Self>,
+        range: Arc<Range>,
+        i: usize,
+        lineage: u64,
+        base: u64,
+        mut rx: mpsc::UnboundedReceiver<Captured>,
+    ) {
+        let candidate = i == 0;
+        let peer_addr = range.peers[i].addr.clone();
         let beat = Duration::from_millis(u64::from(self.lease_ms / 4).max(20));
         let pause = Duration::from_millis(200);
         // Changes captured and not yet at the peer, in order.
@@ -383,7 +447,18 @@ impl Server {
         let mut need_snapshot = false;
         // With etcd: the copy is recorded there as current.
         let mut etcd_marked = false;
-        info!(range = range.range, peer = %range.peer_addr, "shipping metadata changes");
+        // A secondary that is not the candidate cannot take over: when it
+        // does not answer, answers stop waiting for it at once (it gets a
+        // snapshot when it is back).
+        let drop_follower = |pending: &mut VecDeque<Captured>| {
+            let was = std::mem::replace(&mut range.st.lock().peer_in_sync[i], false);
+            if was {
+                warn!(range = range.range, peer = %peer_addr,
+                    "metadata copy not answering; serving without it");
+            }
+            range.bump();
+            pending.clear();
+        };
         loop {
             if self.stopped.load(std::sync::atomic::Ordering::SeqCst)
                 || range.st.lock().role != Role::Primary
@@ -396,7 +471,13 @@ impl Server {
                     !st.established || st.lapsed
                 };
                 if unclaimed {
-                    match self.claim(&range).await {
+                    // Only the candidate's task claims the range in etcd.
+                    let claimed = if candidate {
+                        self.claim(&range).await
+                    } else {
+                        Ok(false)
+                    };
+                    match claimed {
                         Ok(true) => etcd_marked = false,
                         Ok(false) => {
                             pending.clear();
@@ -414,9 +495,9 @@ impl Server {
             let c = match conn.take().filter(|c| !c.is_closed()) {
                 Some(c) => c,
                 None => {
-                    let attempt = match self.peer_connect(&range).await {
+                    let attempt = match self.peer_connect(&range, i).await {
                         Ok(c) => self
-                            .handshake(&range, &c, lineage, at_peer)
+                            .handshake(&range, i, &c, lineage, at_peer)
                             .await
                             .map(|h| (c, h)),
                         Err(e) => Err(e),
@@ -424,13 +505,15 @@ impl Server {
                     match attempt {
                         Ok((_, Hand::Demoted)) => break,
                         Ok((c, Hand::InSync)) => {
-                            if !range.st.lock().peer_in_sync {
+                            if !range.st.lock().peer_in_sync[i] {
                                 // Back after we went on without it: current
                                 // only if nothing was answered meanwhile.
                                 if pending.is_empty() && range.store.committed_seq() == at_peer {
-                                    range.st.lock().peer_in_sync = true;
+                                    range.st.lock().peer_in_sync[i] = true;
                                     range.bump();
-                                    etcd_marked = self.mark_current(&range).await;
+                                    if candidate {
+                                        etcd_marked = self.mark_current(&range).await;
+                                    }
                                 } else {
                                     need_snapshot = true;
                                 }
@@ -444,14 +527,19 @@ impl Server {
                         Err(e) => {
                             let peer_dead = matches!(e, Lost::Refused);
                             if let Lost::Other(m) = &e {
-                                debug!(range = range.range, error = %m, "metadata copy unreachable");
+                                debug!(range = range.range, peer = %peer_addr, error = %m, "metadata copy unreachable");
+                            }
+                            if !candidate {
+                                drop_follower(&mut pending);
+                                tokio::time::sleep(pause).await;
+                                continue;
                             }
                             if range.arbiter.is_some() {
-                                if range.st.lock().peer_in_sync {
+                                if range.st.lock().peer_in_sync[0] {
                                     self.go_on_alone(&range).await;
                                 }
                                 etcd_marked = false;
-                                if !range.st.lock().peer_in_sync {
+                                if !range.st.lock().peer_in_sync[0] {
                                     pending.clear();
                                 }
                                 tokio::time::sleep(pause).await;
@@ -459,14 +547,14 @@ impl Server {
                             }
                             let in_sync = {
                                 let mut st = range.st.lock();
-                                if peer_dead && st.peer_in_sync {
+                                if peer_dead && st.peer_in_sync[0] {
                                     // Its process is gone, and with it any
                                     // claim that its copy is current.
-                                    st.peer_in_sync = false;
-                                    warn!(range = range.range, peer = %range.peer_addr,
+                                    st.peer_in_sync[0] = false;
+                                    warn!(range = range.range, peer = %peer_addr,
                                         "metadata copy server is down; serving without it");
                                 }
-                                st.peer_in_sync
+                                st.peer_in_sync[0]
                             };
                             range.bump();
                             if !in_sync {
@@ -481,18 +569,23 @@ impl Server {
             };
             if need_snapshot {
                 match self
-                    .send_snapshot(&range, &c, lineage, &mut pending, &mut rx)
+                    .send_snapshot(&range, i, &c, lineage, &mut pending, &mut rx)
                     .await
                 {
                     Ok(seq) => {
                         need_snapshot = false;
                         at_peer = seq;
-                        etcd_marked = self.mark_current(&range).await;
+                        if candidate {
+                            etcd_marked = self.mark_current(&range).await;
+                        }
                         conn = Some(c);
                     }
                     Err(e) => {
                         if let Lost::Other(m) = e {
-                            warn!(range = range.range, error = %m, "sending the metadata copy failed");
+                            warn!(range = range.range, peer = %peer_addr, error = %m, "sending the metadata copy failed");
+                        }
+                        if !candidate {
+                            drop_follower(&mut pending);
                         }
                         tokio::time::sleep(pause).await;
                     }
@@ -507,15 +600,20 @@ impl Server {
                         None => break,
                     },
                     _ = tokio::time::sleep(beat) => {
-                        match self.handshake(&range, &c, lineage, at_peer).await {
+                        match self.handshake(&range, i, &c, lineage, at_peer).await {
                             Ok(Hand::InSync) => {
-                                if !etcd_marked && range.st.lock().peer_in_sync {
+                                if candidate && !etcd_marked && range.st.lock().peer_in_sync[0] {
                                     etcd_marked = self.mark_current(&range).await;
                                 }
                             }
                             Ok(Hand::NeedSnapshot) => need_snapshot = true,
                             Ok(Hand::Demoted) => break,
-                            Err(_) => continue,
+                            Err(_) => {
+                                if !candidate {
+                                    drop_follower(&mut pending);
+                                }
+                                continue;
+                            }
                         }
                     }
                 }
@@ -558,16 +656,20 @@ impl Server {
             let sent = self.now_ms();
             match self.peer_call(&c, &req, Bytes::from(payload)).await {
                 Ok(_) => {
-                    self.confirm(&range, sent);
+                    if candidate {
+                        self.confirm(&range, sent);
+                    }
                     at_peer = last;
-                    range.acked.send_modify(|a| *a = (*a).max(last));
+                    range.peers[i].acked.send_modify(|a| *a = (*a).max(last));
                     conn = Some(c);
                 }
                 Err(e) => {
                     if let Lost::Other(m) = e {
-                        debug!(range = range.range, error = %m, "changes not applied by the copy");
+                        debug!(range = range.range, peer = %peer_addr, error = %m, "changes not applied by the copy");
                     }
-                    if range.arbiter.is_some() {
+                    if !candidate {
+                        drop_follower(&mut pending);
+                    } else if range.arbiter.is_some() {
                         // Do not keep clients waiting for a silent copy.
                         self.go_on_alone(&range).await;
                         etcd_marked = false;
@@ -576,8 +678,6 @@ impl Server {
                 }
             }
         }
-        range.store.stop_capture();
-        info!(range = range.range, "stopped shipping metadata changes");
     }
 
     /// With etcd: records that the copy is current (it has a snapshot and
@@ -596,30 +696,34 @@ impl Server {
         }
     }
 
-    /// Waits until the change `seq` of `range` is at its secondary (or the
-    /// secondary cannot hold a current copy). Fails if the ownership lease
-    /// runs out first: the change is then not acknowledged.
+    /// Waits until the change `seq` of `range` is at every secondary whose
+    /// copy may be current. Fails if the ownership lease runs out first:
+    /// the change is then not acknowledged.
     pub(super) async fn wait_replicated(&self, range: &Range, seq: u64) -> Result<(), WireError> {
-        let mut acked = range.acked.subscribe();
+        let mut acked: Vec<_> = range.peers.iter().map(|p| p.acked.subscribe()).collect();
         let mut changed = range.changed.subscribe();
         loop {
             if range.refusal(self.now_ms()).is_some() {
                 return Err(err(
                     ErrorCode::Unavailable,
                     format!(
-                        "metadata range {}: ownership ended before the change reached its copy",
+                        "metadata range {}: ownership ended before the change reached its copies",
                         range.range
                     ),
                 ));
             }
-            if !range.st.lock().peer_in_sync {
+            let waiting = {
+                let st = range.st.lock();
+                acked
+                    .iter_mut()
+                    .enumerate()
+                    .position(|(i, a)| st.peer_in_sync[i] && *a.borrow_and_update() < seq)
+            };
+            let Some(i) = waiting else {
                 return Ok(());
-            }
-            if *acked.borrow_and_update() >= seq {
-                return Ok(());
-            }
+            };
             tokio::select! {
-                _ = acked.changed() => {}
+                _ = acked[i].changed() => {}
                 _ = changed.changed() => {}
                 _ = tokio::time::sleep(Duration::from_millis(50)) => {}
             }
@@ -657,6 +761,7 @@ impl Server {
                 lineage,
                 seq,
                 etcd,
+                candidate,
                 ..
             } => {
                 if etcd != range.arbiter.is_some() {
@@ -685,6 +790,15 @@ impl Server {
                     self.demote(&range, gen);
                 }
                 let mut st = range.st.lock();
+                if gen < st.gen {
+                    // A primary of an older generation (a newer one took
+                    // over): it is not heard, and learns it is behind.
+                    return Ok(Reply::PeerState {
+                        primary: false,
+                        gen: st.gen,
+                        in_sync: false,
+                    });
+                }
                 if gen > st.gen {
                     range
                         .persist(gen, Role::Secondary)
@@ -692,6 +806,7 @@ impl Server {
                     st.gen = gen;
                 }
                 st.last_heard = now;
+                st.candidate = candidate;
                 let in_sync = st.in_sync && st.lineage == lineage && st.seq == seq;
                 if !in_sync {
                     st.in_sync = false;
@@ -801,7 +916,7 @@ impl Server {
     /// every request.
     pub(super) fn check_ownership(&self) {
         let Ok(ranges) = self.ranges() else { return };
-        if ranges.home().peer.is_none() {
+        if ranges.home().peers.is_empty() {
             // Not mirrored: one copy, nothing to lapse or take over.
             return;
         }
@@ -815,13 +930,14 @@ impl Server {
                     && range.ownership_ended(&st, now);
                 let take = st.role == Role::Secondary
                     && st.in_sync
+                    && st.candidate
                     && now >= st.last_heard + self.own_ms() + self.takeover_margin();
                 (lapse, take)
             };
             if due_lapse {
                 range.st.lock().lapsed = true;
                 range.bump();
-                warn!(range = range.range, peer = %range.peer_addr,
+                warn!(range = range.range, peer = %range.peers[0].addr,
                     "no answer from the metadata copy for a lease time; ownership lapsed");
                 self.lapse_all("ownership lapsed");
             }
@@ -881,17 +997,16 @@ impl Server {
             st.gen = gen;
             st.established = true;
             st.lapsed = false;
-            st.peer_in_sync = false;
+            st.peer_in_sync.fill(false);
             st.in_sync = false;
+            st.candidate = false;
             st.grace_until = self.now_ms() + Millis::from(self.lease_ms);
             st.takeovers += 1;
         }
         range.bump();
         warn!(
             range = range.range,
-            gen,
-            peer = %range.peer_addr,
-            "metadata range's primary silent past its ownership lease; took it over"
+            gen, "metadata range's primary silent past its ownership lease; took it over"
         );
         if let Some(me) = self.this.get().and_then(|w| w.upgrade()) {
             tokio::spawn(me.forward(range.clone()));
