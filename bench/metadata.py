@@ -501,7 +501,8 @@ def fmt(v, spec="10.0f"):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=2000, help="files per op kind in the cost part")
-    ap.add_argument("--runs", type=int, default=3, help="runs of the cost part (R1, R2, local each)")
+    ap.add_argument("--runs", type=int, default=3, help="runs of the cost part (each replicas value and local)")
+    ap.add_argument("--replicas", default="1,2", help="replicas values of the cost part (1 first: ratios are to it)")
     ap.add_argument("--threads", type=int, default=8, help="threads of the concurrent creates")
     ap.add_argument("--servers", type=int, default=4)
     ap.add_argument("--parts", default="cost,takeover")
@@ -518,6 +519,9 @@ def main():
     a = ap.parse_args()
     parts = [p for p in a.parts.split(",") if p]
     leases = [int(x) for x in a.leases.split(",") if x]
+    reps = [int(x) for x in a.replicas.split(",") if x]
+    if not reps or reps[0] != 1:
+        sys.exit("metadata.py: --replicas must start with 1 (the ratios are to it)")
     a.takeover_runs = a.runs if a.takeover_runs is None else a.takeover_runs
 
     require_root_fuse("metadata.py", a.exe)
@@ -526,7 +530,7 @@ def main():
     if "takeover" in parts and a.servers < 3:
         sys.exit("metadata.py: the takeover part needs >= 3 servers (server 0 mounts, 1 dies, 2 takes over)")
     fmt_help = subprocess.run([a.exe, "format", "--help"], capture_output=True, text=True).stdout
-    if "directories and leases also get a second copy" not in fmt_help:
+    if "directories and leases" not in fmt_help:
         sys.exit(f"metadata.py: `{a.exe} format --help` does not mention metadata copies: "
                  "not a build with mirrored metadata")
 
@@ -542,7 +546,7 @@ def main():
         if "cost" in parts:
             ms0 = machine_state()
             for run in range(a.runs):
-                for rep in (1, 2, 0):
+                for rep in (*reps, 0):
                     log(f"=== cost run {run + 1}/{a.runs}, {'local' if not rep else f'R={rep}'}, N={a.n}, dir {base}")
                     cost.append(cost_variant(a, base, run, rep))
             phases.append({"part": "cost", "before": ms0, "after": machine_state()})
@@ -557,7 +561,8 @@ def main():
     failure = run_bench(parts_run, base, remove_tree, log, a.dir, "morris-metadata-failure-logs-")
 
     # ---- summary
-    by = {v: [r for r in cost if r["variant"] == v] for v in ("R1", "R2", "local")}
+    variants = [f"R{x}" for x in reps] + ["local"]
+    by = {v: [r for r in cost if r["variant"] == v] for v in variants}
     cost_med = {v: {k: med(rows, k) for k in OPS} for v, rows in by.items()}
     for v, rows in by.items():
         for k in OPS[:5]:
@@ -569,9 +574,9 @@ def main():
     def ratio(x, y):
         return x / y if x and y else None
 
-    cost_ratios = {k: {"R2/R1": ratio(cost_med["R2"][k], cost_med["R1"][k]),
-                       "R1/local": ratio(cost_med["R1"][k], cost_med["local"][k]),
-                       "R2/local": ratio(cost_med["R2"][k], cost_med["local"][k])} for k in OPS}
+    cost_ratios = {k: {**{f"{v}/R1": ratio(cost_med[v][k], cost_med["R1"][k]) for v in variants[1:-1]},
+                       **{f"{v}/local": ratio(cost_med[v][k], cost_med["local"][k]) for v in variants[:-1]}}
+                   for k in OPS} if cost else {}
     tk_keys = ["pause_s", "kill_to_first_ok_s", "kill_to_takeover_log_s", "expected_takeover_s",
                "expected_serving_s", "restart_to_healthy_s", "create_before_p50_ms", "create_recovered_p50_ms",
                "create_recovered_max_ms", "umount_s"]
@@ -600,21 +605,25 @@ def main():
         nr = len(by["R1"])
         print(f"\nMetadata ops/s, {a.servers} servers on loopback, one FUSE mount, N={a.n}, "
               f"median of {nr} run(s) (stats: warm, same mount)")
-        print(f"{'op':<26}{'local':>10}{'R=1':>10}{'R=2':>10}{'R2/R1':>8}{'R1/local':>10}   runs R1 | R2 | local")
+        mirrored = variants[1:-1]
+        print(f"{'op':<26}{'local':>10}" + "".join(f"{'R=' + v[1:]:>10}" for v in variants[:-1])
+              + "".join(f"{v + '/R1':>8}" for v in mirrored) + f"{'R1/local':>10}   runs "
+              + " | ".join(variants))
         labels = {"creates": "create (1 thread)", "stats": "stat (warm)", "renames": "rename",
                   "unlinks": "unlink", "mkdirs": f"mkdir (N/10)", "creates_par": f"create ({a.threads} thr, 1 dir)",
                   "creates_par_dirs": f"create ({a.threads} thr, {a.threads} dirs)"}
         for k in OPS:
             m = {v: cost_med[v][k] for v in by}
             rr = cost_ratios[k]
-            runs = " | ".join(", ".join(f"{r[k]:.0f}" for r in by[v]) for v in ("R1", "R2", "local"))
-            print(f"{labels[k]:<26}{fmt(m['local'])}{fmt(m['R1'])}{fmt(m['R2'])}"
-                  f"{fmt(rr['R2/R1'], '8.2f')}{fmt(rr['R1/local'], '10.3f')}   {runs}")
+            runs = " | ".join(", ".join(f"{r[k]:.0f}" for r in by[v]) for v in variants)
+            print(f"{labels[k]:<26}{fmt(m['local'])}" + "".join(fmt(m[v]) for v in variants[:-1])
+                  + "".join(fmt(rr[f"{v}/R1"], '8.2f') for v in mirrored)
+                  + f"{fmt(rr['R1/local'], '10.3f')}   {runs}")
         print(f"\nper-op latency, median over runs of p50 / p99 (ms)")
         for k in OPS[:5]:
             print(f"{labels[k]:<26}" + "   ".join(
                 f"{v} {fmt(cost_med[v].get(f'{k}_p50_ms'), '.3f')}/{fmt(cost_med[v].get(f'{k}_p99_ms'), '.3f')}"
-                for v in ("R1", "R2", "local")))
+                for v in variants))
     if takeover:
         print(f"\nTakeover of range {ROOT_ID % a.servers} (root's owner, server {ROOT_ID % a.servers}, "
               f"kill -9), R=2, create+stat loop in the root; median of {a.takeover_runs} run(s) per lease")

@@ -32,8 +32,8 @@ pub struct FormatArgs {
     pub stripe_unit: u32,
     /// Copies of every data block (1 to 3, on distinct servers). Reads spread
     /// over the copies and go around slow or lost servers; with 2 or 3,
-    /// inodes, directories and leases also get a second copy on the next
-    /// server, which takes them over when their server is lost.
+    /// inodes, directories and leases get as many copies, on the next
+    /// servers, which take them over when their server is lost.
     #[arg(long, default_value_t = 1, value_name = "N",
           value_parser = clap::value_parser!(u8).range(1..))]
     pub replicas: u8,
@@ -171,8 +171,8 @@ pub fn describe(d: &VolumeDescriptor) -> String {
             "  {} copies of every data block (copy r of a block on the r-th next server);\n  \
              reads use the least loaded copy; writes go on with one copy server lost,\n  \
              which catches up when it returns. Inodes, directories and leases have\n  \
-             a second copy on the next server, which takes them over if their\n  \
-             server is lost (metadata keeps two copies even with 3 block copies).\n",
+             as many copies, on the next servers, which take them over if their\n  \
+             server is lost.\n",
             d.replicas
         ));
     }
