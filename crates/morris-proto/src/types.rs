@@ -358,6 +358,9 @@ pub struct RangeStatus {
     pub gen: u64,
     /// Primary of a mirrored range: every other copy is current.
     pub peer_in_sync: bool,
+    /// Secondary: its primary named it the candidate (the copy that takes
+    /// the range over if the primary goes silent).
+    pub candidate: bool,
     /// Inodes in this copy.
     pub inodes: u64,
     /// Takeovers of ranges by this server since it started.

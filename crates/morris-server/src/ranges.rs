@@ -12,8 +12,9 @@
 //! r for r+2) is its **candidate**, the only copy that may take the range
 //! over; the primary tells each secondary in `PeerSync` whether it is the
 //! candidate. A third copy only follows (it keeps every answered change, so
-//! two lost servers lose nothing; it serves once a primary designates it
-//! after a takeover). In the rules below "the secondary" is the candidate.
+//! two lost servers lose nothing) until a primary names it candidate: after
+//! a takeover, or when the candidate was seen dead (`peer.rs` `follow`). In
+//! the rules below "the secondary" is the candidate.
 //!
 //! Safety rule (no two servers serve a range at once, even across a network
 //! split), the static two-copy rule (with `--etcd`, etcd decides instead:
@@ -89,12 +90,15 @@ pub(crate) struct RangeState {
     /// Secondary: the current primary named this copy its candidate (in
     /// this process life).
     pub candidate: bool,
+    /// Primary: the index in `Range::peers` of its candidate (its successor
+    /// at first; the next copy once the candidate was seen dead).
+    pub cand: usize,
 }
 
 impl RangeState {
     /// Primary: the candidate's copy may be current (it could take over).
     pub fn candidate_in_sync(&self) -> bool {
-        self.peer_in_sync.first().copied().unwrap_or(false)
+        self.peer_in_sync.get(self.cand).copied().unwrap_or(false)
     }
 }
 
@@ -233,6 +237,7 @@ impl Range {
                 takeovers: 0,
                 taking_over: false,
                 candidate: false,
+                cand: 0,
             }),
             changed: watch::channel(0).0,
             apply: tokio::sync::Mutex::new(()),
@@ -305,6 +310,7 @@ impl Range {
             peer_in_sync: st.role == Role::Primary
                 && !st.peer_in_sync.is_empty()
                 && st.peer_in_sync.iter().all(|x| *x),
+            candidate: st.role == Role::Secondary && st.candidate,
             inodes: self.store.inode_count(),
             takeovers: st.takeovers,
         }

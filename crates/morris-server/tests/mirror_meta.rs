@@ -459,7 +459,8 @@ async fn a_cut_between_the_copies_never_gives_two_writers() {
 /// With three copies a range survives losing two of its servers one after
 /// the other: the first primary's successor takes over, brings the third
 /// copy up to date, and when it dies too the third copy takes over with
-/// every answered change. The two returning servers become copies.
+/// every answered change. The two returning servers become copies, and the
+/// one named candidate takes over when the third server dies as well.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_copies_survive_two_lost_servers_in_turn() {
     let k = 4;
@@ -545,10 +546,31 @@ async fn three_copies_survive_two_lost_servers_in_turn() {
             "server {at} must not serve the range: {refused:?}"
         );
     }
-    // And the copy that came back first holds the last change: it takes
-    // the range over when the third server dies.
+    // Whichever of them the primary named its candidate holds the last
+    // change and takes the range over when the third server dies.
+    let cand = {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let mut named = Vec::new();
+            for at in [a, b] {
+                let st = v.status(at).await.expect("status");
+                if st
+                    .ranges
+                    .iter()
+                    .any(|x| x.range == a && x.candidate && x.ready)
+                {
+                    named.push(at);
+                }
+            }
+            if let [one] = named[..] {
+                break one;
+            }
+            assert!(Instant::now() < deadline, "candidates: {named:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
     v.kill(c3).await;
-    let got = call_until(&v, a, 28, &lookup("after-b")).await;
+    let got = call_until(&v, cand, 28, &lookup("after-b")).await;
     assert!(
         matches!(&got, Reply::Entry(Some(e)) if e.child == f.handle()),
         "{got:?}"
@@ -596,5 +618,71 @@ async fn with_three_copies_only_the_successor_takes_over() {
     v.wait_copy(a, a, |x| !x.primary && x.ready && x.gen >= 2)
         .await;
     v.wait_copy(b, a, |x| x.primary && x.ready && x.peer_in_sync)
+        .await;
+}
+
+/// With three copies, a candidate seen dead (connection refused) is
+/// replaced by the third copy, so the range goes on after its primary
+/// dies too: the third copy takes over with every answered change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_three_copies_a_dead_candidate_is_replaced() {
+    let k = 4;
+    let mut v = volume_of(k, 3).await;
+    let a = (ROOT_ID % u64::from(k)) as u32;
+    let (b, c3) = ((a + 1) % k, (a + 2) % k);
+    v.wait_copy(b, a, |x| !x.primary && x.ready && x.candidate)
+        .await;
+    v.wait_copy(c3, a, |x| !x.primary && x.ready && !x.candidate)
+        .await;
+    let root = root(&v, a).await;
+    let f = inode(
+        call_until(
+            &v,
+            c3,
+            31,
+            &Request::CreateInode {
+                parent: ROOT_ID,
+                attr: attr(FileKind::File),
+                target: None,
+            },
+        )
+        .await,
+    );
+    let link = |name: &str| Request::Link {
+        dir: root,
+        name: name.as_bytes().to_vec(),
+        child: f.handle(),
+        kind: FileKind::File,
+        replace: None,
+    };
+    call_until(&v, a, 32, &link("before")).await;
+
+    v.kill(b).await;
+    v.wait_copy(c3, a, |x| !x.primary && x.ready && x.candidate)
+        .await;
+    call_until(&v, a, 33, &link("without-b")).await;
+    v.kill(a).await;
+    for name in ["before", "without-b"] {
+        let got = call_until(
+            &v,
+            c3,
+            34,
+            &Request::Lookup {
+                dir: root,
+                name: name.as_bytes().to_vec(),
+            },
+        )
+        .await;
+        assert!(
+            matches!(&got, Reply::Entry(Some(e)) if e.child == f.handle()),
+            "{name}: {got:?}"
+        );
+    }
+    v.wait_copy(c3, a, |x| x.primary && x.ready).await;
+    v.restart(a).await;
+    v.restart(b).await;
+    v.wait_copy(a, a, |x| !x.primary && x.ready).await;
+    v.wait_copy(b, a, |x| !x.primary && x.ready).await;
+    v.wait_copy(c3, a, |x| x.primary && x.ready && x.peer_in_sync)
         .await;
 }

@@ -125,9 +125,14 @@ impl Server {
         Ok(c)
     }
 
-    /// The secondary answered at `sent`: the ownership lease runs from then.
-    fn confirm(&self, range: &Range, sent: Millis) {
+    /// Secondary `i` answered a request sent at `sent`: if it is the
+    /// candidate, the ownership lease runs from then. (Any answered request
+    /// bounds that copy's takeover: it heard from us after `sent`.)
+    fn confirm(&self, range: &Range, i: usize, sent: Millis) {
         let mut st = range.st.lock();
+        if st.cand != i {
+            return;
+        }
         st.own_until = st.own_until.max(sent + self.own_ms());
         // With an arbiter, only a claim in etcd establishes (`claim`).
         if range.arbiter.is_none() && (!st.established || st.lapsed) {
@@ -162,7 +167,7 @@ impl Server {
             lineage,
             seq,
             etcd: range.arbiter.is_some(),
-            candidate: i == 0,
+            candidate: range.st.lock().cand == i,
         };
         let (reply, _) = self.peer_call(c, &req, Bytes::new()).await?;
         match reply {
@@ -187,9 +192,7 @@ impl Server {
                 Ok(Hand::Demoted)
             }
             Reply::PeerState { in_sync, .. } => {
-                if i == 0 {
-                    self.confirm(range, sent);
-                }
+                self.confirm(range, i, sent);
                 if !in_sync {
                     range.st.lock().peer_in_sync[i] = false;
                     range.bump();
@@ -220,9 +223,14 @@ impl Server {
         let gen = range.st.lock().gen;
         match e.set_copy_current(range.range, self.me(), gen, false).await {
             Ok(true) => {
-                range.st.lock().peer_in_sync[0] = false;
+                let cand = {
+                    let mut st = range.st.lock();
+                    let c = st.cand;
+                    st.peer_in_sync[c] = false;
+                    c
+                };
                 range.bump();
-                warn!(range = range.range, peer = %range.peers[0].addr,
+                warn!(range = range.range, peer = %range.peers[cand].addr,
                     "metadata copy not answering; recorded in etcd, serving without it");
             }
             Ok(false) => debug!(range = range.range, "no longer the owner in etcd"),
@@ -284,6 +292,7 @@ impl Server {
             st.peer_in_sync.fill(false);
             st.in_sync = false;
             st.candidate = false;
+            st.cand = 0;
         }
         range.store.stop_capture();
         range.bump();
@@ -356,9 +365,7 @@ impl Server {
             if let Err(e) = self.peer_call(c, &req, Bytes::from(chunk)).await {
                 break Err(e);
             }
-            if i == 0 {
-                self.confirm(range, sent);
-            }
+            self.confirm(range, i, sent);
             offset += n;
             if last {
                 break Ok(());
@@ -425,7 +432,7 @@ impl Server {
         info!(range = range.range, "stopped shipping metadata changes");
     }
 
-    /// Ships `range`'s changes to its secondary `i` (0: the candidate).
+    /// Ships `range`'s changes to its secondary `i`.
     async fn follow(
         self: Arc<Self>,
         range: Arc<Range>,
@@ -434,7 +441,8 @@ impl Server {
         base: u64,
         mut rx: mpsc::UnboundedReceiver<Captured>,
     ) {
-        let candidate = i == 0;
+        // Whether this copy is the candidate now (it can change: below).
+        let is_cand = || range.st.lock().cand == i;
         let peer_addr = range.peers[i].addr.clone();
         let beat = Duration::from_millis(u64::from(self.lease_ms / 4).max(20));
         let pause = Duration::from_millis(200);
@@ -472,7 +480,7 @@ impl Server {
                 };
                 if unclaimed {
                     // Only the candidate's task claims the range in etcd.
-                    let claimed = if candidate {
+                    let claimed = if is_cand() {
                         self.claim(&range).await
                     } else {
                         Ok(false)
@@ -511,7 +519,7 @@ impl Server {
                                 if pending.is_empty() && range.store.committed_seq() == at_peer {
                                     range.st.lock().peer_in_sync[i] = true;
                                     range.bump();
-                                    if candidate {
+                                    if is_cand() {
                                         etcd_marked = self.mark_current(&range).await;
                                     }
                                 } else {
@@ -529,17 +537,17 @@ impl Server {
                             if let Lost::Other(m) = &e {
                                 debug!(range = range.range, peer = %peer_addr, error = %m, "metadata copy unreachable");
                             }
-                            if !candidate {
+                            if !is_cand() {
                                 drop_follower(&mut pending);
                                 tokio::time::sleep(pause).await;
                                 continue;
                             }
                             if range.arbiter.is_some() {
-                                if range.st.lock().peer_in_sync[0] {
+                                if range.st.lock().peer_in_sync[i] {
                                     self.go_on_alone(&range).await;
                                 }
                                 etcd_marked = false;
-                                if !range.st.lock().peer_in_sync[0] {
+                                if !range.st.lock().peer_in_sync[i] {
                                     pending.clear();
                                 }
                                 tokio::time::sleep(pause).await;
@@ -547,14 +555,26 @@ impl Server {
                             }
                             let in_sync = {
                                 let mut st = range.st.lock();
-                                if peer_dead && st.peer_in_sync[0] {
+                                if peer_dead && st.peer_in_sync[i] {
                                     // Its process is gone, and with it any
                                     // claim that its copy is current.
-                                    st.peer_in_sync[0] = false;
+                                    st.peer_in_sync[i] = false;
                                     warn!(range = range.range, peer = %peer_addr,
                                         "metadata copy server is down; serving without it");
                                 }
-                                st.peer_in_sync[0]
+                                if peer_dead && range.peers.len() > 1 {
+                                    // A dead candidate cannot take over (its
+                                    // in-sync state died with it): the next
+                                    // copy becomes the candidate. Its lease
+                                    // counts from its first answer to a
+                                    // request sent after this; its takeover
+                                    // from its last message received, which
+                                    // is later.
+                                    st.cand = (i + 1) % range.peers.len();
+                                    warn!(range = range.range, candidate = %range.peers[st.cand].addr,
+                                        "candidate copy is down; naming the next copy candidate");
+                                }
+                                st.peer_in_sync[i]
                             };
                             range.bump();
                             if !in_sync {
@@ -575,7 +595,7 @@ impl Server {
                     Ok(seq) => {
                         need_snapshot = false;
                         at_peer = seq;
-                        if candidate {
+                        if is_cand() {
                             etcd_marked = self.mark_current(&range).await;
                         }
                         conn = Some(c);
@@ -584,7 +604,7 @@ impl Server {
                         if let Lost::Other(m) = e {
                             warn!(range = range.range, peer = %peer_addr, error = %m, "sending the metadata copy failed");
                         }
-                        if !candidate {
+                        if !is_cand() {
                             drop_follower(&mut pending);
                         }
                         tokio::time::sleep(pause).await;
@@ -602,14 +622,14 @@ impl Server {
                     _ = tokio::time::sleep(beat) => {
                         match self.handshake(&range, i, &c, lineage, at_peer).await {
                             Ok(Hand::InSync) => {
-                                if candidate && !etcd_marked && range.st.lock().peer_in_sync[0] {
+                                if is_cand() && !etcd_marked && range.st.lock().peer_in_sync[i] {
                                     etcd_marked = self.mark_current(&range).await;
                                 }
                             }
                             Ok(Hand::NeedSnapshot) => need_snapshot = true,
                             Ok(Hand::Demoted) => break,
                             Err(_) => {
-                                if !candidate {
+                                if !is_cand() {
                                     drop_follower(&mut pending);
                                 }
                                 continue;
@@ -656,9 +676,7 @@ impl Server {
             let sent = self.now_ms();
             match self.peer_call(&c, &req, Bytes::from(payload)).await {
                 Ok(_) => {
-                    if candidate {
-                        self.confirm(&range, sent);
-                    }
+                    self.confirm(&range, i, sent);
                     at_peer = last;
                     range.peers[i].acked.send_modify(|a| *a = (*a).max(last));
                     conn = Some(c);
@@ -667,7 +685,7 @@ impl Server {
                     if let Lost::Other(m) = e {
                         debug!(range = range.range, peer = %peer_addr, error = %m, "changes not applied by the copy");
                     }
-                    if !candidate {
+                    if !is_cand() {
                         drop_follower(&mut pending);
                     } else if range.arbiter.is_some() {
                         // Do not keep clients waiting for a silent copy.
@@ -937,7 +955,8 @@ impl Server {
             if due_lapse {
                 range.st.lock().lapsed = true;
                 range.bump();
-                warn!(range = range.range, peer = %range.peers[0].addr,
+                let cand = range.st.lock().cand;
+                warn!(range = range.range, peer = %range.peers[cand].addr,
                     "no answer from the metadata copy for a lease time; ownership lapsed");
                 self.lapse_all("ownership lapsed");
             }
@@ -1000,6 +1019,7 @@ impl Server {
             st.peer_in_sync.fill(false);
             st.in_sync = false;
             st.candidate = false;
+            st.cand = 0;
             st.grace_until = self.now_ms() + Millis::from(self.lease_ms);
             st.takeovers += 1;
         }
