@@ -686,3 +686,81 @@ async fn with_three_copies_a_dead_candidate_is_replaced() {
     v.wait_copy(c3, a, |x| x.primary && x.ready && x.peer_in_sync)
         .await;
 }
+
+/// A restarted primary whose candidate is dead does not name the third
+/// copy candidate: the dead candidate may have taken the range over and
+/// answered changes the third copy never saw. Here the third copy is cut
+/// off while the candidate takes over and answers a change alone, then the
+/// candidate dies: the returning first primary must not serve (it would
+/// serve without that change) until the candidate is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_primary_waits_for_a_candidate_that_may_have_taken_over() {
+    let k = 4;
+    let mut v = volume_of(k, 3).await;
+    let a = (ROOT_ID % u64::from(k)) as u32;
+    let (b, c3) = ((a + 1) % k, (a + 2) % k);
+    v.wait_copy(b, a, |x| !x.primary && x.ready && x.candidate)
+        .await;
+    v.wait_copy(c3, a, |x| !x.primary && x.ready).await;
+    let root = root(&v, a).await;
+    let f = inode(
+        call_until(
+            &v,
+            c3,
+            41,
+            &Request::CreateInode {
+                parent: ROOT_ID,
+                attr: attr(FileKind::File),
+                target: None,
+            },
+        )
+        .await,
+    );
+    let lookup = |name: &str| Request::Lookup {
+        dir: root,
+        name: name.as_bytes().to_vec(),
+    };
+    v.handle(c3).cut_peers(true);
+    v.kill(a).await;
+    call_until(
+        &v,
+        b,
+        42,
+        &Request::Link {
+            dir: root,
+            name: b"by-b".to_vec(),
+            child: f.handle(),
+            kind: FileKind::File,
+            replace: None,
+        },
+    )
+    .await;
+    v.kill(b).await;
+    v.handle(c3).cut_peers(false);
+    v.restart(a).await;
+    let until = Instant::now() + Duration::from_millis(u64::from(LEASE_MS) * 4);
+    while Instant::now() < until {
+        if let Some(c) = v.client(a, 43).await {
+            match c.call(&lookup("by-b")).await {
+                Err(e) => assert!(
+                    matches!(
+                        e.code(),
+                        ErrorCode::NotOwner | ErrorCode::Grace | ErrorCode::Unavailable
+                    ),
+                    "{e}"
+                ),
+                Ok(r) => {
+                    panic!("the returned primary serves without the candidate's change: {r:?}")
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    v.restart(b).await;
+    let got = call_until(&v, b, 44, &lookup("by-b")).await;
+    assert!(
+        matches!(&got, Reply::Entry(Some(e)) if e.child == f.handle()),
+        "{got:?}"
+    );
+    v.wait_copy(a, a, |x| !x.primary && x.ready).await;
+}

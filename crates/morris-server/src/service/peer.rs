@@ -555,6 +555,12 @@ impl Server {
                             }
                             let in_sync = {
                                 let mut st = range.st.lock();
+                                // Serving now, under this candidate's lease
+                                // (or without needing it): then the dead
+                                // candidate never took over — it would have
+                                // had to wait out that lease.
+                                let serving =
+                                    st.established && !range.ownership_ended(&st, self.now_ms());
                                 if peer_dead && st.peer_in_sync[i] {
                                     // Its process is gone, and with it any
                                     // claim that its copy is current.
@@ -562,14 +568,18 @@ impl Server {
                                     warn!(range = range.range, peer = %peer_addr,
                                         "metadata copy server is down; serving without it");
                                 }
-                                if peer_dead && range.peers.len() > 1 {
+                                if peer_dead && serving && range.peers.len() > 1 {
                                     // A dead candidate cannot take over (its
                                     // in-sync state died with it): the next
                                     // copy becomes the candidate. Its lease
                                     // counts from its first answer to a
                                     // request sent after this; its takeover
                                     // from its last message received, which
-                                    // is later.
+                                    // is later. Not while this copy is not
+                                    // serving (restarted, lapsed): the dead
+                                    // candidate may have taken the range over
+                                    // and answered changes the third copy
+                                    // never saw, so only it can say.
                                     st.cand = (i + 1) % range.peers.len();
                                     warn!(range = range.range, candidate = %range.peers[st.cand].addr,
                                         "candidate copy is down; naming the next copy candidate");
