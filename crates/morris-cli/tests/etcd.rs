@@ -1,6 +1,6 @@
 //! Metadata ownership decided by etcd (`morris server --etcd URL`): a real
 //! single-member etcd from Debian's `etcd-server`, four real servers with
-//! `--replicas 2`, a FUSE mount. What etcd adds over the two copies alone:
+//! `--replicas 2` (and 3), a FUSE mount. What etcd adds over the two copies alone:
 //! a *silent* server (here `SIGSTOP`: connected, answering nothing) stops
 //! neither the metadata range it keeps a copy of nor, after a takeover, the
 //! range it serves.
@@ -16,11 +16,11 @@ const K: u32 = 4;
 /// server 2 keeps its copy.
 const ROOT_RANGE: u32 = 1;
 
-fn cluster(etcd: &EtcdProc) -> Cluster {
+fn cluster(etcd: &EtcdProc, replicas: u8) -> Cluster {
     Cluster::start(
         K as usize,
         common::ClusterOpts {
-            replicas: 2,
+            replicas,
             server_args: vec!["--etcd".into(), etcd.url.clone()],
             ..common::ClusterOpts::default()
         },
@@ -51,8 +51,19 @@ fn write_files(dir: &std::path::Path, tag: &str, n: usize, seed: u64) -> Result<
 
 #[test]
 fn a_silent_copy_server_does_not_stop_the_range_it_copies() {
+    silent_copy(2)
+}
+
+/// With three copies the silent server is the primary's candidate; the
+/// third copy keeps following.
+#[test]
+fn with_three_copies_a_silent_candidate_does_not_stop_the_range() {
+    silent_copy(3)
+}
+
+fn silent_copy(replicas: u8) {
     let etcd = EtcdProc::start();
-    let c = cluster(&etcd);
+    let c = cluster(&etcd, replicas);
     wait_healthy(&c);
     let m = c.mount();
     write_files(&m.path, "before", 4, 70).expect("write before");
@@ -93,8 +104,17 @@ fn a_silent_copy_server_does_not_stop_the_range_it_copies() {
 
 #[test]
 fn a_silent_primary_is_taken_over_and_demoted_when_it_wakes() {
+    silent_primary(2)
+}
+
+#[test]
+fn with_three_copies_a_silent_primary_is_taken_over_by_its_candidate() {
+    silent_primary(3)
+}
+
+fn silent_primary(replicas: u8) {
     let etcd = EtcdProc::start();
-    let c = cluster(&etcd);
+    let c = cluster(&etcd, replicas);
     wait_healthy(&c);
     let m = c.mount();
     write_files(&m.path, "before", 4, 90).expect("write before");
