@@ -200,6 +200,19 @@ impl Vol {
         self.servers[i as usize] = Some(h);
     }
 
+    /// Restarts the servers `back`, which must come back as current copies
+    /// of range `range`, served by `primary` with every copy current.
+    async fn restart_as_copies(&mut self, range: u32, back: &[u32], primary: u32) {
+        for &i in back {
+            self.restart(i).await;
+        }
+        for &i in back {
+            self.wait_copy(i, range, |x| !x.primary && x.ready).await;
+        }
+        self.wait_copy(primary, range, |x| x.primary && x.ready && x.peer_in_sync)
+            .await;
+    }
+
     fn handle(&self, i: u32) -> &ServerHandle {
         self.servers[i as usize].as_ref().expect("running")
     }
@@ -353,10 +366,7 @@ async fn a_killed_primarys_range_is_served_by_its_copy_with_every_answered_chang
     // with the change made while it was away.
     v.kill(other).await;
     let got = call_until(&v, r, 15, &lookup("after")).await;
-    assert!(
-        matches!(&got, Reply::Entry(Some(e)) if e.child == f.handle()),
-        "{got:?}"
-    );
+    expect_entry(&got, &f, "");
 }
 
 /// The write lease on the root as seen by a client of one server: the
@@ -456,32 +466,25 @@ async fn a_cut_between_the_copies_never_gives_two_writers() {
         .await;
 }
 
-/// With three copies a range survives losing two of its servers one after
-/// the other: the first primary's successor takes over, brings the third
-/// copy up to date, and when it dies too the third copy takes over with
-/// every answered change. The two returning servers become copies, and the
-/// one named candidate takes over when the third server dies as well.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_copies_survive_two_lost_servers_in_turn() {
+/// A four-server volume with three copies of every metadata range, the
+/// root's range (`a`) served by `a` with `b` its candidate and `c3` the
+/// third copy, both current; with the root's handle and a file inode
+/// (created at `c3`) to name in it.
+async fn three_copies() -> (Vol, u32, u32, u32, Handle, Inode) {
     let k = 4;
-    let mut v = volume_of(k, 3).await;
+    let v = volume_of(k, 3).await;
     let a = (ROOT_ID % u64::from(k)) as u32;
     let (b, c3) = ((a + 1) % k, (a + 2) % k);
-    v.wait_copy(b, a, |x| !x.primary && x.ready).await;
-    v.wait_copy(c3, a, |x| !x.primary && x.ready).await;
-    let st = v.status(a).await.expect("status");
-    assert_eq!(
-        st.ranges.len(),
-        3,
-        "a server keeps three ranges: {:?}",
-        st.ranges
-    );
+    v.wait_copy(b, a, |x| !x.primary && x.ready && x.candidate)
+        .await;
+    v.wait_copy(c3, a, |x| !x.primary && x.ready && !x.candidate)
+        .await;
     let root = root(&v, a).await;
     let f = inode(
         call_until(
             &v,
-            b,
-            21,
+            c3,
+            20,
             &Request::CreateInode {
                 parent: ROOT_ID,
                 attr: attr(FileKind::File),
@@ -490,17 +493,53 @@ async fn three_copies_survive_two_lost_servers_in_turn() {
         )
         .await,
     );
-    let link = |name: &str| Request::Link {
-        dir: root,
+    (v, a, b, c3, root, f)
+}
+
+/// `Link` of `f` as `name` in `dir`.
+fn link_req(dir: Handle, name: &str, f: &Inode) -> Request {
+    Request::Link {
+        dir,
         name: name.as_bytes().to_vec(),
         child: f.handle(),
         kind: FileKind::File,
         replace: None,
-    };
-    let lookup = |name: &str| Request::Lookup {
-        dir: root,
+    }
+}
+
+/// Panics unless `got` is a `Lookup` answer naming `f`.
+fn expect_entry(got: &Reply, f: &Inode, what: &str) {
+    assert!(
+        matches!(got, Reply::Entry(Some(e)) if e.child == f.handle()),
+        "{what}: {got:?}"
+    );
+}
+
+/// `Lookup` of `name` in `dir`.
+fn lookup_req(dir: Handle, name: &str) -> Request {
+    Request::Lookup {
+        dir,
         name: name.as_bytes().to_vec(),
-    };
+    }
+}
+
+/// With three copies a range survives losing two of its servers one after
+/// the other: the first primary's successor takes over, brings the third
+/// copy up to date, and when it dies too the third copy takes over with
+/// every answered change. The two returning servers become copies, and the
+/// one named candidate takes over when the third server dies as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_copies_survive_two_lost_servers_in_turn() {
+    let (mut v, a, b, c3, root, f) = three_copies().await;
+    let st = v.status(a).await.expect("status");
+    assert_eq!(
+        st.ranges.len(),
+        3,
+        "a server keeps three ranges: {:?}",
+        st.ranges
+    );
+    let link = |name: &str| link_req(root, name, &f);
+    let lookup = |name: &str| lookup_req(root, name);
     let cl = v.client(a, 22).await.expect("client");
     for i in 0..20 {
         cl.call(&link(&format!("f{i}"))).await.expect("link");
@@ -522,22 +561,14 @@ async fn three_copies_survive_two_lost_servers_in_turn() {
         .chain(["after-a".into(), "after-a-2".into()])
     {
         let got = call_until(&v, c3, 25, &lookup(&name)).await;
-        assert!(
-            matches!(&got, Reply::Entry(Some(e)) if e.child == f.handle()),
-            "{name}: {got:?}"
-        );
+        expect_entry(&got, &f, &name);
     }
     v.wait_copy(c3, a, |x| x.primary && x.ready && x.gen >= 3)
         .await;
     call_until(&v, c3, 26, &link("after-b")).await;
 
     // Both come back as copies and catch up; neither serves the range.
-    v.restart(a).await;
-    v.restart(b).await;
-    v.wait_copy(a, a, |x| !x.primary && x.ready).await;
-    v.wait_copy(b, a, |x| !x.primary && x.ready).await;
-    v.wait_copy(c3, a, |x| x.primary && x.ready && x.peer_in_sync)
-        .await;
+    v.restart_as_copies(a, &[a, b], c3).await;
     for at in [a, b] {
         let cl = v.client(at, 27).await.expect("client");
         let refused = cl.call(&lookup("after-b")).await;
@@ -571,10 +602,7 @@ async fn three_copies_survive_two_lost_servers_in_turn() {
     };
     v.kill(c3).await;
     let got = call_until(&v, cand, 28, &lookup("after-b")).await;
-    assert!(
-        matches!(&got, Reply::Entry(Some(e)) if e.child == f.handle()),
-        "{got:?}"
-    );
+    expect_entry(&got, &f, "");
 }
 
 /// Only the primary's successor may take its range over: with the
@@ -584,12 +612,7 @@ async fn three_copies_survive_two_lost_servers_in_turn() {
 /// old primary becomes a copy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_three_copies_only_the_successor_takes_over() {
-    let k = 4;
-    let v = volume_of(k, 3).await;
-    let a = (ROOT_ID % u64::from(k)) as u32;
-    let (b, c3) = ((a + 1) % k, (a + 2) % k);
-    v.wait_copy(b, a, |x| !x.primary && x.ready).await;
-    v.wait_copy(c3, a, |x| !x.primary && x.ready).await;
+    let (v, a, b, c3, _, _) = three_copies().await;
     v.handle(a).cut_peers(true);
     v.handle(c3).cut_peers(true);
     v.wait_copy(b, a, |x| x.primary && x.ready && x.gen >= 2)
@@ -626,35 +649,8 @@ async fn with_three_copies_only_the_successor_takes_over() {
 /// dies too: the third copy takes over with every answered change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_three_copies_a_dead_candidate_is_replaced() {
-    let k = 4;
-    let mut v = volume_of(k, 3).await;
-    let a = (ROOT_ID % u64::from(k)) as u32;
-    let (b, c3) = ((a + 1) % k, (a + 2) % k);
-    v.wait_copy(b, a, |x| !x.primary && x.ready && x.candidate)
-        .await;
-    v.wait_copy(c3, a, |x| !x.primary && x.ready && !x.candidate)
-        .await;
-    let root = root(&v, a).await;
-    let f = inode(
-        call_until(
-            &v,
-            c3,
-            31,
-            &Request::CreateInode {
-                parent: ROOT_ID,
-                attr: attr(FileKind::File),
-                target: None,
-            },
-        )
-        .await,
-    );
-    let link = |name: &str| Request::Link {
-        dir: root,
-        name: name.as_bytes().to_vec(),
-        child: f.handle(),
-        kind: FileKind::File,
-        replace: None,
-    };
+    let (mut v, a, b, c3, root, f) = three_copies().await;
+    let link = |name: &str| link_req(root, name, &f);
     call_until(&v, a, 32, &link("before")).await;
 
     v.kill(b).await;
@@ -663,28 +659,11 @@ async fn with_three_copies_a_dead_candidate_is_replaced() {
     call_until(&v, a, 33, &link("without-b")).await;
     v.kill(a).await;
     for name in ["before", "without-b"] {
-        let got = call_until(
-            &v,
-            c3,
-            34,
-            &Request::Lookup {
-                dir: root,
-                name: name.as_bytes().to_vec(),
-            },
-        )
-        .await;
-        assert!(
-            matches!(&got, Reply::Entry(Some(e)) if e.child == f.handle()),
-            "{name}: {got:?}"
-        );
+        let got = call_until(&v, c3, 34, &lookup_req(root, name)).await;
+        expect_entry(&got, &f, name);
     }
     v.wait_copy(c3, a, |x| x.primary && x.ready).await;
-    v.restart(a).await;
-    v.restart(b).await;
-    v.wait_copy(a, a, |x| !x.primary && x.ready).await;
-    v.wait_copy(b, a, |x| !x.primary && x.ready).await;
-    v.wait_copy(c3, a, |x| x.primary && x.ready && x.peer_in_sync)
-        .await;
+    v.restart_as_copies(a, &[a, b], c3).await;
 }
 
 /// A restarted primary whose candidate is dead does not name the third
@@ -695,46 +674,11 @@ async fn with_three_copies_a_dead_candidate_is_replaced() {
 /// serve without that change) until the candidate is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_primary_waits_for_a_candidate_that_may_have_taken_over() {
-    let k = 4;
-    let mut v = volume_of(k, 3).await;
-    let a = (ROOT_ID % u64::from(k)) as u32;
-    let (b, c3) = ((a + 1) % k, (a + 2) % k);
-    v.wait_copy(b, a, |x| !x.primary && x.ready && x.candidate)
-        .await;
-    v.wait_copy(c3, a, |x| !x.primary && x.ready).await;
-    let root = root(&v, a).await;
-    let f = inode(
-        call_until(
-            &v,
-            c3,
-            41,
-            &Request::CreateInode {
-                parent: ROOT_ID,
-                attr: attr(FileKind::File),
-                target: None,
-            },
-        )
-        .await,
-    );
-    let lookup = |name: &str| Request::Lookup {
-        dir: root,
-        name: name.as_bytes().to_vec(),
-    };
+    let (mut v, a, b, c3, root, f) = three_copies().await;
+    let lookup = |name: &str| lookup_req(root, name);
     v.handle(c3).cut_peers(true);
     v.kill(a).await;
-    call_until(
-        &v,
-        b,
-        42,
-        &Request::Link {
-            dir: root,
-            name: b"by-b".to_vec(),
-            child: f.handle(),
-            kind: FileKind::File,
-            replace: None,
-        },
-    )
-    .await;
+    call_until(&v, b, 42, &link_req(root, "by-b", &f)).await;
     v.kill(b).await;
     v.handle(c3).cut_peers(false);
     v.restart(a).await;
@@ -758,9 +702,6 @@ async fn a_restarted_primary_waits_for_a_candidate_that_may_have_taken_over() {
     }
     v.restart(b).await;
     let got = call_until(&v, b, 44, &lookup("by-b")).await;
-    assert!(
-        matches!(&got, Reply::Entry(Some(e)) if e.child == f.handle()),
-        "{got:?}"
-    );
+    expect_entry(&got, &f, "");
     v.wait_copy(a, a, |x| !x.primary && x.ready).await;
 }
