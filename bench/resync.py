@@ -237,34 +237,21 @@ def one_run(a, run, base, size):
         wall_restart = time.time()
         vol.start_server(victim)
         vol.wait_port(victim)
-        timeline, first_running, peak = [], None, None
-        while True:
-            now = time.perf_counter() - t_restart
-            if now > a.timeout:
-                raise BenchError(f"RESYNC TIMEOUT: volume not healthy {a.timeout}s after restarting server "
-                                 f"{victim}; last status {json.dumps(timeline[-1:])}")
-            if vol.procs[victim].poll() is not None:
-                raise BenchError(f"restarted server {victim} exited ({vol.procs[victim].returncode}); "
-                                 f"see {vol.log_path(victim)}")
-            try:
-                st = vol.status()
-            except (BenchError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:
-                timeline.append({"t": round(now, 2), "error": str(e)})
-                time.sleep(0.5)
-                continue
+        seen = {"first_running": None}
+
+        def note(st):
             v = server_entry(st, victim)
             rs = (v.get("stats") or {}).get("resync") or {}
-            timeline.append({"t": round(now, 2), "health": st.get("health"), "state": v.get("state"),
-                             "copies": v.get("copies"), "stale_files": v.get("stale_files"), "resync": rs})
-            if rs.get("running") and first_running is None:
-                first_running = now
-            if rs.get("bytes_copied", 0) and (peak is None or rs["bytes_copied"] >= peak.get("bytes_copied", 0)):
-                peak = dict(rs)
-            if st.get("health") == "healthy":
-                t_healthy = now
-                final_rs = rs
-                break
-            time.sleep(0.5)
+            now = time.perf_counter() - t_restart
+            if rs.get("running") and seen["first_running"] is None:
+                seen["first_running"] = now
+            return {"state": v.get("state"), "copies": v.get("copies"), "stale_files": v.get("stale_files"),
+                    "resync": rs}
+
+        t_healthy, timeline, _ = vol.wait_healthy(a.timeout, f"restarting server {victim}",
+                                                   check_alive=[victim], note=note, t0=t_restart)
+        first_running = seen["first_running"]
+        final_rs = timeline[-1]["resync"]
         r["resync_time_to_healthy_s"] = t_healthy
         r["resync_first_seen_running_s"] = first_running
         r["resync_status_final"] = final_rs

@@ -207,10 +207,11 @@ class Volume:
             raise BenchError(f"status failed: {out.stderr}")
         return json.loads(out.stdout)
 
-    def wait_healthy(self, timeout, what, check_alive=(), note=None):
-        """Polls status every 0.5 s until health == healthy; returns (seconds, timeline, last status).
+    def wait_healthy(self, timeout, what, check_alive=(), note=None, t0=None):
+        """Polls status every 0.5 s until health == healthy; returns (seconds, timeline, last status),
+        seconds counted from t0 (a perf_counter value; default: now).
         note(status) -> dict of more fields for each timeline entry."""
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() if t0 is None else t0
         timeline = []
         while True:
             now = time.perf_counter() - t0
