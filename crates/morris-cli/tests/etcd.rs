@@ -49,6 +49,45 @@ fn write_files(dir: &std::path::Path, tag: &str, n: usize, seed: u64) -> Result<
     Ok(())
 }
 
+/// With server `stopped` SIGSTOPped, writes `n` files "during-i" (seeds
+/// from `seed`) through `m`; returns the volume's status taken before the
+/// server is woken. Panics, with the logs, if a write fails.
+fn write_while_stopped(
+    c: &Cluster,
+    m: &common::Mount,
+    stopped: usize,
+    n: usize,
+    seed: u64,
+) -> serde_json::Value {
+    let pid = c.pids()[stopped].expect("running");
+    common::signal(pid, libc::SIGSTOP);
+    let wrote = write_files(&m.path, "during", n, seed);
+    let s = status(c);
+    common::signal(pid, libc::SIGCONT);
+    if let Err(e) = wrote {
+        panic!(
+            "writing with server {stopped} stopped failed: {e}; mount log:\n{}\nserver logs:\n{}",
+            common::read_log(&m.log),
+            c.logs()
+        );
+    }
+    s
+}
+
+/// The `n` files written by `write_while_stopped` read back equal through
+/// a fresh mount.
+fn files_read_back(c: &Cluster, n: usize, seed: u64) {
+    let m = c.mount();
+    for i in 0..n {
+        let p = m.path.join(format!("during-{i}"));
+        assert!(
+            read_all(&p) == pattern(seed + i as u64, 0, 200_000 + i * 1000),
+            "{} differs",
+            p.display()
+        );
+    }
+}
+
 #[test]
 fn a_silent_copy_server_does_not_stop_the_range_it_copies() {
     silent_copy(2)
@@ -68,21 +107,9 @@ fn silent_copy(replicas: u8) {
     let m = c.mount();
     write_files(&m.path, "before", 4, 70).expect("write before");
     // Server 2 keeps the copy of the root's range; it goes silent.
-    let copy = (ROOT_RANGE + 1) as usize;
-    let pid = c.pids()[copy].expect("running");
-    common::signal(pid, libc::SIGSTOP);
     // Names keep being created in the root (range 1) and files written:
     // server 1 records in etcd that its copy is not current and goes on.
-    let wrote = write_files(&m.path, "during", 6, 80);
-    let s = status(&c);
-    common::signal(pid, libc::SIGCONT);
-    if let Err(e) = wrote {
-        panic!(
-            "writing with the copy server stopped failed: {e}; mount log:\n{}\nserver logs:\n{}",
-            common::read_log(&m.log),
-            c.logs()
-        );
-    }
+    let s = write_while_stopped(&c, &m, (ROOT_RANGE + 1) as usize, 6, 80);
     let served = copy_of(&s, ROOT_RANGE as usize, ROOT_RANGE);
     assert_eq!(served["primary"], true, "{s}");
     assert_eq!(served["ready"], true, "{s}");
@@ -91,15 +118,7 @@ fn silent_copy(replicas: u8) {
     // Back: the copy gets a snapshot and is recorded current again.
     wait_healthy(&c);
     fsck_clean(&c);
-    let m = c.mount();
-    for i in 0..6 {
-        let p = m.path.join(format!("during-{i}"));
-        assert!(
-            read_all(&p) == pattern(80 + i as u64, 0, 200_000 + i * 1000),
-            "{} differs",
-            p.display()
-        );
-    }
+    files_read_back(&c, 6, 80);
 }
 
 #[test]
@@ -121,18 +140,7 @@ fn silent_primary(replicas: u8) {
     // Server 1 (the root's range) goes silent: its etcd lease runs out, its
     // owner key goes, and server 2 (copy current in etcd) takes over.
     let primary = ROOT_RANGE as usize;
-    let pid = c.pids()[primary].expect("running");
-    common::signal(pid, libc::SIGSTOP);
-    let wrote = write_files(&m.path, "during", 4, 100);
-    let s = status(&c);
-    common::signal(pid, libc::SIGCONT);
-    if let Err(e) = wrote {
-        panic!(
-            "writing with the root's server stopped failed: {e}; mount log:\n{}\nserver logs:\n{}",
-            common::read_log(&m.log),
-            c.logs()
-        );
-    }
+    let s = write_while_stopped(&c, &m, primary, 4, 100);
     let taken = copy_of(&s, primary + 1, ROOT_RANGE);
     assert_eq!(taken["primary"], true, "server 2 did not take over: {s}");
     assert!(taken["gen"].as_u64().unwrap_or(0) >= 2, "{s}");
@@ -151,13 +159,5 @@ fn silent_primary(replicas: u8) {
     });
     wait_healthy(&c);
     fsck_clean(&c);
-    let m = c.mount();
-    for i in 0..4 {
-        let p = m.path.join(format!("during-{i}"));
-        assert!(
-            read_all(&p) == pattern(100 + i as u64, 0, 200_000 + i * 1000),
-            "{} differs",
-            p.display()
-        );
-    }
+    files_read_back(&c, 4, 100);
 }
