@@ -27,6 +27,21 @@ fn mount(c: &Cluster) -> common::Mount {
     common::Mount::start(live(c), &[])
 }
 
+/// Writes `data` to the existing file `f` through mount `m` in 1 MiB
+/// pieces, then fsyncs and closes it, killing server `v` after 11 MiB: the
+/// write must not fail.
+fn write_killing(c: &mut Cluster, m: &common::Mount, f: &Path, data: &[u8], v: usize) {
+    let writer = write_in_background(f, data);
+    c.kill9(v);
+    if let Err(e) = writer.join().expect("writer thread") {
+        panic!(
+            "the write to {} failed after server {v} was killed: {e}; mount log:\n{}",
+            f.display(),
+            common::read_log(&m.log)
+        );
+    }
+}
+
 /// Writes `data` to the existing file `f` in 1 MiB pieces, then fsyncs and
 /// closes it, on a thread of its own; returns once 11 MiB are written.
 fn write_in_background(f: &Path, data: &[u8]) -> std::thread::JoinHandle<std::io::Result<()>> {
@@ -144,12 +159,7 @@ fn a_copy_server_killed_during_a_long_write_is_caught_up_when_it_returns() {
     let data = pattern(51, 0, total);
 
     // The writer goes on while server v is killed a quarter of the way in.
-    let writer = write_in_background(&f, &data);
-    c.kill9(v);
-    writer
-        .join()
-        .expect("writer thread")
-        .expect("the write failed although a copy of every block was reachable");
+    write_killing(&mut c, &m, &f, &data, v);
     drop(m);
 
     // The volume knows server v missed the end of the file.
@@ -362,15 +372,8 @@ fn the_owner_of_a_files_inode_and_of_the_root_killed_during_a_long_write() {
     let f = create_owned_by(K, root_owner, &m.path, "big");
     let total = 40 * MIB;
     let data = pattern(61, 0, total);
-    let writer = write_in_background(&f, &data);
     let v = root_owner as usize;
-    c.kill9(v);
-    if let Err(e) = writer.join().expect("writer thread") {
-        panic!(
-            "the write failed after the inode's owner was killed: {e}; mount log:\n{}",
-            common::read_log(&m.log)
-        );
-    }
+    write_killing(&mut c, &m, &f, &data, v);
     // The namespace goes on without server v.
     std::fs::write(m.path.join("new"), b"created while v was down").expect("create");
     let names: Vec<String> = std::fs::read_dir(&m.path)
@@ -460,14 +463,7 @@ fn three_copies_two_servers_killed_in_turn_during_long_writes() {
     let v2 = (v1 + 1) % K as usize;
     let last = (v1 + 2) % K as usize;
 
-    let writer = write_in_background(&f, &df);
-    c.kill9(v1);
-    if let Err(e) = writer.join().expect("writer thread") {
-        panic!(
-            "first write failed after server {v1} was killed: {e}; mount log:\n{}",
-            common::read_log(&m.log)
-        );
-    }
+    write_killing(&mut c, &m, &f, &df, v1);
     // The successor serves the range and has brought the third copy up to
     // date with its own stream (generation 2 there).
     common::wait_for(
@@ -487,14 +483,7 @@ fn three_copies_two_servers_killed_in_turn_during_long_writes() {
             }
         },
     );
-    let writer = write_in_background(&g, &dg);
-    c.kill9(v2);
-    if let Err(e) = writer.join().expect("writer thread") {
-        panic!(
-            "second write failed after server {v2} was killed: {e}; mount log:\n{}",
-            common::read_log(&m.log)
-        );
-    }
+    write_killing(&mut c, &m, &g, &dg, v2);
     std::fs::write(m.path.join("new"), b"two servers down").expect("create");
     drop(m);
     let s = status(&c);
