@@ -37,7 +37,7 @@ import time
 MiB = 1 << 20
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from lib.util import drop_caches, free_port, is_mounted, parse_size  # noqa: E402
+from lib.util import drop_caches, free_port, parse_size, wait_mounted  # noqa: E402
 
 
 class Cluster:
@@ -70,14 +70,9 @@ class Cluster:
         os.makedirs(path, exist_ok=True)
         log = open(os.path.join(self.base, "mount.log"), "ab")
         p = subprocess.Popen([self.exe, "mount", self.addrs[0], path], stdout=log, stderr=log)
-        for _ in range(600):
-            if is_mounted(path):
-                self.mounts.append((path, p))
-                return path
-            if p.poll() is not None:
-                raise RuntimeError(f"mount exited with {p.returncode}; see {self.base}/mount.log")
-            time.sleep(0.05)
-        raise RuntimeError("mount did not come up")
+        wait_mounted(path, p, f"{self.base}/mount.log")
+        self.mounts.append((path, p))
+        return path
 
     def umount(self, path):
         for i, (m, p) in enumerate(self.mounts):

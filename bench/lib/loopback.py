@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-from .util import drop_caches, free_port, is_mounted
+from .util import drop_caches, free_port, is_mounted, wait_mounted
 
 
 class BenchError(Exception):
@@ -167,13 +167,7 @@ class Volume:
                              start_new_session=self.own_session)
         lf.close()
         self.mounts.append((path, p))
-        for _ in range(600):
-            if is_mounted(path):
-                return path
-            if p.poll() is not None:
-                raise BenchError(f"mount exited with {p.returncode}; see {self.mount_log}")
-            time.sleep(0.05)
-        raise BenchError("mount did not come up within 30 s")
+        return wait_mounted(path, p, self.mount_log, BenchError)
 
     def umount(self, path):
         for i, (m, p) in enumerate(self.mounts):

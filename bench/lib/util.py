@@ -6,6 +6,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import time
 
 
 def parse_size(s):
@@ -36,6 +37,18 @@ def is_mounted(path):
     path = os.path.realpath(path)
     with open("/proc/self/mountinfo") as f:
         return any(line.split()[4] == path for line in f)
+
+
+def wait_mounted(path, proc, log_path, error=RuntimeError, limit_s=30):
+    """Waits until the mount process `proc` has mounted `path`; raises
+    `error` if it exits first or `limit_s` passes."""
+    for _ in range(int(limit_s / 0.05)):
+        if is_mounted(path):
+            return path
+        if proc.poll() is not None:
+            raise error(f"mount exited with {proc.returncode}; see {log_path}")
+        time.sleep(0.05)
+    raise error(f"mount did not come up within {limit_s} s")
 
 
 def log_warnings(d, limit=40):
