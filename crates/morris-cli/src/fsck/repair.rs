@@ -52,30 +52,30 @@ impl<'a> Repairer<'a> {
         }
     }
 
-    /// The server that serves `id`'s metadata range: its home, or on a
-    /// mirrored volume the first of the range's other copies that does not
-    /// answer `NotOwner` (one of them took the range over).
-    async fn owner(&self, id: FileId) -> &Session {
+    /// Sends `req` about inode `id` to the server that serves its metadata
+    /// range (through a restart's grace): its home, or on a mirrored volume
+    /// the first of the range's other copies that does not answer
+    /// `NotOwner` (one of them took the range over). Returns that server
+    /// with its answer.
+    async fn at_owner(&self, id: FileId, req: &Request) -> (&Session, Result<Reply, RpcError>) {
         let home = self.layout.inode_server(id);
-        let holders = self.layout.meta_holders(home);
-        if holders.len() < 2 {
-            return &self.sessions[home as usize];
-        }
-        for h in &holders {
-            let s = &self.sessions[*h as usize];
-            match s.call(&Request::GetInode { ino: id }).await {
-                Err(e) if e.code() == ErrorCode::NotOwner => continue,
-                _ => return s,
+        let mut s = &self.sessions[home as usize];
+        let mut r = s.call_through_grace(req, self.grace).await;
+        for h in self.layout.meta_holders(home).into_iter().skip(1) {
+            if !matches!(&r, Err(e) if e.code() == ErrorCode::NotOwner) {
+                break;
             }
+            s = &self.sessions[h as usize];
+            r = s.call_through_grace(req, self.grace).await;
         }
-        &self.sessions[home as usize]
+        (s, r)
     }
 
     /// Reads an inode; `None` if it does not exist.
     async fn get(&self, id: FileId) -> Result<Option<Inode>> {
         let req = Request::GetInode { ino: id };
-        let s = self.owner(id).await;
-        match s.call(&req).await {
+        let (s, r) = self.at_owner(id, &req).await;
+        match r {
             Ok(Reply::Inode(i)) => Ok(Some(i)),
             Ok(other) => Err(crate::admin::unexpected(&req, &s.addr, &other)),
             Err(e) if is_gone(&e) => Ok(None),
@@ -85,8 +85,7 @@ impl<'a> Repairer<'a> {
 
     /// Sends a lease-taking request to `ino`'s owner, then gives the lease back.
     async fn leased(&self, ino: FileId, req: Request) -> Result<Reply, RpcError> {
-        let s = self.owner(ino).await;
-        let r = s.call_through_grace(&req, self.grace).await;
+        let (s, r) = self.at_owner(ino, &req).await;
         if let Err(e) = s.call(&Request::Release { ino }).await {
             warn!(ino, error = %e, "cannot release a lease");
         }
