@@ -103,8 +103,9 @@ fn connect_addr(addr: SocketAddr) -> String {
     SocketAddr::new(ip, addr.port()).to_string()
 }
 
-/// Every `RESYNC_EVERY`: catch up the copies this server missed. The client
-/// it uses is made once the volume is formatted and reachable.
+/// Every `RESYNC_EVERY`: catch up the copies this server missed, and remove
+/// old orphans of the metadata ranges it serves. The client it uses is made
+/// once the volume is formatted and reachable.
 async fn resync_loop(addr: String, status: Arc<Mutex<ResyncStatus>>) {
     let mut client: Option<Arc<Client>> = None;
     let mut me: Option<u32> = None;
@@ -143,6 +144,13 @@ async fn resync_loop(addr: String, status: Arc<Mutex<ResyncStatus>>) {
         };
         if let Err(e) = c.resync(index, &status).await {
             warn!(error = %e, "resync pass incomplete; retrying");
+        }
+        // Files whose last name went while a client had them open, or
+        // whose remover died before removing them (`reaper.rs`).
+        match c.reap_orphans(index).await {
+            Ok(0) => {}
+            Ok(n) => info!(removed = n, "reaped orphaned files"),
+            Err(e) => debug!(error = %e, "orphan reaping incomplete; retrying"),
         }
     }
 }

@@ -73,6 +73,7 @@ impl Raw {
                 rdev: 0,
             },
             target: None,
+            op: 0,
         })
         .await
     }
@@ -115,6 +116,7 @@ fn fsck_finds_and_repairs_damage_but_keeps_live_files() {
             child,
             kind: FileKind::File,
             replace: None,
+            op: 0,
         };
 
         // A healthy file with data (block 1 of an even id lives on server 1).

@@ -29,6 +29,9 @@ const MAX_CACHED_NAMES: usize = 200_000;
 /// directory between its lookup and its locking.
 const RETRIES: usize = 8;
 
+/// How long `statfs` waits for each server.
+const STATFS_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Checks a directory entry name.
 pub(crate) fn check_name(name: &[u8]) -> Result<()> {
     if name.is_empty() || name == b"." || name == b".." {
@@ -80,21 +83,35 @@ impl Client {
 
     /// Looks `name` up under a lease on the directory, using the entry cache.
     async fn entry_in(&self, g: &LeaseGuard, name: &[u8]) -> Result<Option<DirEntry>> {
-        {
-            let st = g.entry.state.lock();
-            if let Some(hit) = st.names.get(name) {
-                return Ok(hit.clone());
+        for _ in 0..RETRIES {
+            let version = {
+                let st = g.entry.state.lock();
+                if let Some(hit) = st.names.get(name) {
+                    return Ok(hit.clone());
+                }
+                if st.complete {
+                    return Ok(None);
+                }
+                st.version
+            };
+            let e = self.server_entry(g, name).await?;
+            if let Some(e) = &e {
+                self.leases.learn(e.child);
             }
-            if st.complete {
-                return Ok(None);
+            {
+                let mut st = g.entry.state.lock();
+                if st.version == version {
+                    st.names.insert(name.to_vec(), e.clone());
+                    return Ok(e);
+                }
             }
+            // This client changed the directory while the lookup was on
+            // its way: the answer may predate that change. Ask again.
         }
-        let e = self.server_entry(g, name).await?;
-        if let Some(e) = &e {
-            self.leases.learn(e.child);
-        }
-        g.entry.state.lock().names.insert(name.to_vec(), e.clone());
-        Ok(e)
+        Err(Error::new(
+            ErrorCode::Unavailable,
+            "directory keeps changing",
+        ))
     }
 
     /// The entry `name` of the directory under `g` as its server has it now
@@ -115,49 +132,13 @@ impl Client {
         }
     }
 
-    /// Sends `Link`, `Unlink` or `Rename` (moving `child`) to the directory
-    /// under `g`. When the connection is lost after sending, the outcome is
-    /// unknown: the names are looked up again once the server answers, and the
-    /// change counts as done if it is there (a retry could not tell "already
-    /// done" from "refused").
-    async fn dir_call(&self, g: &LeaseGuard, req: Request, child: Option<Handle>) -> Result<Reply> {
-        let err = match self.call_owner(g.entry.id, req.clone()).await {
-            Ok(r) => return Ok(r),
-            Err(e) if e.code == ErrorCode::Unavailable => e,
-            Err(e) => return Err(e),
-        };
-        let applied = match &req {
-            Request::Link { name, child, .. } => {
-                self.server_entry(g, name).await?.map(|e| e.child) == Some(*child)
-            }
-            Request::Unlink { name, expect, .. } => match self.server_entry(g, name).await? {
-                None => true,
-                Some(e) => expect.is_some_and(|id| e.child.id != id),
-            },
-            Request::Rename { from, to, .. } => {
-                let to_now = self.server_entry(g, to).await?.map(|e| e.child);
-                let from_now = self.server_entry(g, from).await?.map(|e| e.child);
-                to_now.is_some() && to_now == child && from_now != child
-            }
-            _ => false,
-        };
-        if !applied {
-            // It never reached the server (or was lost with it): now that the
-            // server answers again, send it once more. (Leaving the second
-            // half of a cross-directory rename undone would leave two names.)
-            tracing::info!(op = req.name(), error = %err, "not applied before the connection was lost; sending again");
-            return self.call_owner(g.entry.id, req).await;
-        }
-        tracing::info!(
-            op = req.name(),
-            "outcome settled after a lost connection: applied"
-        );
-        // The reply is lost; the lease we hold makes this answer at once.
-        let dir = inode_reply(
-            self.call_owner(g.entry.id, Request::AcquireWrite { ino: g.handle() })
-                .await?,
-        )?;
-        Ok(Reply::Removed { entry: None, dir })
+    /// Sends `Link`, `Unlink` or `Rename` to the directory under `g` with a
+    /// fresh operation id: if the connection is lost after sending, the
+    /// request is sent again with the same id, and the server, having kept
+    /// the outcome of the first, answers without applying it twice.
+    async fn dir_call(&self, g: &LeaseGuard, req: Request) -> Result<Reply> {
+        self.call_owner(g.entry.id, req.with_op(self.pool.next_op()))
+            .await
     }
 
     /// Applies the answer of `Link`/`Unlink`/`Rename` to the cached directory:
@@ -172,6 +153,7 @@ impl Client {
             return Err(unexpected(&reply));
         };
         let mut st = g.entry.state.lock();
+        st.changed();
         if dir.id == st.inode.id {
             st.inode = dir;
             st.attr_valid = true;
@@ -186,29 +168,37 @@ impl Client {
 
     /// The inode under `g`, refetched if the server changed it behind our copy.
     async fn fresh(&self, g: &LeaseGuard) -> Result<Inode> {
-        let (valid, h) = {
-            let st = g.entry.state.lock();
-            (st.attr_valid, st.inode.handle())
-        };
-        if valid {
-            return Ok(g.inode());
+        for _ in 0..RETRIES {
+            let (valid, h, version) = {
+                let st = g.entry.state.lock();
+                (st.attr_valid, st.inode.handle(), st.version)
+            };
+            if valid {
+                return Ok(g.inode());
+            }
+            // We hold the lease, so this answers at once with the current inode.
+            let req = match g.entry.mode {
+                Mode::Read => Request::AcquireRead { ino: h },
+                Mode::Write => Request::AcquireWrite { ino: h },
+            };
+            let mut inode = inode_reply(self.call_owner(g.entry.id, req).await?)?;
+            {
+                let mut st = g.entry.state.lock();
+                // A change of ours applied meanwhile is newer: ask again.
+                if st.version == version {
+                    if st.dirty {
+                        // Local size/mtime not yet stored win over the server's copy.
+                        inode.attr.size = st.inode.attr.size;
+                        inode.attr.mtime = st.inode.attr.mtime;
+                        inode.attr.ctime = st.inode.attr.ctime;
+                    }
+                    st.inode = inode.clone();
+                    st.attr_valid = true;
+                    return Ok(inode);
+                }
+            }
         }
-        // We hold the lease, so this answers at once with the current inode.
-        let req = match g.entry.mode {
-            Mode::Read => Request::AcquireRead { ino: h },
-            Mode::Write => Request::AcquireWrite { ino: h },
-        };
-        let mut inode = inode_reply(self.call_owner(g.entry.id, req).await?)?;
-        let mut st = g.entry.state.lock();
-        if st.dirty {
-            // Local size/mtime not yet stored win over the server's copy.
-            inode.attr.size = st.inode.attr.size;
-            inode.attr.mtime = st.inode.attr.mtime;
-            inode.attr.ctime = st.inode.attr.ctime;
-        }
-        st.inode = inode.clone();
-        st.attr_valid = true;
-        Ok(inode)
+        Ok(g.inode())
     }
 
     /// Attributes of `id`.
@@ -364,6 +354,7 @@ impl Client {
                 parent: dir,
                 attr,
                 target,
+                op: self.pool.next_op(),
             })
             .await?;
         self.leases.install_granted(Mode::Write, inode.clone());
@@ -376,8 +367,8 @@ impl Client {
                     child: inode.handle(),
                     kind,
                     replace: None,
+                    op: 0,
                 },
-                None,
             )
             .await;
         let reply = match linked {
@@ -389,6 +380,7 @@ impl Client {
                         inode.id,
                         Request::DeleteInode {
                             ino: inode.handle(),
+                            op: self.pool.next_op(),
                         },
                     )
                     .await;
@@ -501,6 +493,10 @@ impl Client {
         if c.attr.kind == FileKind::Dir {
             return Err(Error::new(ErrorCode::Perm, "hard link to a directory"));
         }
+        if c.attr.nlink == 0 {
+            // linkat(2) of a file whose last name is gone.
+            return Err(Error::new(ErrorCode::NotFound, "file has no name left"));
+        }
         if c.attr.nlink >= 65_000 {
             return Err(Error::new(ErrorCode::TooManyLinks, "too many links"));
         }
@@ -528,8 +524,8 @@ impl Client {
                     child,
                     kind: c.attr.kind,
                     replace: None,
+                    op: 0,
                 },
-                None,
             )
             .await;
         let reply = match r {
@@ -576,82 +572,26 @@ impl Client {
         Ok(g.inode())
     }
 
-    /// One directory entry of `child` is gone: count it down, or remove the
-    /// inode and then its data when none is left (unless open here: then at
-    /// the last close).
+    /// One directory entry of `child` is gone: count its link down at its
+    /// owner (`DropLink`). A file left with no name stays as an orphan while
+    /// any client has it open (this one first records its own open), and
+    /// is reaped a moment later, or at its last close (`reaper.rs`).
     async fn drop_link(&self, cg: &LeaseGuard) -> Result<()> {
-        let c = self.fresh(cg).await?;
-        let last = c.attr.kind == FileKind::Dir || c.attr.nlink <= 1;
-        if !last {
-            self.set_inode(
-                cg,
-                SetAttr {
-                    nlink: Some(c.attr.nlink - 1),
-                    ctime: Some(Timestamp::now()),
-                    ..SetAttr::default()
-                },
-            )
-            .await?;
-            return Ok(());
+        let id = cg.entry.id;
+        if self.opens.want_record(id) {
+            self.opens.reconcile(id).await?;
         }
-        if self.mark_orphan_if_open(c.id) {
-            self.set_inode(
-                cg,
-                SetAttr {
-                    nlink: Some(0),
-                    ctime: Some(Timestamp::now()),
-                    ..SetAttr::default()
-                },
-            )
-            .await?;
-            return Ok(());
-        }
-        self.delete_file(&c).await
-    }
-
-    /// Removes an inode and the data of its blocks (the entry is already gone).
-    /// Data goes only to the servers that hold blocks below the file's size;
-    /// anything past it (a client that died before storing its size) is
-    /// garbage that fsck reclaims.
-    pub(crate) async fn delete_file(&self, inode: &Inode) -> Result<()> {
+        let _one_at_a_time = self.leases.store_lock(id).await;
+        let req = Request::DropLink {
+            ino: cg.handle(),
+            op: self.pool.next_op(),
+        };
+        let inode = inode_reply(self.call_owner(id, req).await?)?;
+        let orphan = inode.attr.nlink == 0;
         let h = inode.handle();
-        let mut servers: Vec<u32> = Vec::new();
-        if inode.attr.kind == FileKind::File && inode.attr.size > 0 {
-            let last = self.layout.block_of(inode.attr.size - 1).0;
-            for i in 1..=last.min(u64::from(self.layout.servers)) {
-                for s in self.layout.placement(h.id, i) {
-                    if !servers.contains(&s) {
-                        servers.push(s);
-                    }
-                }
-            }
-        }
-        // Servers that miss the delete keep the blocks until their resync
-        // removes them (NoteLeftover below); nobody waits for them here.
-        let data = futures::future::join_all(servers.into_iter().map(|s| async move {
-            (
-                s,
-                self.call_bounded(s, Request::DeleteData { id: h.id }, Bytes::new())
-                    .await,
-            )
-        }));
-        let (gone, data) =
-            futures::join!(self.call_owner(h.id, Request::DeleteInode { ino: h }), data);
-        match gone {
-            Ok(_) => {}
-            // A retry after a lost reply finds it already gone.
-            Err(e) if e.code == ErrorCode::Stale => {}
-            Err(e) => return Err(e),
-        }
-        self.leases.forget(h.id);
-        for (server, r) in data {
-            if let Err(e) = r {
-                tracing::warn!(id = h.id, server, error = %e, "could not delete data; leaving it to that server's resync");
-                let note = Request::NoteLeftover { id: h.id, server };
-                if let Err(e) = self.call_owner(h.id, note).await {
-                    tracing::warn!(id = h.id, server, error = %e, "could not record leftover data (fsck reports it)");
-                }
-            }
+        self.leases.refreshed(&cg.entry, inode);
+        if orphan {
+            self.schedule_reap(h);
         }
         Ok(())
     }
@@ -725,8 +665,8 @@ impl Client {
                         dir: dh,
                         name: name.to_vec(),
                         expect: Some(e.child.id),
+                        op: 0,
                     },
-                    None,
                 )
                 .await?;
             Self::dir_changed(dg, reply, name, None)?;
@@ -839,8 +779,8 @@ impl Client {
                             from: sname.to_vec(),
                             to: dname.to_vec(),
                             replace,
+                            op: 0,
                         },
-                        Some(s.child),
                     )
                     .await?;
                 Self::dir_changed(sg, reply, dname, Some(moved))?;
@@ -856,8 +796,8 @@ impl Client {
                             child: s.child,
                             kind: s.kind,
                             replace,
+                            op: 0,
                         },
-                        None,
                     )
                     .await?;
                 Self::dir_changed(dg, reply, dname, Some(moved))?;
@@ -868,8 +808,8 @@ impl Client {
                             dir: sh,
                             name: sname.to_vec(),
                             expect: Some(s.child.id),
+                            op: 0,
                         },
-                        None,
                     )
                     .await?;
                 Self::dir_changed(sg, reply, sname, None)?;
@@ -989,6 +929,7 @@ impl Client {
         max: u32,
     ) -> Result<(Vec<DirEntry>, bool)> {
         let g = self.dir_guard(dir, Mode::Read).await?;
+        let version = g.entry.state.lock().version;
         let r = self
             .call_owner(
                 g.entry.id,
@@ -1002,7 +943,16 @@ impl Client {
         let Reply::Entries { entries, eof } = r else {
             return Err(unexpected(&r));
         };
+        for e in &entries {
+            self.leases.learn(e.child);
+        }
         let mut st = g.entry.state.lock();
+        if st.version != version {
+            // This client changed the directory while the page was on its
+            // way: the page may predate that change, so it is not cached.
+            st.listed_upto = None;
+            return Ok((entries, eof));
+        }
         // A listing that runs from cookie 0 to the end under this one lease
         // has seen every name: the cache becomes complete.
         let contiguous = cookie == 0 || st.listed_upto == Some(cookie);
@@ -1024,29 +974,54 @@ impl Client {
                 st.complete = true;
             }
         }
-        for e in &entries {
-            self.leases.learn(e.child);
-        }
+        drop(st);
         Ok((entries, eof))
     }
 
+    /// Capacity summed over the servers that answer within [`STATFS_WAIT`];
+    /// servers that do not (down, cut off) are left out rather than waited
+    /// for: `df` must not hang on one lost server (`morris status` names
+    /// it). Fails only when none answers.
     pub(crate) async fn do_statfs(&self) -> Result<FsStat> {
-        let calls = (0..self.layout.servers).map(|s| self.call(s, Request::Statfs));
+        let calls = (0..self.layout.servers).map(|s| async move {
+            match tokio::time::timeout(
+                STATFS_WAIT,
+                self.pool.call_once(s, Request::Statfs, Bytes::new()),
+            )
+            .await
+            {
+                Ok(r) => r.map(|(reply, _)| reply),
+                Err(_) => Err(Error::new(
+                    ErrorCode::Unavailable,
+                    format!("server {s} did not answer statfs in time"),
+                )),
+            }
+        });
         let mut st = FsStat {
             total: 0,
             free: 0,
             files: 0,
             block_size: self.layout.unit,
         };
+        let mut answered = 0;
+        let mut last_err = None;
         for r in futures::future::join_all(calls).await {
-            match r? {
-                Reply::Statfs { total, free, files } => {
+            match r {
+                Ok(Reply::Statfs { total, free, files }) => {
                     st.total += total;
                     st.free += free;
                     st.files += files;
+                    answered += 1;
                 }
-                other => return Err(unexpected(&other)),
+                Ok(other) => last_err = Some(unexpected(&other)),
+                Err(e) => last_err = Some(e),
             }
+        }
+        if answered == 0 {
+            return Err(last_err.unwrap_or_else(|| Error::new(ErrorCode::Unavailable, "no server")));
+        }
+        if let Some(e) = last_err {
+            tracing::debug!(answered, error = %e, "statfs without every server");
         }
         Ok(st)
     }

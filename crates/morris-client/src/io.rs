@@ -147,7 +147,7 @@ impl Client {
 
     pub(crate) async fn do_open(&self, id: FileId, write: bool, truncate: bool) -> Result<u64> {
         let h = self.leases.handle(id)?;
-        let empty = {
+        let (empty, record) = {
             let g = self
                 .leases
                 .get(h, if write { Mode::Write } else { Mode::Read })
@@ -155,6 +155,10 @@ impl Client {
             if g.inode().attr.kind == FileKind::Dir && write {
                 return Err(Error::new(ErrorCode::IsDir, "open a directory for writing"));
             }
+            // Counted while the lease is in use, so a recall of it (another
+            // client about to remove the last name) sees this open.
+            let orphan = g.inode().attr.nlink == 0;
+            let record = self.opens.open(h, orphan);
             let mut st = g.entry.state.lock();
             let empty = st.inode.attr.size == 0;
             if empty && truncate && write {
@@ -166,18 +170,31 @@ impl Client {
                 st.inode.attr.ctime = now;
                 self.leases.local_change(id, &mut st);
             }
-            empty
+            (empty, record)
         };
+        if record {
+            // Opened through a name that was just removed: the owner must
+            // know it is open before anything is read (or it may go).
+            if let Err(e) = self.opens.reconcile(id).await {
+                self.opens.close(id);
+                return Err(e);
+            }
+        }
         if truncate && write && !empty {
-            self.do_setattr(
-                id,
-                morris_proto::SetAttr {
-                    size: Some(0),
-                    ..Default::default()
-                },
-                &crate::Caller::root(),
-            )
-            .await?;
+            let r = self
+                .do_setattr(
+                    id,
+                    morris_proto::SetAttr {
+                        size: Some(0),
+                        ..Default::default()
+                    },
+                    &crate::Caller::root(),
+                )
+                .await;
+            if let Err(e) = r {
+                self.forget_open(h).await;
+                return Err(e);
+            }
         }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.files.lock().insert(
@@ -191,8 +208,30 @@ impl Client {
                 ra: tokio::sync::Mutex::new(ReadAhead::default()),
             }),
         );
-        *self.opens.lock().entry(id).or_default() += 1;
         Ok(fh)
+    }
+
+    /// Counts an open of `h` down; at the last close here, forgets its
+    /// record at the owner and reaps it if it has no name left.
+    async fn forget_open(&self, h: Handle) {
+        let closed = self.opens.close(h.id);
+        if !closed.last {
+            return;
+        }
+        if closed.recorded {
+            if let Err(e) = self.opens.reconcile(h.id).await {
+                tracing::warn!(id = h.id, error = %e, "could not forget an open record; it lapses with this client");
+            }
+        }
+        let orphan = self
+            .leases
+            .cached_inode(h.id)
+            .is_some_and(|i| i.attr.nlink == 0);
+        if orphan || closed.recorded {
+            // Someone removed its last name while it was open (the record
+            // was kept for that), or this client did.
+            self.schedule_reap(h);
+        }
     }
 
     pub(crate) async fn do_read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes> {
@@ -361,7 +400,7 @@ impl Client {
             return Err(Error::new(ErrorCode::Invalid, "file not open for writing"));
         }
         let len = data.len() as u64;
-        let end = offset
+        offset
             .checked_add(len)
             .filter(|e| *e <= MAX_FILE_SIZE)
             .ok_or_else(|| Error::new(ErrorCode::FileTooBig, "write past the largest file size"))?;
@@ -369,6 +408,85 @@ impl Client {
             return Ok(0);
         }
         let g = self.leases.get(f.h, Mode::Write).await?;
+        self.write_or_reap(&f, &g, offset, data).await
+    }
+
+    /// Writes under a held write lease use; a server out of space first
+    /// gets the room of the files this client removed and has not reaped
+    /// yet (`rm big; write` on a full volume must work), then the write
+    /// is tried once more.
+    async fn write_or_reap(
+        &self,
+        f: &OpenFile,
+        g: &crate::leases::LeaseGuard,
+        offset: u64,
+        data: Bytes,
+    ) -> Result<u32> {
+        match self.write_under(f, g, offset, data.clone()).await {
+            Err(e) if e.code == ErrorCode::NoSpace && !self.reaps.lock().is_empty() => {
+                tracing::debug!(id = f.id, "out of space: removing orphans first");
+                self.reap_pending().await;
+                self.write_under(f, g, offset, data).await
+            }
+            r => r,
+        }
+    }
+
+    /// Writes `data` at the end of the file as this client's write lease
+    /// shows it (`O_APPEND`): the offset the kernel computed from its own
+    /// cached size may be stale when another mount appended meanwhile, so
+    /// it is not used. Appends of one inode here go one at a time, and the
+    /// lease is held from reading the size to growing it, so no other
+    /// client can write between. Returns where the data went.
+    pub(crate) async fn do_append(&self, fh: u64, data: Bytes, expected: u64) -> Result<u64> {
+        let f = self.open_file(fh)?;
+        if !f.write {
+            return Err(Error::new(ErrorCode::Invalid, "file not open for writing"));
+        }
+        let _one = self.appending[(f.id as usize) % self.appending.len()]
+            .lock()
+            .await;
+        let g = self.leases.get(f.h, Mode::Write).await?;
+        let offset = g.entry.state.lock().inode.attr.size;
+        if offset
+            .checked_add(data.len() as u64)
+            .is_none_or(|e| e > MAX_FILE_SIZE)
+        {
+            return Err(Error::new(
+                ErrorCode::FileTooBig,
+                "append past the largest file size",
+            ));
+        }
+        tracing::debug!(
+            id = f.id,
+            offset,
+            len = data.len(),
+            expected,
+            lease = g.entry.generation,
+            "append"
+        );
+        if !data.is_empty() {
+            self.write_or_reap(&f, &g, offset, data).await?;
+        }
+        if offset != expected {
+            // The kernel placed it elsewhere in its own view of the file.
+            if let Some(inv) = self.leases.invalidator() {
+                inv.inode(f.id);
+            }
+        }
+        Ok(offset)
+    }
+
+    /// Writes under a held write lease use and grows the cached size.
+    async fn write_under(
+        &self,
+        f: &OpenFile,
+        g: &crate::leases::LeaseGuard,
+        offset: u64,
+        data: Bytes,
+    ) -> Result<u32> {
+        let len = data.len() as u64;
+        let end = offset + len;
         let unit = u64::from(self.layout.unit);
         let mut pieces = Vec::new();
         let mut pos = offset;
@@ -388,7 +506,7 @@ impl Client {
         if self.layout.replicas > 1 {
             // Every current copy before the write is answered; a lost copy
             // server is recorded as stale (copies.rs).
-            self.write_copies(&g, f.id, pieces).await?;
+            self.write_copies(g, f.id, pieces).await?;
         } else {
             let calls = pieces.into_iter().map(|(index, within, piece)| {
                 self.pool.call(
@@ -464,38 +582,10 @@ impl Client {
     pub(crate) async fn do_release(&self, fh: u64) -> Result<()> {
         let flushed = self.do_flush(fh).await;
         let f = self.files.lock().remove(&fh);
-        let Some(f) = f else {
-            return flushed;
-        };
-        let orphan = {
-            let mut opens = self.opens.lock();
-            let n = opens.entry(f.id).or_default();
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                opens.remove(&f.id);
-                self.orphans.lock().remove(&f.id)
-            } else {
-                false
-            }
-        };
-        if orphan {
-            // The last name went while it was open: delete it now.
-            if let Ok(g) = self.leases.get(f.h, Mode::Write).await {
-                let inode = g.inode();
-                drop(g);
-                self.delete_file(&inode).await?;
-            }
+        if let Some(f) = f {
+            self.forget_open(f.h).await;
         }
         flushed
-    }
-
-    /// If `id` is open here, remember to delete it at the last close.
-    pub(crate) fn mark_orphan_if_open(&self, id: FileId) -> bool {
-        let open = self.opens.lock().get(&id).is_some_and(|n| *n > 0);
-        if open {
-            self.orphans.lock().insert(id);
-        }
-        open
     }
 }
 

@@ -21,6 +21,7 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::{OwnedRwLockReadGuard, RwLock as AsyncRwLock};
 use tracing::{debug, warn};
 
+use crate::opens::Opens;
 use crate::pool::{unexpected, Pool};
 use crate::{Error, Invalidator, Result};
 
@@ -49,8 +50,21 @@ pub(crate) struct EntryState {
     pub listed_upto: Option<u64>,
     /// Bumped by every local write, so read-ahead data fetched before it is dropped.
     pub local_writes: u64,
+    /// Bumped whenever this client applies a change to the state (an
+    /// answer to its own Link/Unlink/Rename/SetAttr, a local write). An
+    /// answer to a read sent before (Lookup, ReadDir, a refetch of the
+    /// inode) may describe the state before that change, so it is cached
+    /// only if the version is still the one it was sent under.
+    pub version: u64,
     recalled: bool,
     released: bool,
+}
+
+impl EntryState {
+    /// Records that a change was applied (see `version`).
+    pub fn changed(&mut self) {
+        self.version = self.version.wrapping_add(1);
+    }
 }
 
 /// One cached lease.
@@ -117,6 +131,8 @@ struct Unstored {
 /// The lease cache of one client.
 pub(crate) struct Leases {
     pool: Arc<Pool>,
+    /// Files open here: their records must outlive a lost or given-up lease.
+    opens: Arc<Opens>,
     layout: Layout,
     map: Mutex<HashMap<FileId, Arc<LeaseEntry>>>,
     /// Generation numbers of every file handed out, to rebuild handles by id.
@@ -139,9 +155,15 @@ pub(crate) struct Leases {
 }
 
 impl Leases {
-    pub(crate) fn new(pool: Arc<Pool>, layout: Layout, max_cached: usize) -> Arc<Self> {
+    pub(crate) fn new(
+        pool: Arc<Pool>,
+        opens: Arc<Opens>,
+        layout: Layout,
+        max_cached: usize,
+    ) -> Arc<Self> {
         Arc::new(Leases {
             pool,
+            opens,
             layout,
             map: Mutex::new(HashMap::new()),
             gens: Mutex::new(HashMap::new()),
@@ -195,6 +217,7 @@ impl Leases {
     /// dirty until a write-back that saw this change succeeds.
     pub(crate) fn local_change(&self, id: FileId, st: &mut EntryState) {
         st.dirty = true;
+        st.changed();
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         self.unstored.lock().insert(
             id,
@@ -227,6 +250,7 @@ impl Leases {
         let keep = st.inode.attr.clone();
         st.inode = inode;
         st.attr_valid = true;
+        st.changed();
         if now.is_some() && now != seq {
             st.inode.attr.size = keep.size;
             st.inode.attr.mtime = keep.mtime;
@@ -236,6 +260,21 @@ impl Leases {
             unstored.remove(&entry.id);
             st.dirty = false;
         }
+    }
+
+    /// Takes an inode the owner sent back after a change that did not store
+    /// this client's size and times (e.g. `DropLink`): local changes not
+    /// yet stored stay.
+    pub(crate) fn refreshed(&self, entry: &LeaseEntry, mut inode: Inode) {
+        let mut st = entry.state.lock();
+        if st.dirty {
+            inode.attr.size = st.inode.attr.size;
+            inode.attr.mtime = st.inode.attr.mtime;
+            inode.attr.ctime = st.inode.attr.ctime;
+        }
+        st.inode = inode;
+        st.attr_valid = true;
+        st.changed();
     }
 
     /// The handle of a file id handed out before.
@@ -341,7 +380,9 @@ impl Leases {
         let epoch_before = self.pool.epoch(guess);
         *self.inflight.lock().entry(h.id).or_insert(0) += 1;
         let res = self.pool.call_range(range, req, Bytes::new()).await;
-        {
+        // The acquire counts as in flight until its grant is installed: a
+        // recall handled in between must see one or the other (`on_recall`).
+        let (entry, old, recalled) = {
             let mut inflight = self.inflight.lock();
             if let Some(n) = inflight.get_mut(&h.id) {
                 *n -= 1;
@@ -349,17 +390,25 @@ impl Leases {
                     inflight.remove(&h.id);
                 }
             }
-        }
-        let (owner, reply, _) = res?;
-        let Reply::Inode(inode) = reply else {
-            return Err(unexpected(&reply));
+            let (owner, reply, _) = res?;
+            let Reply::Inode(inode) = reply else {
+                return Err(unexpected(&reply));
+            };
+            let epoch = self.pool.epoch(owner);
+            if owner == guess && epoch_before != 0 && epoch != epoch_before {
+                debug!(ino = h.id, "owner restarted during acquire");
+            }
+            let recalled = self.recall_seq.lock().get(&h.id).copied().unwrap_or(0) != seq_before;
+            let (entry, old) = self.install(owner, epoch, want, inode, recalled);
+            debug!(
+                ino = h.id,
+                ?want,
+                lease = entry.generation,
+                recalled,
+                "granted"
+            );
+            (entry, old, recalled)
         };
-        let epoch = self.pool.epoch(owner);
-        if owner == guess && epoch_before != 0 && epoch != epoch_before {
-            debug!(ino = h.id, "owner restarted during acquire");
-        }
-        let recalled = self.recall_seq.lock().get(&h.id).copied().unwrap_or(0) != seq_before;
-        let (entry, old) = self.install(owner, epoch, want, inode, recalled);
         if let Some(old) = old {
             // Upgrading from read (or replacing an expired entry): whatever was
             // cached under the old lease may be stale now.
@@ -414,6 +463,7 @@ impl Leases {
                 complete: false,
                 listed_upto: None,
                 local_writes: 0,
+                version: 0,
                 recalled,
                 released: false,
             }),
@@ -463,17 +513,29 @@ impl Leases {
     /// Handles a recall pushed by server `from`.
     pub(crate) fn on_recall(self: &Arc<Self>, from: u32, ino: FileId, want: LeaseMode) {
         self.recalls.fetch_add(1, Ordering::Relaxed);
+        // Held while looking: an acquire installs its grant under it.
+        let inflight = self.inflight.lock();
+        let acquiring = inflight.contains_key(&ino);
         *self.recall_seq.lock().entry(ino).or_insert(0) += 1;
         let entry = self.map.lock().get(&ino).cloned();
-        debug!(ino, server = from, ?want, "recall");
+        drop(inflight);
+        debug!(ino, server = from, ?want, acquiring, "recall");
         let Some(entry) = entry else {
             // Not cached. If no acquire of it is in flight, the server still
             // counts a lease we gave up locally (e.g. it expired on our side
             // first): give it back now rather than make the other client wait.
-            if !self.inflight.lock().contains_key(&ino) {
-                let pool = self.pool.clone();
+            if !acquiring {
+                let me = self.clone();
                 tokio::spawn(async move {
-                    let _ = pool
+                    // Not while an acquire of it is on its way (the server
+                    // might grant that first and then take it back for this
+                    // Release); and not at all once one has been granted.
+                    let _serial = me.acquiring[(ino as usize) % ACQUIRE_SHARDS].lock().await;
+                    if me.map.lock().contains_key(&ino) {
+                        return;
+                    }
+                    let _ = me
+                        .pool
                         .call(from, Request::Release { ino }, Bytes::new())
                         .await;
                 });
@@ -484,11 +546,24 @@ impl Leases {
             return;
         }
         entry.state.lock().recalled = true;
+        // With an acquire on its way, the cached entry is a read lease being
+        // upgraded: the server dropped it when the AcquireWrite arrived, and
+        // the recall is for it or for the grant on its way (which
+        // `recall_seq` marks as recalled at once). A Release for the old
+        // entry could reach the server after the new grant and give *that*
+        // back while this client still relies on it; so none is sent.
+        let release = !acquiring;
         let me = self.clone();
-        tokio::spawn(async move { me.process_recall(entry).await });
+        tokio::spawn(async move { me.give_back(entry, release).await });
     }
 
     async fn process_recall(self: Arc<Self>, entry: Arc<LeaseEntry>) {
+        self.give_back(entry, true).await
+    }
+
+    /// Stops using a recalled lease, writes back, records open files,
+    /// drops caches, and (if `release`) tells the server.
+    async fn give_back(self: Arc<Self>, entry: Arc<LeaseEntry>, release: bool) {
         let uses = entry.uses.clone();
         let _all = uses.write().await;
         if entry.state.lock().released {
@@ -498,22 +573,40 @@ impl Leases {
         if let Err(e) = self.write_back(&entry).await {
             warn!(ino = entry.id, error = %e, "could not write back inode on recall");
         }
-        self.discard(&entry);
-        // One try, bounded: an owner that is down or cut off needs no
-        // Release (the lease expires there), and waiting out its reconnect
-        // window would hold up an unmount by two lease times.
-        let release = self.pool.call_once(
-            entry.owner,
-            Request::Release { ino: entry.id },
-            Bytes::new(),
-        );
-        match tokio::time::timeout(self.pool.lease() / 2, release).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => {
-                debug!(ino = entry.id, error = %e, "release failed; the lease will expire")
+        // Whoever recalled it may remove its last name: an open file must
+        // outlive that, so the owner learns it is open here first.
+        if self.opens.want_record(entry.id) {
+            if let Err(e) = self.opens.reconcile(entry.id).await {
+                warn!(ino = entry.id, error = %e, "could not record an open file at its owner");
             }
-            Err(_) => debug!(ino = entry.id, "release unanswered; the lease will expire"),
         }
+        // Nothing may use it from here on; but it stays in the map, marked
+        // recalled, until the Release is answered: a new acquire of the
+        // inode waits for that (`wait_gone`). The server runs the requests
+        // of a connection concurrently, so an AcquireWrite sent while the
+        // Release is on its way could be granted first (as a lease already
+        // held) and then given back by the Release — leaving this client
+        // sure of a write lease that another client is granted too.
+        entry.state.lock().released = true;
+        self.drop_caches(&entry);
+        if release {
+            // One try, bounded: an owner that is down or cut off needs no
+            // Release (the lease expires there), and waiting out its
+            // reconnect window would hold up an unmount by two lease times.
+            let call = self.pool.call_once(
+                entry.owner,
+                Request::Release { ino: entry.id },
+                Bytes::new(),
+            );
+            match tokio::time::timeout(self.pool.lease() / 2, call).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    debug!(ino = entry.id, error = %e, "release failed; the lease will expire")
+                }
+                Err(_) => debug!(ino = entry.id, "release unanswered; the lease will expire"),
+            }
+        }
+        self.discard(&entry);
         entry.gone.send_replace(true);
     }
 
@@ -603,6 +696,20 @@ impl Leases {
                 "lease expired here; dropping its caches"
             );
             self.discard(&e);
+            self.record_if_open(e.id);
+        }
+    }
+
+    /// After a lease was lost without a recall: if the file is open here,
+    /// records that at its owner, so that it is kept while open.
+    fn record_if_open(&self, id: FileId) {
+        if self.opens.want_record(id) {
+            let opens = self.opens.clone();
+            tokio::spawn(async move {
+                if let Err(e) = opens.reconcile(id).await {
+                    warn!(ino = id, error = %e, "could not record an open file at its owner");
+                }
+            });
         }
     }
 
@@ -617,6 +724,7 @@ impl Leases {
             .collect();
         for e in victims {
             self.discard(&e);
+            self.record_if_open(e.id);
         }
     }
 

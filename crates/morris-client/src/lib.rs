@@ -8,20 +8,26 @@
 //! * `leases`: the client's lease cache and recall handling;
 //! * `fs`: namespace operations and their write ordering;
 //! * `io`: reads with readahead, writes, flush, fsync;
+//! * `opens`: files open here, and their records at their owners;
+//! * `reaper`: removing files whose last name is gone once nobody has them open;
 //! * `perm`: POSIX permission checks for front ends that need them.
 
 mod copies;
 mod fs;
 mod io;
 mod leases;
+mod opens;
 pub mod perm;
 mod pool;
+mod reaper;
 mod replicas;
 mod resync;
 
+pub use reaper::ORPHAN_AGE;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 
 use bytes::Bytes;
 use morris_proto::layout::Layout;
@@ -155,8 +161,14 @@ pub struct Client {
     pub(crate) config: ClientConfig,
     pub(crate) files: Mutex<HashMap<u64, Arc<io::OpenFile>>>,
     pub(crate) next_fh: AtomicU64,
-    pub(crate) opens: Mutex<HashMap<FileId, usize>>,
-    pub(crate) orphans: Mutex<HashSet<FileId>>,
+    /// Files open here and their open records (`opens.rs`).
+    pub(crate) opens: Arc<opens::Opens>,
+    /// Orphans waiting for their reap (`reaper.rs`).
+    pub(crate) reaps: Mutex<HashSet<Handle>>,
+    /// This client, for the tasks it starts.
+    pub(crate) me: OnceLock<Weak<Client>>,
+    /// One append at a time per inode (sharded).
+    pub(crate) appending: Vec<tokio::sync::Mutex<()>>,
     pub(crate) next_server: AtomicU32,
     /// Per-server data load seen by this client (choice among copies).
     pub(crate) loads: Arc<replicas::Loads>,
@@ -181,7 +193,13 @@ impl Client {
             desc.stripe_unit,
             u32::from(desc.replicas),
         );
-        let leases = leases::Leases::new(pool.clone(), layout, config.max_cached_leases);
+        let opens = opens::Opens::new(pool.clone(), layout);
+        let leases = leases::Leases::new(
+            pool.clone(),
+            opens.clone(),
+            layout,
+            config.max_cached_leases,
+        );
         let weak = Arc::downgrade(&leases);
         pool.set_epoch_hook(Box::new(move |i| {
             if let Some(l) = weak.upgrade() {
@@ -196,12 +214,15 @@ impl Client {
             config,
             files: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
-            opens: Mutex::new(HashMap::new()),
-            orphans: Mutex::new(HashSet::new()),
+            opens,
+            reaps: Mutex::new(HashSet::new()),
+            me: OnceLock::new(),
+            appending: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
             next_server: AtomicU32::new(rand::random::<u32>()),
             loads: Arc::new(replicas::Loads::new(layout.servers)),
             tasks: Mutex::new(Vec::new()),
         });
+        let _ = client.me.set(Arc::downgrade(&client));
         let weak = Arc::downgrade(&leases);
         let pushes = tokio::spawn(async move {
             while let Some((from, push)) = push_rx.recv().await {
@@ -407,6 +428,14 @@ impl Client {
         self.do_write(fh, offset, data).await
     }
 
+    /// Appends `data` at the end of the file as the volume has it now
+    /// (`O_APPEND`), whatever offset the caller computed (`expected`, the
+    /// kernel's idea of the end, which may be stale); returns the offset
+    /// it went to. Two clients appending at once never overwrite each other.
+    pub async fn append(&self, fh: u64, data: Bytes, expected: u64) -> Result<u64> {
+        self.do_append(fh, data, expected).await
+    }
+
     /// Stores this open file's size and times at the inode's owner (close).
     /// When it returns, the data survives `kill -9` of every server.
     pub async fn flush(&self, fh: u64) -> Result<()> {
@@ -437,12 +466,15 @@ impl Client {
         }
     }
 
-    /// Writes back everything and releases all leases.
+    /// Writes back everything, releases all leases, forgets this client's
+    /// open records and removes the orphans it was waiting to remove.
     pub async fn shutdown(&self) {
         for e in self.leases.dirty_entries() {
             let _ = self.leases.write_back(&e).await;
         }
         self.leases.release_all().await;
+        self.opens.close_all().await;
+        self.reap_pending().await;
         for t in self.tasks.lock().drain(..) {
             t.abort();
         }

@@ -84,12 +84,22 @@ struct Slot {
     /// When a copy request to this server last failed for want of an
     /// answer (ns since the pool started; 0: not since it last answered).
     down_since: AtomicU64,
+    /// When connecting to this server was first refused since it last
+    /// answered (ns since the pool started; 0: it answers).
+    refused_since: AtomicU64,
 }
 
 /// How long copy requests to a server that just failed to answer fail at
 /// once, without trying (`Pool::recently_down`): one cut-off server costs
 /// the writes of each new file one timeout per this period, not one each.
 const DOWN_HOLD: Duration = Duration::from_secs(10);
+
+/// How long block requests wait for a server that refuses connections (a
+/// restart takes about this long); once it has refused for longer, they
+/// fail at once — with one copy there is nothing else to read — until it
+/// answers again. Metadata requests wait longer: their range may be taken
+/// over by a copy (`meta_window`).
+const REFUSED_GRACE: Duration = Duration::from_secs(2);
 
 /// Called with a server index whose lease table was lost (new epoch).
 pub(crate) type EpochHook = Box<dyn Fn(u32) + Send + Sync>;
@@ -114,6 +124,11 @@ pub(crate) struct Pool {
     /// How long a metadata request keeps looking for its range's server:
     /// long enough for a takeover (ownership lease, margin, grace).
     meta_window: Duration,
+    /// The next operation id (exactly-once requests).
+    next_op: AtomicU64,
+    /// Renew every server, connected or not: this client keeps open
+    /// records, which count only while it is heard from (`opens.rs`).
+    keep_all: std::sync::atomic::AtomicBool,
 }
 
 /// Asks a server for its descriptor without joining the volume (admin hello).
@@ -151,33 +166,33 @@ pub(crate) fn unexpected(r: &Reply) -> Error {
 }
 
 /// Requests that may be sent again after a lost connection without changing
-/// their effect (`CreateInode` at worst leaves an unnamed inode for fsck;
-/// `DeleteInode` answers `Stale` the second time). Link, Unlink and Rename
-/// are not: the caller settles their outcome by looking the names up.
+/// their effect: those that read, those that set absolute values, and those
+/// that carry an operation id, which the server runs at most once
+/// (`morris_proto::messages`, "Exactly once").
 fn retryable(req: &Request) -> bool {
-    matches!(
-        req,
-        Request::Renew
-            | Request::CreateInode { .. }
-            | Request::DeleteInode { .. }
-            | Request::Statfs
-            | Request::Status
-            | Request::AcquireRead { .. }
-            | Request::AcquireWrite { .. }
-            | Request::Release { .. }
-            | Request::GetInode { .. }
-            | Request::Lookup { .. }
-            | Request::ReadDir { .. }
-            | Request::Read { .. }
-            | Request::Write { .. }
-            | Request::Truncate { .. }
-            | Request::DeleteData { .. }
-            | Request::Sync { .. }
-            | Request::SetAttr { .. }
-            | Request::MarkStale { .. }
-            | Request::NoteLeftover { .. }
-            | Request::ScanStale { .. }
-    )
+    req.op() != 0
+        || matches!(
+            req,
+            Request::Renew
+                | Request::Statfs
+                | Request::Status
+                | Request::AcquireRead { .. }
+                | Request::AcquireWrite { .. }
+                | Request::Release { .. }
+                | Request::GetInode { .. }
+                | Request::Lookup { .. }
+                | Request::ReadDir { .. }
+                | Request::Read { .. }
+                | Request::Write { .. }
+                | Request::Truncate { .. }
+                | Request::DeleteData { .. }
+                | Request::Sync { .. }
+                | Request::SetAttr { .. }
+                | Request::MarkStale { .. }
+                | Request::NoteLeftover { .. }
+                | Request::ScanStale { .. }
+                | Request::ScanOrphans { .. }
+        )
 }
 
 impl Pool {
@@ -204,6 +219,7 @@ impl Pool {
                     last_ok: AtomicU64::new(0),
                     renewing: std::sync::atomic::AtomicBool::new(false),
                     down_since: AtomicU64::new(0),
+                    refused_since: AtomicU64::new(0),
                 })
                 .collect(),
             lease,
@@ -220,7 +236,19 @@ impl Pool {
             .meta_copies(),
             route: (0..desc.servers.len() as u32).map(AtomicU32::new).collect(),
             meta_window: lease * 4 + Duration::from_secs(5),
+            next_op: AtomicU64::new(1),
+            keep_all: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// A fresh operation id for a request the server must run at most once.
+    pub(crate) fn next_op(&self) -> u64 {
+        self.next_op.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Whether the renewal task keeps every server renewed (see `keep_all`).
+    pub(crate) fn keep_all(&self, on: bool) {
+        self.keep_all.store(on, Ordering::Relaxed);
     }
 
     pub(crate) fn set_epoch_hook(&self, hook: EpochHook) {
@@ -354,6 +382,7 @@ impl Pool {
             }
         }
         slot.last_ok.fetch_max(sent, Ordering::SeqCst);
+        slot.refused_since.store(0, Ordering::Relaxed);
         debug!(server = i, addr = %slot.addr, ?lane, "connected");
         *link.current.write() = Some(c.clone());
         Ok(c)
@@ -376,6 +405,10 @@ impl Pool {
             let conn = match self.conn(i, &req).await {
                 Ok(c) => c,
                 Err(e) => {
+                    if Lane::of(&req) == Lane::Data && self.refused_for(i, &e) > REFUSED_GRACE {
+                        debug!(server = i, op = req.name(), "server down: failing at once");
+                        return Err(e);
+                    }
                     // Nothing was sent: any request may wait for the server.
                     if Instant::now() < deadline {
                         tokio::time::sleep(backoff).await;
@@ -543,7 +576,29 @@ impl Pool {
         if let Some(s) = self.slots.get(i as usize) {
             s.last_ok.fetch_max(sent, Ordering::SeqCst);
             s.down_since.store(0, Ordering::Relaxed);
+            s.refused_since.store(0, Ordering::Relaxed);
         }
+    }
+
+    /// How long server `i` has been refusing connections, given that a
+    /// connection attempt just failed with `e` (zero unless it was refused).
+    fn refused_for(&self, i: u32, e: &Error) -> Duration {
+        let Some(s) = self.slots.get(i as usize) else {
+            return Duration::ZERO;
+        };
+        if e.code != ErrorCode::Unavailable {
+            return Duration::ZERO;
+        }
+        let now = self.now_ns().max(1);
+        let since =
+            match s
+                .refused_since
+                .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => now,
+                Err(t) => t,
+            };
+        Duration::from_nanos(now.saturating_sub(since))
     }
 
     /// Records that a copy request to server `i` got no answer.
@@ -567,8 +622,9 @@ impl Pool {
     /// quarter of the lease (each in its own task). Run periodically.
     pub(crate) fn renew_quiet(self: &Arc<Self>) {
         let quarter = (self.lease / 4).as_nanos() as u64;
+        let all = self.keep_all.load(Ordering::Relaxed);
         for (i, s) in self.slots.iter().enumerate() {
-            let alive = s.control.open().is_some();
+            let alive = all || s.control.open().is_some();
             let quiet = self
                 .now_ns()
                 .saturating_sub(s.last_ok.load(Ordering::SeqCst))

@@ -19,9 +19,10 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags,
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
+    ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
 };
 use morris_client::{Caller, Client, Error, ErrorCode, FileId, FileKind, Inode, Timestamp};
 use morris_proto::MAX_NAME_LEN;
@@ -135,6 +136,19 @@ fn bytes(name: &OsStr) -> Vec<u8> {
 /// Whether an open with `flags` may write.
 fn writes(flags: i32) -> bool {
     OpenFlags(flags).acc_mode() != OpenAccMode::O_RDONLY
+}
+
+/// How the kernel should treat an open file. Writes through an `O_APPEND`
+/// descriptor bypass the page cache (`FOPEN_DIRECT_IO`): the client puts
+/// them at the end of the file as the volume has it, which another mount
+/// may have moved since the kernel last looked, so the kernel's copy of
+/// the pages it thinks it wrote would be wrong.
+fn open_flags(flags: i32) -> FopenFlags {
+    if writes(flags) && flags & libc::O_APPEND != 0 {
+        FopenFlags::FOPEN_DIRECT_IO
+    } else {
+        FopenFlags::empty()
+    }
 }
 
 /// `statfs` numbers: `(blocks, free blocks, files, free files, block size)`.
@@ -412,9 +426,10 @@ impl Filesystem for MorrisFs {
         // Present because FUSE_ATOMIC_O_TRUNC was negotiated; without it the
         // kernel truncates with a setattr before the open.
         let truncate = flags.0 & libc::O_TRUNC != 0;
+        let how = open_flags(flags.0);
         self.spawn(move |s| async move {
             match s.client.open(ino.0, write, truncate).await {
-                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Ok(fh) => reply.opened(FileHandle(fh), how),
                 Err(e) => reply.error(fail("open", ino.0, &e)),
             }
         });
@@ -447,14 +462,24 @@ impl Filesystem for MorrisFs {
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         // The request buffer is reused by the FUSE thread as soon as we return.
         let data = Bytes::copy_from_slice(data);
+        let len = data.len() as u32;
+        // The kernel computed `offset` for O_APPEND from its cached size,
+        // which another mount's appends may have made stale: the client
+        // appends at the end the volume has now.
+        let append = flags.0 & libc::O_APPEND != 0;
         self.spawn(move |s| async move {
-            match s.client.write(fh.0, offset, data).await {
+            let res = if append {
+                s.client.append(fh.0, data, offset).await.map(|_| len)
+            } else {
+                s.client.write(fh.0, offset, data).await
+            };
+            match res {
                 Ok(n) => reply.written(n),
                 Err(e) => reply.error(fail("write", ino.0, &e)),
             }
@@ -518,9 +543,15 @@ impl Filesystem for MorrisFs {
         });
     }
 
-    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        // Listings are stateless (see `dirents`): no directory handle.
-        reply.opened(FileHandle(0), FopenFlags::empty());
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // Listings are stateless (see `dirents`); the handle only keeps the
+        // directory open, so it outlives an rmdir or a rename over it.
+        self.spawn(move |s| async move {
+            match s.client.open(ino.0, false, false).await {
+                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Err(e) => reply.error(fail("opendir", ino.0, &e)),
+            }
+        });
     }
 
     fn readdir(
@@ -556,12 +587,17 @@ impl Filesystem for MorrisFs {
     fn releasedir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
+        ino: INodeNo,
+        fh: FileHandle,
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        self.spawn(move |s| async move {
+            match s.client.release(fh.0).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(fail("releasedir", ino.0, &e)),
+            }
+        });
     }
 
     fn fsyncdir(
@@ -651,7 +687,7 @@ impl Filesystem for MorrisFs {
                 Ok(fh) => {
                     let attr = file_attr(&inode, s.blksize);
                     let gen = Generation(u64::from(inode.gen));
-                    reply.created(&s.ttl, &attr, gen, FileHandle(fh), FopenFlags::empty());
+                    reply.created(&s.ttl, &attr, gen, FileHandle(fh), open_flags(flags));
                 }
                 Err(e) => reply.error(fail("create", parent.0, &e)),
             }
@@ -708,6 +744,23 @@ impl Filesystem for MorrisFs {
         reply.error(Errno::ENOSYS);
     }
 
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        // What a local file system answers for ioctls it does not know
+        // (e.g. the TCGETS of every isatty() on a regular file), quietly:
+        // fuser's default logs a warning for each one.
+        reply.error(Errno::ENOTTY);
+    }
+
     fn lseek(
         &self,
         _req: &Request,
@@ -742,6 +795,23 @@ impl Filesystem for MorrisFs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn appending_descriptors_bypass_the_page_cache() {
+        assert_eq!(
+            open_flags(libc::O_WRONLY | libc::O_APPEND),
+            FopenFlags::FOPEN_DIRECT_IO
+        );
+        assert_eq!(
+            open_flags(libc::O_RDWR | libc::O_APPEND | libc::O_CREAT),
+            FopenFlags::FOPEN_DIRECT_IO
+        );
+        assert_eq!(open_flags(libc::O_WRONLY), FopenFlags::empty());
+        assert_eq!(
+            open_flags(libc::O_RDONLY | libc::O_APPEND),
+            FopenFlags::empty()
+        );
+    }
 
     #[test]
     fn write_access_modes() {

@@ -31,6 +31,18 @@
 //! requests (`Read`, `Write`, `Truncate`, `DeleteData`, `Sync`) take none:
 //! the stripe servers trust clients to hold the inode's lease at its owner.
 //!
+//! # Exactly once
+//!
+//! Requests whose repetition would not be harmless (`CreateInode`,
+//! `DeleteInode`, `Link`, `Unlink`, `Rename`, `DropLink`, `SetOpen`, `Reap`)
+//! carry an operation id `op`, unique per client id (a counter). The server
+//! stores the outcome of a successful one under (client id, op) in the same
+//! transaction as its change, in the metadata range's store (so it survives
+//! `kill -9` and travels to the range's copies); the same (client id, op)
+//! again — a client resending after a lost connection, a restart or a
+//! takeover — gets the stored outcome and changes nothing. Outcomes are kept
+//! ten minutes, far longer than any client resends. `op = 0` opts out.
+//!
 //! # Ordering (crash consistency)
 //!
 //! Every metadata request is committed to the server's store before it is
@@ -118,6 +130,8 @@ pub enum Request {
         attr: Attr,
         /// Symlink target.
         target: Option<Vec<u8>>,
+        /// Operation id (see "Exactly once" above; 0: none).
+        op: u64,
     },
     /// Changes attributes; takes the write lease implicitly. ctime becomes now
     /// unless given. [`Reply::Inode`].
@@ -133,6 +147,8 @@ pub enum Request {
     DeleteInode {
         /// The inode.
         ino: Handle,
+        /// Operation id (0: none).
+        op: u64,
     },
     /// Looks a name up in a directory; takes the read lease on the directory
     /// implicitly. [`Reply::Entry`] (`None` when absent).
@@ -168,6 +184,8 @@ pub enum Request {
         kind: FileKind,
         /// Id of an existing entry's child that may be replaced.
         replace: Option<FileId>,
+        /// Operation id (0: none).
+        op: u64,
     },
     /// Removes `name` from `dir` (if `expect` is given, only if it names that
     /// child, else `NotFound`), updating mtime/ctime/size/nlink; write lease
@@ -179,6 +197,8 @@ pub enum Request {
         name: Vec<u8>,
         /// The child the entry must name.
         expect: Option<FileId>,
+        /// Operation id (0: none).
+        op: u64,
     },
     /// Renames within one directory atomically; `to` may exist only if it names
     /// `replace`. Write lease implicit. [`Reply::Removed`] with the replaced entry.
@@ -191,6 +211,8 @@ pub enum Request {
         to: Vec<u8>,
         /// Id of the existing `to` entry's child that may be replaced.
         replace: Option<FileId>,
+        /// Operation id (0: none).
+        op: u64,
     },
     /// Reads `len` bytes at `offset` inside block `index` (>= 1) of file `id`.
     /// Answered by [`Reply::Data`] with the bytes as payload; the payload is
@@ -366,6 +388,83 @@ pub enum Request {
         /// This is the final piece.
         last: bool,
     },
+    /// Drops one link of `ino` after the caller removed an entry naming it;
+    /// takes the write lease implicitly. `nlink` goes down by one (a
+    /// directory's to 0). At 0 the inode becomes an **orphan**: unnamed,
+    /// kept while any live client has it open ([`Request::SetOpen`]), until
+    /// [`Request::Reap`] removes it. [`Reply::Inode`] after the change.
+    DropLink {
+        /// The inode.
+        ino: Handle,
+        /// Operation id (0: none).
+        op: u64,
+    },
+    /// Records (`open: true`) or forgets that the calling client has `ino`
+    /// open, so that an orphan stays while it is open anywhere. A record
+    /// lives as long as its client keeps talking to this server (a client
+    /// silent for a lease time loses it, as it loses its leases). No lease.
+    /// `Stale` if the inode is gone. [`Reply::Ok`].
+    SetOpen {
+        /// The inode.
+        ino: Handle,
+        /// Open (record it) or closed (forget it).
+        open: bool,
+        /// Operation id (0: none).
+        op: u64,
+    },
+    /// Removes `ino` if it is an orphan (nlink 0) that no live client has
+    /// open; a directory must be empty. No lease. [`Reply::Reaped`] with the
+    /// removed inode, whose data blocks the caller then deletes
+    /// (`DeleteData`), or `None` if it stays (named again, or open).
+    Reap {
+        /// The inode.
+        ino: Handle,
+        /// Operation id (0: none).
+        op: u64,
+    },
+    /// Lists the orphans kept here with id > `after`, ascending, at most
+    /// `max`, over every range this server serves. No lease.
+    /// [`Reply::Orphans`].
+    ScanOrphans {
+        /// Continue after this id.
+        after: FileId,
+        /// Most to return.
+        max: u32,
+    },
+}
+
+impl Request {
+    /// The operation id of a request that carries one (0: none).
+    pub fn op(&self) -> u64 {
+        match self {
+            Request::CreateInode { op, .. }
+            | Request::DeleteInode { op, .. }
+            | Request::Link { op, .. }
+            | Request::Unlink { op, .. }
+            | Request::Rename { op, .. }
+            | Request::DropLink { op, .. }
+            | Request::SetOpen { op, .. }
+            | Request::Reap { op, .. } => *op,
+            _ => 0,
+        }
+    }
+
+    /// Sets the operation id of a request that carries one; others are
+    /// returned unchanged.
+    pub fn with_op(mut self, id: u64) -> Request {
+        match &mut self {
+            Request::CreateInode { op, .. }
+            | Request::DeleteInode { op, .. }
+            | Request::Link { op, .. }
+            | Request::Unlink { op, .. }
+            | Request::Rename { op, .. }
+            | Request::DropLink { op, .. }
+            | Request::SetOpen { op, .. }
+            | Request::Reap { op, .. } => *op = id,
+            _ => {}
+        }
+        self
+    }
 }
 
 impl Request {
@@ -404,6 +503,10 @@ impl Request {
             Request::PeerSync { .. } => "PeerSync",
             Request::Replicate { .. } => "Replicate",
             Request::SnapshotChunk { .. } => "SnapshotChunk",
+            Request::DropLink { .. } => "DropLink",
+            Request::SetOpen { .. } => "SetOpen",
+            Request::Reap { .. } => "Reap",
+            Request::ScanOrphans { .. } => "ScanOrphans",
         }
     }
 }
@@ -483,6 +586,21 @@ pub enum Reply {
         /// The receiver's copy is exactly at the sender's (`lineage`, `seq`).
         in_sync: bool,
     },
+    /// Answer to [`Request::Reap`]: the removed inode, or `None` if it stays.
+    Reaped(Option<Inode>),
+    /// Answer to [`Request::ScanOrphans`].
+    Orphans(Vec<Orphan>),
+}
+
+/// An orphan: an inode whose last name is gone, kept while a client has it open.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Orphan {
+    /// The inode.
+    pub inode: Inode,
+    /// Seconds since it lost its last name (by this server's clock).
+    pub age_secs: u64,
+    /// A live client has it open now.
+    pub open: bool,
 }
 
 /// A message the server sends unasked.

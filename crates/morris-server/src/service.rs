@@ -24,12 +24,13 @@ use crate::blocks::MAX_REPLICAS;
 use crate::leases::{Acquired, ClientId, Effects, LeaseTable, Millis, Recall, Ticket};
 use crate::load::{IoKind, Load};
 use crate::ranges::{Range, Ranges, Role};
-use crate::store::{check_name, check_new_name, FormatOutcome, Formatted, Store};
+use crate::store::{check_name, check_new_name, FormatOutcome, Formatted, OpKey, Store};
 
+mod orphans;
 mod peer;
 
 /// Every request name, in a fixed order, for the per-request counters.
-const OPS: [&str; 32] = [
+const OPS: [&str; 36] = [
     "Hello",
     "Format",
     "Status",
@@ -62,6 +63,10 @@ const OPS: [&str; 32] = [
     "PeerSync",
     "Replicate",
     "SnapshotChunk",
+    "DropLink",
+    "SetOpen",
+    "Reap",
+    "ScanOrphans",
 ];
 
 /// Who is on the other end of a connection, after its `Hello`.
@@ -104,6 +109,9 @@ pub(crate) struct Server {
     started: Instant,
     leases: Mutex<LeaseState>,
     sessions: Mutex<Sessions>,
+    /// When each (non-admin) client was last heard from: whether its open
+    /// records still count (`orphans.rs`).
+    seen: Mutex<HashMap<ClientId, Millis>>,
     requests: AtomicU64,
     by_op: [AtomicU64; OPS.len()],
     /// Block I/O in flight and its service times (`Status`).
@@ -167,6 +175,10 @@ fn takes_lease(req: &Request) -> bool {
             | Request::Link { .. }
             | Request::Unlink { .. }
             | Request::Rename { .. }
+            | Request::DropLink { .. }
+            // Not a lease, but its judgement of which clients are alive
+            // needs them to have renewed since this server (or range) started.
+            | Request::Reap { .. }
     )
 }
 
@@ -177,7 +189,10 @@ fn subject(req: &Request) -> Option<FileId> {
         | Request::AcquireWrite { ino }
         | Request::SetAttr { ino, .. }
         | Request::MarkStale { ino, .. }
-        | Request::DeleteInode { ino } => Some(ino.id),
+        | Request::DeleteInode { ino, .. }
+        | Request::DropLink { ino, .. }
+        | Request::SetOpen { ino, .. }
+        | Request::Reap { ino, .. } => Some(ino.id),
         Request::NoteLeftover { id, .. } | Request::ResyncAdvance { id, .. } => Some(*id),
         Request::Release { ino } | Request::GetInode { ino } => Some(*ino),
         Request::CreateInode { parent, .. } => Some(*parent),
@@ -237,6 +252,7 @@ impl Server {
                 waiters: HashMap::new(),
             }),
             sessions: Mutex::new(Sessions::default()),
+            seen: Mutex::new(HashMap::new()),
             requests: AtomicU64::new(0),
             by_op: std::array::from_fn(|_| AtomicU64::new(0)),
             load: Load::default(),
@@ -582,6 +598,7 @@ impl Server {
         let now = self.now_ms();
         if !admin {
             self.leases.lock().table.touch(client, now);
+            self.seen.lock().insert(client, now);
         }
         let Some(vol) = self.store.formatted() else {
             return plain(Err(err(
@@ -677,7 +694,9 @@ impl Server {
             s.by_conn.insert(conn.id, (session, Arc::downgrade(conn)));
         }
         if volume.is_some() {
-            self.leases.lock().table.touch(client_id, self.now_ms());
+            let now = self.now_ms();
+            self.leases.lock().table.touch(client_id, now);
+            self.seen.lock().insert(client_id, now);
         }
         Ok(Reply::Hello {
             index: formatted.as_ref().map(|f| f.index),
@@ -785,7 +804,8 @@ impl Server {
         match &req {
             Request::ScanInodes { .. }
             | Request::ScanEntries { .. }
-            | Request::ScanStale { .. } => {
+            | Request::ScanStale { .. }
+            | Request::ScanOrphans { .. } => {
                 return self.scan_ranges(&ranges, req).await;
             }
             Request::Release { ino } => {
@@ -811,7 +831,10 @@ impl Server {
             | Request::ReadDir { .. }
             | Request::Link { .. }
             | Request::Unlink { .. }
-            | Request::Rename { .. } => match subject(&req) {
+            | Request::Rename { .. }
+            | Request::DropLink { .. }
+            | Request::SetOpen { .. }
+            | Request::Reap { .. } => match subject(&req) {
                 Some(id) => Some(ranges.serving_id(id, now)?.clone()),
                 None => None,
             },
@@ -828,6 +851,9 @@ impl Server {
                 | Request::Link { .. }
                 | Request::Unlink { .. }
                 | Request::Rename { .. }
+                | Request::DropLink { .. }
+                | Request::SetOpen { .. }
+                | Request::Reap { .. }
         );
         let Some(range) = range else {
             return self
@@ -861,6 +887,7 @@ impl Server {
     /// `ScanInodes`, `ScanEntries`, `ScanStale` over every range this
     /// server serves, merged in key order (`merge_pages`).
     async fn scan_ranges(&self, ranges: &Ranges, req: Request) -> Result<Reply, WireError> {
+        let live = self.liveness();
         let stores: Vec<Arc<Store>> = ranges
             .serving(self.now_ms())
             .into_iter()
@@ -895,6 +922,13 @@ impl Server {
                     .map(|s| s.scan_stale(server, after, max))
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok(Reply::Stale(merge_pages(pages, |(id, _, _)| *id, max)))
+            }
+            Request::ScanOrphans { after, max } => {
+                let pages = stores
+                    .iter()
+                    .map(|s| s.scan_orphans(after, max, &live))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(Reply::Orphans(merge_pages(pages, |o| o.inode.id, max)))
             }
             _ => Err(err(ErrorCode::Protocol, "not a scan")),
         })
@@ -938,10 +972,13 @@ impl Server {
                 parent,
                 attr,
                 target,
+                op,
             } => {
                 let gen = random_gen();
-                let inode =
-                    metadata(move || store.create_inode(parent, &attr, target.as_deref(), gen))?;
+                let op = OpKey::new(client, op);
+                let inode = metadata(move || {
+                    store.create_inode(parent, &attr, target.as_deref(), gen, op)
+                })?;
                 // A fresh id: nobody else can hold or wait for it.
                 self.lease(client, conn_id, inode.id, LeaseMode::Write)
                     .await?;
@@ -983,10 +1020,11 @@ impl Server {
                 blocking(move || store.resync_advance(id, server, seq, upto)).await?;
                 Ok(Reply::Ok)
             }
-            Request::DeleteInode { ino } => {
+            Request::DeleteInode { ino, op } => {
                 Self::check_owner(vol, ino.id)?;
+                let op = OpKey::new(client, op);
                 self.leased(client, conn_id, ino, LeaseMode::Write, move || {
-                    store.delete_inode(ino)
+                    store.delete_inode(ino, op)
                 })
                 .await?;
                 // The inode is gone; so is any lease on it.
@@ -1016,20 +1054,28 @@ impl Server {
                 child,
                 kind,
                 replace,
+                op,
             } => {
                 Self::check_owner(vol, dir.id)?;
                 check_new_name(&name)?;
+                let op = OpKey::new(client, op);
                 self.leased(client, conn_id, dir, LeaseMode::Write, move || {
-                    store.link(dir, &name, child, kind, replace)
+                    store.link(dir, &name, child, kind, replace, op)
                 })
                 .await
                 .map(|(entry, dir)| Reply::Removed { entry, dir })
             }
-            Request::Unlink { dir, name, expect } => {
+            Request::Unlink {
+                dir,
+                name,
+                expect,
+                op,
+            } => {
                 Self::check_owner(vol, dir.id)?;
                 check_name(&name)?;
+                let op = OpKey::new(client, op);
                 self.leased(client, conn_id, dir, LeaseMode::Write, move || {
-                    store.unlink(dir, &name, expect)
+                    store.unlink(dir, &name, expect, op)
                 })
                 .await
                 .map(|(entry, dir)| Reply::Removed { entry, dir })
@@ -1039,12 +1085,14 @@ impl Server {
                 from,
                 to,
                 replace,
+                op,
             } => {
                 Self::check_owner(vol, dir.id)?;
                 check_name(&from)?;
                 check_new_name(&to)?;
+                let op = OpKey::new(client, op);
                 self.leased(client, conn_id, dir, LeaseMode::Write, move || {
-                    store.rename(dir, &from, &to, replace)
+                    store.rename(dir, &from, &to, replace, op)
                 })
                 .await
                 .map(|(entry, dir)| Reply::Removed { entry, dir })
@@ -1141,6 +1189,15 @@ impl Server {
                 })
                 .await
                 .map(Reply::DataFiles)
+            }
+            Request::DropLink { .. } | Request::SetOpen { .. } | Request::Reap { .. } => {
+                self.orphan_op(vol, store, client, conn_id, req).await
+            }
+            Request::ScanOrphans { after, max } => {
+                let live = self.liveness();
+                blocking(move || store.scan_orphans(after, max, &live))
+                    .await
+                    .map(Reply::Orphans)
             }
             Request::Hello { .. }
             | Request::Format { .. }

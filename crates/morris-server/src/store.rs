@@ -17,7 +17,14 @@
 //! * `data_files`: the ids of files whose extent file exists on this server
 //!   (recorded before the file is created);
 //! * `stale_copies`: (file id, server) → lowest stale block, seq: the copies
-//!   another server missed while it was away (mirrored volumes; `stale.rs`).
+//!   another server missed while it was away (mirrored volumes; `stale.rs`);
+//! * `replies`: outcomes of operations with an id, for exactly-once
+//!   repeats (`once.rs`);
+//! * `orphans`, `opens`: inodes with no name left and who has them open
+//!   (`orphans.rs`).
+//!
+//! Entry cookies are a hash of the name (`cookies.rs`), so a name keeps its
+//! place in listings however often it is replaced or re-created.
 //!
 //! Every method is synchronous and may block on the disk: call it from a
 //! blocking thread. Writes go through one connection; reads use a small pool.
@@ -73,7 +80,21 @@ CREATE TABLE IF NOT EXISTS stale_copies (
     PRIMARY KEY (id, server)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS stale_by_server ON stale_copies (server, id);
-PRAGMA user_version = 1;
+CREATE TABLE IF NOT EXISTS replies (
+    client INTEGER NOT NULL,
+    op INTEGER NOT NULL,
+    at INTEGER NOT NULL,
+    outcome BLOB NOT NULL,
+    PRIMARY KEY (client, op)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS replies_by_age ON replies (at);
+CREATE TABLE IF NOT EXISTS orphans (ino INTEGER PRIMARY KEY, since INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS opens (
+    ino INTEGER NOT NULL,
+    client INTEGER NOT NULL,
+    PRIMARY KEY (ino, client)
+) WITHOUT ROWID;
+PRAGMA user_version = 2;
 ";
 
 /// A failure opening the store.
@@ -312,6 +333,8 @@ pub struct Store {
     data_files: AtomicU64,
     /// Change capture for mirroring (`replica.rs`).
     capture: replica::Capture,
+    /// Outcomes stored since start (`once.rs` prunes every so many).
+    ops_stored: AtomicU64,
 }
 
 impl Store {
@@ -381,6 +404,7 @@ impl Store {
             entries: AtomicU64::new(entries),
             data_files: AtomicU64::new(data_files),
             capture: replica::Capture::default(),
+            ops_stored: AtomicU64::new(0),
         })
     }
 
@@ -554,6 +578,7 @@ impl Store {
         attr: &Attr,
         target: Option<&[u8]>,
         gen: u32,
+        op: Option<OpKey>,
     ) -> Result<Inode, WireError> {
         let (layout, index) = self.layout_and_index()?;
         let mut attr = attr.clone();
@@ -594,7 +619,7 @@ impl Store {
         }
         let is_dir = attr.kind == FileKind::Dir;
         attr.nlink = if is_dir { 2 } else { 1 };
-        let inode = self.write_txn(|tx| {
+        let (inode, replayed) = self.write_txn_once(op, |tx| {
             let counter: i64 = tx
                 .query_row("SELECT counter FROM volume WHERE one = 1", [], |r| r.get(0))
                 .map_err(db_err)?;
@@ -623,7 +648,9 @@ impl Store {
             .map_err(db_err)?;
             Ok(inode)
         })?;
-        self.inodes.fetch_add(1, Ordering::Relaxed);
+        if !replayed {
+            self.inodes.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(inode)
     }
 
@@ -695,14 +722,14 @@ impl Store {
     }
 
     /// Removes the inode `h` names; a directory must be empty.
-    pub fn delete_inode(&self, h: Handle) -> Result<(), WireError> {
+    pub fn delete_inode(&self, h: Handle, op: Option<OpKey>) -> Result<(), WireError> {
         if h.id == ROOT_ID {
             return Err(WireError::new(
                 ErrorCode::Invalid,
                 "the root directory cannot be deleted",
             ));
         }
-        self.write_txn(|tx| {
+        let ((), replayed) = self.write_txn_once(op, |tx| {
             let ino = check_handle(h, load_inode(tx, h.id)?)?;
             if ino.attr.kind == FileKind::Dir {
                 let any: Option<i64> = tx
@@ -716,11 +743,18 @@ impl Store {
                     ));
                 }
             }
-            tx.execute("DELETE FROM inodes WHERE id = ?1", params![sql_id(h.id)])
-                .map_err(db_err)?;
+            for sql in [
+                "DELETE FROM inodes WHERE id = ?1",
+                "DELETE FROM orphans WHERE ino = ?1",
+                "DELETE FROM opens WHERE ino = ?1",
+            ] {
+                tx.execute(sql, params![sql_id(h.id)]).map_err(db_err)?;
+            }
             Ok(())
         })?;
-        self.inodes.fetch_sub(1, Ordering::Relaxed);
+        if !replayed {
+            self.inodes.fetch_sub(1, Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -787,6 +821,7 @@ impl Store {
         child: Handle,
         kind: FileKind,
         replace: Option<FileId>,
+        op: Option<OpKey>,
     ) -> Result<(Option<DirEntry>, Inode), WireError> {
         check_new_name(name)?;
         if child.id == 0 {
@@ -795,7 +830,7 @@ impl Store {
                 "file id 0 is not a file",
             ));
         }
-        let removed = self.write_txn(|tx| {
+        let (removed, replayed) = self.write_txn_once(op, |tx| {
             let mut d = load_dir_row(tx, dir)?;
             let existing = find_entry(tx, dir.id, name)?;
             if let Some(e) = &existing {
@@ -805,24 +840,11 @@ impl Store {
                         format!("{} exists", String::from_utf8_lossy(name)),
                     ));
                 }
-                delete_entry(tx, dir.id, name)?;
+                // Replaced in place: the name keeps its cookie.
+                cookies::repoint(tx, dir.id, name, child, kind)?;
+            } else {
+                cookies::insert(tx, dir.id, name, child, kind)?;
             }
-            let cookie = d.next_cookie;
-            tx.prepare_cached(
-                "INSERT INTO entries (dir, name, cookie, child, gen, kind)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )
-            .and_then(|mut s| {
-                s.execute(params![
-                    sql_id(dir.id),
-                    name,
-                    cookie as i64,
-                    sql_id(child.id),
-                    i64::from(child.gen),
-                    kind_code(kind)
-                ])
-            })
-            .map_err(db_err)?;
             let a = &mut d.inode.attr;
             if existing.is_none() {
                 a.size = a.size.saturating_add(1);
@@ -837,11 +859,10 @@ impl Store {
             a.nlink = u32::try_from(nlink.max(0))
                 .map_err(|_| WireError::new(ErrorCode::TooManyLinks, "too many subdirectories"))?;
             touch_dir(a);
-            d.next_cookie = cookie.saturating_add(1);
             store_dir_row(tx, &d)?;
             Ok((existing, d.inode))
         })?;
-        if removed.0.is_none() {
+        if removed.0.is_none() && !replayed {
             self.entries.fetch_add(1, Ordering::Relaxed);
         }
         Ok(removed)
@@ -853,9 +874,10 @@ impl Store {
         dir: Handle,
         name: &[u8],
         expect: Option<FileId>,
+        op: Option<OpKey>,
     ) -> Result<(Option<DirEntry>, Inode), WireError> {
         check_name(name)?;
-        let removed = self.write_txn(|tx| {
+        let (removed, replayed) = self.write_txn_once(op, |tx| {
             let mut d = load_dir_row(tx, dir)?;
             let not_found = || {
                 WireError::new(
@@ -884,7 +906,9 @@ impl Store {
             store_dir_row(tx, &d)?;
             Ok((e, d.inode))
         })?;
-        self.entries.fetch_sub(1, Ordering::Relaxed);
+        if !replayed {
+            self.entries.fetch_sub(1, Ordering::Relaxed);
+        }
         Ok((Some(removed.0), removed.1))
     }
 
@@ -896,10 +920,11 @@ impl Store {
         from: &[u8],
         to: &[u8],
         replace: Option<FileId>,
+        op: Option<OpKey>,
     ) -> Result<(Option<DirEntry>, Inode), WireError> {
         check_name(from)?;
         check_new_name(to)?;
-        let removed = self.write_txn(|tx| {
+        let (removed, replayed) = self.write_txn_once(op, |tx| {
             let mut d = load_dir_row(tx, dir)?;
             let src = find_entry(tx, dir.id, from)?.ok_or_else(|| {
                 WireError::new(
@@ -922,11 +947,15 @@ impl Store {
                         format!("{} exists", String::from_utf8_lossy(to)),
                     ));
                 }
-                delete_entry(tx, dir.id, to)?;
             }
-            tx.prepare_cached("UPDATE entries SET name = ?3 WHERE dir = ?1 AND name = ?2")
-                .and_then(|mut s| s.execute(params![sql_id(dir.id), from, to]))
-                .map_err(db_err)?;
+            // The source's entry goes; `to` keeps its cookie if it existed,
+            // else gets its own: a listing never meets one name twice.
+            delete_entry(tx, dir.id, from)?;
+            if dst.is_some() {
+                cookies::repoint(tx, dir.id, to, src.child, src.kind)?;
+            } else {
+                cookies::insert(tx, dir.id, to, src.child, src.kind)?;
+            }
             let a = &mut d.inode.attr;
             if let Some(t) = &dst {
                 a.size = a.size.saturating_sub(1);
@@ -938,7 +967,7 @@ impl Store {
             store_dir_row(tx, &d)?;
             Ok((dst, d.inode))
         })?;
-        if removed.0.is_some() {
+        if removed.0.is_some() && !replayed {
             self.entries.fetch_sub(1, Ordering::Relaxed);
         }
         Ok(removed)
@@ -1176,6 +1205,9 @@ fn touch_dir(a: &mut Attr) {
     a.ctime = now;
 }
 
+mod cookies;
+mod once;
+mod orphans;
 mod replica;
 #[cfg(test)]
 mod replica_tests;
@@ -1183,4 +1215,5 @@ mod stale;
 #[cfg(test)]
 mod tests;
 
+pub use once::OpKey;
 pub use replica::Captured;

@@ -294,6 +294,7 @@ async fn a_killed_primarys_range_is_served_by_its_copy_with_every_answered_chang
             parent: ROOT_ID,
             attr: attr(FileKind::File),
             target: None,
+            op: 0,
         })
         .await
         .expect("create"),
@@ -306,6 +307,7 @@ async fn a_killed_primarys_range_is_served_by_its_copy_with_every_answered_chang
             child: f.handle(),
             kind: FileKind::File,
             replace: None,
+            op: 0,
         })
         .await
         .expect("link");
@@ -314,6 +316,7 @@ async fn a_killed_primarys_range_is_served_by_its_copy_with_every_answered_chang
         dir: root,
         name: b"f7".to_vec(),
         expect: None,
+        op: 0,
     })
     .await
     .expect("unlink");
@@ -347,6 +350,7 @@ async fn a_killed_primarys_range_is_served_by_its_copy_with_every_answered_chang
         child: f.handle(),
         kind: FileKind::File,
         replace: None,
+        op: 0,
     })
     .await
     .expect("link at the new primary");
@@ -489,6 +493,7 @@ async fn three_copies() -> (Vol, u32, u32, u32, Handle, Inode) {
                 parent: ROOT_ID,
                 attr: attr(FileKind::File),
                 target: None,
+                op: 0,
             },
         )
         .await,
@@ -504,6 +509,7 @@ fn link_req(dir: Handle, name: &str, f: &Inode) -> Request {
         child: f.handle(),
         kind: FileKind::File,
         replace: None,
+        op: 0,
     }
 }
 

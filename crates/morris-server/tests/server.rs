@@ -100,6 +100,7 @@ impl Client {
             parent: ROOT_ID,
             attr: attr(kind),
             target: None,
+            op: 0,
         })
         .await
     }
@@ -112,6 +113,7 @@ impl Client {
                 child: child.handle(),
                 kind: child.attr.kind,
                 replace: None,
+                op: 0,
             })
             .await
         {
@@ -387,6 +389,7 @@ async fn directory_operations_and_paged_listing() {
         from: from.as_bytes().to_vec(),
         to: to.as_bytes().to_vec(),
         replace,
+        op: 0,
     };
     assert!(matches!(
         c.ok(rn("f0000", "zero", None)).await,
@@ -409,6 +412,7 @@ async fn directory_operations_and_paged_listing() {
         dir: sub.handle(),
         name: name.as_bytes().to_vec(),
         expect,
+        op: 0,
     };
     assert_eq!(
         c.code(unlink("other", Some(other.id))).await,
@@ -423,7 +427,11 @@ async fn directory_operations_and_paged_listing() {
     assert_eq!(s.attr.size, 1999);
     // A non-empty directory cannot be deleted; SetAttr works.
     assert_eq!(
-        c.code(Request::DeleteInode { ino: sub.handle() }).await,
+        c.code(Request::DeleteInode {
+            ino: sub.handle(),
+            op: 0
+        })
+        .await,
         ErrorCode::NotEmpty
     );
     let set = c
@@ -439,6 +447,7 @@ async fn directory_operations_and_paged_listing() {
     assert_eq!((set.attr.size, set.attr.mode), (12345, 0o600));
     c.ok(Request::DeleteInode {
         ino: other.handle(),
+        op: 0,
     })
     .await;
     assert_eq!(
@@ -852,7 +861,8 @@ async fn restart_keeps_data_and_answers_grace() {
         c.code(Request::CreateInode {
             parent: ROOT_ID,
             attr: attr(FileKind::File),
-            target: None
+            target: None,
+            op: 0,
         })
         .await,
         ErrorCode::Grace
@@ -971,6 +981,7 @@ async fn requests_in_flight_on_one_connection_interleave() {
                 child,
                 kind: FileKind::File,
                 replace: None,
+                op: 0,
             };
             rpc.call(&req, Bytes::new()).await.map(|x| x.0)
         }));
@@ -990,5 +1001,128 @@ async fn requests_in_flight_on_one_connection_interleave() {
         Reply::Inode(r) => assert_eq!(r.attr.size, 64),
         r => panic!("unexpected {r:?}"),
     }
+    h.shutdown().await;
+}
+
+/// Restarts the server of `dir` (same port if still free) and waits out its grace.
+async fn restarted(h: ServerHandle, dir: &std::path::Path) -> ServerHandle {
+    let addr = h.local_addr();
+    h.shutdown().await;
+    let h = match start(ServerConfig {
+        data_dir: dir.to_path_buf(),
+        listen: addr.to_string(),
+        lease_ms: LEASE_MS,
+        etcd: Vec::new(),
+    })
+    .await
+    {
+        Ok(h) => h,
+        Err(_) => server(dir).await,
+    };
+    tokio::time::sleep(Duration::from_millis(u64::from(LEASE_MS) + 100)).await;
+    h
+}
+
+#[tokio::test]
+async fn a_resent_operation_is_answered_from_its_outcome_even_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (h, d, c) = formatted(dir.path(), 1).await;
+    let root = c.root().await;
+    let f = c.create(FileKind::File).await;
+    let link = Request::Link {
+        dir: root,
+        name: b"x".to_vec(),
+        child: f.handle(),
+        kind: FileKind::File,
+        replace: None,
+        op: 10,
+    };
+    let unlink = Request::Unlink {
+        dir: root,
+        name: b"x".to_vec(),
+        expect: Some(f.id),
+        op: 11,
+    };
+    c.ok(link.clone()).await;
+    let first = c.ok(unlink.clone()).await;
+    // The link again, as a client resends it after losing the reply: the
+    // stored outcome, and the name stays gone.
+    match c.ok(link.clone()).await {
+        Reply::Removed { entry: None, .. } => {}
+        r => panic!("unexpected {r:?}"),
+    }
+    assert_eq!(c.lookup(root, "x").await, None);
+    // The unlink again: its outcome, not NotFound.
+    assert_eq!(c.ok(unlink.clone()).await, first);
+    drop(c);
+    // Outcomes are committed with their changes: a restart keeps them.
+    let h = restarted(h, dir.path()).await;
+    let c = connect(&h).await;
+    c.hello(Some(d.uuid), 1).await.expect("hello");
+    assert_eq!(c.ok(unlink.clone()).await, first);
+    // The same op id from another client is another operation.
+    let other = connect(&h).await;
+    other.hello(Some(d.uuid), 2).await.expect("hello");
+    assert_eq!(other.code(unlink).await, ErrorCode::NotFound);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_orphan_is_kept_while_a_live_client_has_it_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let (h, d, a) = formatted(dir.path(), 1).await;
+    let b = connect(&h).await;
+    b.hello(Some(d.uuid), 2).await.expect("hello");
+    let root = a.root().await;
+    let f = a.create(FileKind::File).await;
+    a.link(root, "f", &f).await;
+    // b has it open (it would record that when its lease is recalled).
+    b.ok(Request::SetOpen {
+        ino: f.handle(),
+        open: true,
+        op: 1,
+    })
+    .await;
+    // a removes the last name.
+    a.ok(Request::Unlink {
+        dir: root,
+        name: b"f".to_vec(),
+        expect: Some(f.id),
+        op: 0,
+    })
+    .await;
+    let orphan = a
+        .inode(Request::DropLink {
+            ino: f.handle(),
+            op: 0,
+        })
+        .await;
+    assert_eq!(orphan.attr.nlink, 0);
+    let reap = Request::Reap {
+        ino: f.handle(),
+        op: 0,
+    };
+    // b is alive: kept, and listed as an open orphan.
+    assert_eq!(a.ok(reap.clone()).await, Reply::Reaped(None));
+    match a.ok(Request::ScanOrphans { after: 0, max: 10 }).await {
+        Reply::Orphans(o) => {
+            assert_eq!(o.len(), 1);
+            assert!(o[0].open);
+            assert_eq!(o[0].inode.id, f.id);
+        }
+        r => panic!("unexpected {r:?}"),
+    }
+    // b goes silent (a client that died with the file open): after two
+    // lease times its record no longer counts.
+    drop(b);
+    tokio::time::sleep(Duration::from_millis(2 * u64::from(LEASE_MS) + 300)).await;
+    match a.ok(reap).await {
+        Reply::Reaped(Some(i)) => assert_eq!(i.id, f.id),
+        r => panic!("unexpected {r:?}"),
+    }
+    assert_eq!(
+        a.code(Request::AcquireRead { ino: f.handle() }).await,
+        ErrorCode::Stale
+    );
     h.shutdown().await;
 }

@@ -174,6 +174,9 @@ pub struct Unreachable {
     pub kind: FileKind,
     /// Its ctime is older than the minimum age (it may be reclaimed).
     pub aged: bool,
+    /// Its last name was removed (nlink 0): an orphan, kept by its owner
+    /// while a client has it open, reclaimed only through `Reap`.
+    pub orphan: bool,
 }
 
 /// What [`check`] found.
@@ -329,6 +332,7 @@ pub fn check(snap: &Snapshot, cutoff: Timestamp) -> Report {
                 gen: ino.gen,
                 kind: ino.kind,
                 aged: aged(ino),
+                orphan: ino.nlink == 0,
             });
             continue;
         }

@@ -212,9 +212,14 @@ fn render(r: &Report, limit: usize) -> String {
         limit,
         |u| {
             format!(
-                "inode {} ({:?}){}",
+                "inode {} ({:?}){}{}",
                 u.id,
                 u.kind,
+                if u.orphan {
+                    " no name left (kept while a client has it open)"
+                } else {
+                    ""
+                },
                 if u.aged { "" } else { " changed recently" }
             )
         },

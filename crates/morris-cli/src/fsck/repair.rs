@@ -108,6 +108,7 @@ impl<'a> Repairer<'a> {
             dir: a.dir,
             name: a.name.clone(),
             expect: Some(a.child.id),
+            op: 0,
         };
         match self.leased(a.dir.id, req).await {
             Ok(_) => {
@@ -194,6 +195,36 @@ impl<'a> Repairer<'a> {
         if i.gen != a.ino.gen || i.attr.ctime != a.ctime || i.attr.ctime >= self.cutoff {
             return Ok(Some(format!("inode {} changed since the scan", a.ino.id)));
         }
+        if i.attr.nlink == 0 {
+            // An orphan: its owner removes it only if no live client has it
+            // open (then its data goes); an open one stays.
+            let (_, r) = self
+                .at_owner(a.ino.id, &Request::Reap { ino: a.ino, op: 0 })
+                .await;
+            match r {
+                Ok(Reply::Reaped(Some(_))) => {}
+                Ok(Reply::Reaped(None)) => {
+                    return Ok(Some(format!(
+                        "inode {} has no name but is open on a client; it stays",
+                        a.ino.id
+                    )))
+                }
+                Ok(other) => return Err(anyhow!("Reap {}: unexpected {other:?}", a.ino.id)),
+                Err(e) if is_gone(&e) => {
+                    return Ok(Some(format!("inode {} is already gone", a.ino.id)))
+                }
+                Err(e) => return Err(anyhow!("Reap {}: {e}", a.ino.id)),
+            }
+            for s in self.sessions {
+                match s.call(&Request::DeleteData { id: a.ino.id }).await {
+                    Ok(_) => {}
+                    Err(e) if is_gone(&e) => {}
+                    Err(e) => return Err(anyhow!("DeleteData {} on {}: {e}", a.ino.id, s.addr)),
+                }
+            }
+            info!(ino = a.ino.id, kind = ?a.kind, "reclaimed an orphan");
+            return Ok(None);
+        }
         for s in self.sessions {
             match s.call(&Request::DeleteData { id: a.ino.id }).await {
                 Ok(_) => {}
@@ -202,7 +233,7 @@ impl<'a> Repairer<'a> {
             }
         }
         match self
-            .leased(a.ino.id, Request::DeleteInode { ino: a.ino })
+            .leased(a.ino.id, Request::DeleteInode { ino: a.ino, op: 0 })
             .await
         {
             Ok(_) => {

@@ -2,7 +2,7 @@
 //!
 //! A primary turns capture on ([`Store::start_capture`]); from then on every
 //! write transaction that changes a replicated table (`volume`, `inodes`,
-//! `entries`, `stale_copies`) is recorded with SQLite's session extension
+//! `entries`, `stale_copies`, `replies`, `orphans`, `opens`) is recorded with SQLite's session extension
 //! and its changeset is sent, numbered, in commit order. A mirror starts from
 //! a whole copy ([`Store::snapshot_to`], [`Store::install_snapshot`]) and then
 //! applies the changesets numbered after that copy, in order
@@ -28,11 +28,14 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::{db_err, Formatted, Store};
 
 /// The tables whose changes are mirrored, with their columns.
-const REPLICATED: [(&str, &str); 4] = [
+const REPLICATED: [(&str, &str); 7] = [
     ("volume", "one, descriptor, own_index, counter"),
     ("inodes", "id, gen, data, next_cookie"),
     ("entries", "dir, name, cookie, child, gen, kind"),
     ("stale_copies", "id, server, from_block, seq"),
+    ("replies", "client, op, at, outcome"),
+    ("orphans", "ino, since"),
+    ("opens", "ino, client"),
 ];
 
 /// Whether `table` is mirrored.

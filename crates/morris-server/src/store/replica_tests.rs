@@ -83,30 +83,41 @@ fn a_copy_follows_every_change_of_the_replicated_tables() {
 
     let r = root(&p);
     let sub = p
-        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 1)
+        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 1, None)
         .unwrap();
-    p.link(r, b"sub", sub.handle(), FileKind::Dir, None)
+    p.link(r, b"sub", sub.handle(), FileKind::Dir, None, None)
         .unwrap();
-    let f = p.create_inode(0, &attr(FileKind::File), None, 2).unwrap();
-    p.link(sub.handle(), b"f", f.handle(), FileKind::File, None)
+    let f = p
+        .create_inode(0, &attr(FileKind::File), None, 2, None)
         .unwrap();
-    p.link(r, b"hard", f.handle(), FileKind::File, None)
+    p.link(sub.handle(), b"f", f.handle(), FileKind::File, None, None)
+        .unwrap();
+    p.link(r, b"hard", f.handle(), FileKind::File, None, None)
         .unwrap();
     let l = p
-        .create_inode(0, &attr(FileKind::Symlink), Some(b"f"), 3)
+        .create_inode(0, &attr(FileKind::Symlink), Some(b"f"), 3, None)
         .unwrap();
-    p.link(sub.handle(), b"l", l.handle(), FileKind::Symlink, None)
-        .unwrap();
-    p.rename(sub.handle(), b"l", b"l2", None).unwrap();
-    p.unlink(r, b"hard", Some(f.id)).unwrap();
+    p.link(
+        sub.handle(),
+        b"l",
+        l.handle(),
+        FileKind::Symlink,
+        None,
+        None,
+    )
+    .unwrap();
+    p.rename(sub.handle(), b"l", b"l2", None, None).unwrap();
+    p.unlink(r, b"hard", Some(f.id), None).unwrap();
     let set = SetAttr {
         size: Some(12_345),
         mode: Some(0o600),
         ..SetAttr::default()
     };
     p.set_attr(f.handle(), &set).unwrap();
-    let gone = p.create_inode(0, &attr(FileKind::File), None, 4).unwrap();
-    p.delete_inode(gone.handle()).unwrap();
+    let gone = p
+        .create_inode(0, &attr(FileKind::File), None, 4, None)
+        .unwrap();
+    p.delete_inode(gone.handle(), None).unwrap();
     let rec = p.mark_stale(f.handle(), 0, 8).unwrap().stale[0];
     p.mark_stale(f.handle(), 1, 5).unwrap();
     p.resync_advance(f.id, 0, rec.seq, Some(10)).unwrap();
@@ -116,7 +127,7 @@ fn a_copy_follows_every_change_of_the_replicated_tables() {
     // Server-local and failed transactions send nothing.
     p.add_data_file(f.id).unwrap();
     let e = p
-        .link(r, b"sub", f.handle(), FileKind::File, None)
+        .link(r, b"sub", f.handle(), FileKind::File, None, None)
         .unwrap_err();
     assert_eq!(e.code, ErrorCode::Exists);
     assert_eq!(p.committed_seq(), seq);
@@ -179,13 +190,16 @@ fn format_is_captured_and_a_later_snapshot_takes_the_tail() {
     assert!(drain(&mut rx).is_empty());
 
     for g in 0..3 {
-        p.create_inode(0, &attr(FileKind::File), None, g).unwrap();
+        p.create_inode(0, &attr(FileKind::File), None, g, None)
+            .unwrap();
     }
     let snap = dir.path().join("snap.sqlite");
     let s = p.snapshot_to(&snap).unwrap();
     assert_eq!((s, p.committed_seq()), (4, 4));
-    let h = p.create_inode(0, &attr(FileKind::File), None, 5).unwrap();
-    p.link(root(&p), b"h", h.handle(), FileKind::File, None)
+    let h = p
+        .create_inode(0, &attr(FileKind::File), None, 5, None)
+        .unwrap();
+    p.link(root(&p), b"h", h.handle(), FileKind::File, None, None)
         .unwrap();
     let caps = drain(&mut rx);
     assert!(caps.iter().all(|c| c.seq > 1));
@@ -220,13 +234,15 @@ fn conflicting_changesets_are_refused_whole() {
     let c = Store::open(&dir.path().join("c.sqlite")).unwrap();
     c.install_snapshot(&snap).unwrap();
 
-    let f = p.create_inode(0, &attr(FileKind::File), None, 2).unwrap();
+    let f = p
+        .create_inode(0, &attr(FileKind::File), None, 2, None)
+        .unwrap();
     let set = SetAttr {
         mode: Some(0o640),
         ..SetAttr::default()
     };
     p.set_attr(f.handle(), &set).unwrap();
-    p.link(root(&p), b"x", f.handle(), FileKind::File, None)
+    p.link(root(&p), b"x", f.handle(), FileKind::File, None, None)
         .unwrap();
     let caps = drain(&mut rx);
     assert_eq!(caps.len(), 3);
@@ -255,22 +271,35 @@ fn conflicting_changesets_are_refused_whole() {
 
     // The link inserts an entry and updates the root; when only the root
     // row differs, the entry is not inserted either.
-    let bump = |by: i64| {
+    let root_data = |c: &Store| -> Vec<u8> {
         c.write
             .lock()
-            .execute(
-                "UPDATE inodes SET next_cookie = next_cookie + ?1 WHERE id = ?2",
-                params![by, sql_id(ROOT_ID)],
+            .query_row(
+                "SELECT data FROM inodes WHERE id = ?1",
+                params![sql_id(ROOT_ID)],
+                |r| r.get(0),
             )
             .unwrap()
     };
-    bump(100);
+    let set_root_data = |c: &Store, data: &[u8]| {
+        c.write
+            .lock()
+            .execute(
+                "UPDATE inodes SET data = ?1 WHERE id = ?2",
+                params![data, sql_id(ROOT_ID)],
+            )
+            .unwrap()
+    };
+    let good = root_data(&c);
+    let mut other = p.get_inode(ROOT_ID).unwrap().unwrap();
+    other.attr.mode ^= 0o001;
+    set_root_data(&c, &super::encode_inode(&other).unwrap());
     let before = state(&c);
     let e = c.apply_changeset(&link.changeset).unwrap_err();
     assert!(e.message.contains("inodes"), "{}", e.message);
     unchanged(&c, &before);
     assert!(c.lookup(root(&c), b"x").unwrap().is_none());
-    bump(-100);
+    set_root_data(&c, &good);
     c.apply_changeset(&link.changeset).unwrap();
     assert_same(&c, &p);
 }
@@ -294,21 +323,25 @@ fn capture_stops_and_guards_the_copy_operations() {
         ErrorCode::NotFound
     );
     assert!(!missing.exists());
-    p.create_inode(0, &attr(FileKind::File), None, 1).unwrap();
+    p.create_inode(0, &attr(FileKind::File), None, 1, None)
+        .unwrap();
     let cap = rx.try_recv().unwrap();
     assert!(p.apply_changeset(&cap.changeset).is_err());
     p.stop_capture();
-    p.create_inode(0, &attr(FileKind::File), None, 1).unwrap();
+    p.create_inode(0, &attr(FileKind::File), None, 1, None)
+        .unwrap();
     assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Disconnected);
     assert_eq!(p.committed_seq(), 1);
     // A new sink continues the numbering.
     let (tx, mut rx) = unbounded_channel();
     assert_eq!(p.start_capture(tx), 1);
-    p.create_inode(0, &attr(FileKind::File), None, 1).unwrap();
+    p.create_inode(0, &attr(FileKind::File), None, 1, None)
+        .unwrap();
     assert_eq!(rx.try_recv().unwrap().seq, 2);
     // A dropped receiver ends capture.
     drop(rx);
-    p.create_inode(0, &attr(FileKind::File), None, 1).unwrap();
+    p.create_inode(0, &attr(FileKind::File), None, 1, None)
+        .unwrap();
     assert!(!p.capture.is_on());
     assert_eq!(p.committed_seq(), 2);
     p.install_snapshot(&snap).unwrap();

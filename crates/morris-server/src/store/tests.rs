@@ -87,8 +87,12 @@ fn ids_follow_the_layout_and_survive_reopen() {
     let s = Store::open(&path).unwrap();
     s.format(&d, 2, 1).unwrap();
     let layout = s.formatted().unwrap().layout;
-    let a = s.create_inode(0, &attr(FileKind::File), None, 9).unwrap();
-    let b = s.create_inode(0, &attr(FileKind::File), None, 9).unwrap();
+    let a = s
+        .create_inode(0, &attr(FileKind::File), None, 9, None)
+        .unwrap();
+    let b = s
+        .create_inode(0, &attr(FileKind::File), None, 9, None)
+        .unwrap();
     assert_eq!(a.id, layout.allocate_id(2, FIRST_COUNTER));
     assert_eq!(b.id, layout.allocate_id(2, FIRST_COUNTER + 1));
     assert_eq!(layout.inode_server(a.id), 2);
@@ -96,7 +100,9 @@ fn ids_follow_the_layout_and_survive_reopen() {
     assert_eq!(a.attr.mode, 0o644, "mode keeps only permission bits");
     drop(s);
     let s = Store::open(&path).unwrap();
-    let c = s.create_inode(0, &attr(FileKind::File), None, 9).unwrap();
+    let c = s
+        .create_inode(0, &attr(FileKind::File), None, 9, None)
+        .unwrap();
     assert_eq!(c.id, layout.allocate_id(2, FIRST_COUNTER + 2));
     assert_eq!(s.inode_count(), 3);
 }
@@ -106,25 +112,25 @@ fn create_checks_kinds() {
     let dir = tempfile::tempdir().unwrap();
     let (s, _) = open_formatted(dir.path());
     let d = s
-        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 3)
+        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 3, None)
         .unwrap();
     assert_eq!((d.attr.nlink, d.parent, d.attr.size), (2, ROOT_ID, 0));
     let l = s
-        .create_inode(ROOT_ID, &attr(FileKind::Symlink), Some(b"../x"), 3)
+        .create_inode(ROOT_ID, &attr(FileKind::Symlink), Some(b"../x"), 3, None)
         .unwrap();
     assert_eq!((l.attr.size, l.parent), (4, 0));
     assert_eq!(l.target.as_deref(), Some(&b"../x"[..]));
     let e = s
-        .create_inode(0, &attr(FileKind::Symlink), None, 3)
+        .create_inode(0, &attr(FileKind::Symlink), None, 3, None)
         .unwrap_err();
     assert_eq!(e.code, ErrorCode::Invalid);
     let e = s
-        .create_inode(0, &attr(FileKind::File), Some(b"x"), 3)
+        .create_inode(0, &attr(FileKind::File), Some(b"x"), 3, None)
         .unwrap_err();
     assert_eq!(e.code, ErrorCode::Invalid);
     let long = vec![b'a'; MAX_SYMLINK_LEN + 1];
     let e = s
-        .create_inode(0, &attr(FileKind::Symlink), Some(&long), 3)
+        .create_inode(0, &attr(FileKind::Symlink), Some(&long), 3, None)
         .unwrap_err();
     assert_eq!(e.code, ErrorCode::NameTooLong);
 }
@@ -135,16 +141,20 @@ fn entries_link_lookup_unlink() {
     let (s, _) = open_formatted(dir.path());
     let r = root(&s);
     let before = s.get_inode(ROOT_ID).unwrap().unwrap();
-    let f = s.create_inode(0, &attr(FileKind::File), None, 3).unwrap();
+    let f = s
+        .create_inode(0, &attr(FileKind::File), None, 3, None)
+        .unwrap();
     let sub = s
-        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 4)
+        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 4, None)
         .unwrap();
     assert_eq!(
-        s.link(r, b"f", f.handle(), FileKind::File, None).unwrap().0,
+        s.link(r, b"f", f.handle(), FileKind::File, None, None)
+            .unwrap()
+            .0,
         None
     );
     assert_eq!(
-        s.link(r, b"sub", sub.handle(), FileKind::Dir, None)
+        s.link(r, b"sub", sub.handle(), FileKind::Dir, None, None)
             .unwrap()
             .0,
         None
@@ -160,17 +170,19 @@ fn entries_link_lookup_unlink() {
     assert!(e.cookie > 0);
     assert_eq!(s.lookup(r, b"nope").unwrap(), None);
     // Exists unless the replaced child is named.
-    let g = s.create_inode(0, &attr(FileKind::File), None, 5).unwrap();
+    let g = s
+        .create_inode(0, &attr(FileKind::File), None, 5, None)
+        .unwrap();
     let err = s
-        .link(r, b"f", g.handle(), FileKind::File, None)
+        .link(r, b"f", g.handle(), FileKind::File, None, None)
         .unwrap_err();
     assert_eq!(err.code, ErrorCode::Exists);
     let err = s
-        .link(r, b"f", g.handle(), FileKind::File, Some(g.id))
+        .link(r, b"f", g.handle(), FileKind::File, Some(g.id), None)
         .unwrap_err();
     assert_eq!(err.code, ErrorCode::Exists);
     let old = s
-        .link(r, b"f", g.handle(), FileKind::File, Some(f.id))
+        .link(r, b"f", g.handle(), FileKind::File, Some(f.id), None)
         .unwrap()
         .0
         .unwrap();
@@ -179,14 +191,14 @@ fn entries_link_lookup_unlink() {
     assert_eq!(s.get_inode(ROOT_ID).unwrap().unwrap().attr.size, 2);
     assert_eq!(s.entry_count(), 2);
     // Unlink with the wrong expectation fails and changes nothing.
-    let err = s.unlink(r, b"sub", Some(g.id)).unwrap_err();
+    let err = s.unlink(r, b"sub", Some(g.id), None).unwrap_err();
     assert_eq!(err.code, ErrorCode::NotFound);
-    let gone = s.unlink(r, b"sub", Some(sub.id)).unwrap().0.unwrap();
+    let gone = s.unlink(r, b"sub", Some(sub.id), None).unwrap().0.unwrap();
     assert_eq!(gone.kind, FileKind::Dir);
     let now = s.get_inode(ROOT_ID).unwrap().unwrap();
     assert_eq!((now.attr.size, now.attr.nlink), (1, 2));
     assert_eq!(
-        s.unlink(r, b"sub", None).unwrap_err().code,
+        s.unlink(r, b"sub", None, None).unwrap_err().code,
         ErrorCode::NotFound
     );
     assert_eq!(s.entry_count(), 1);
@@ -197,33 +209,37 @@ fn names_and_handles_are_checked() {
     let dir = tempfile::tempdir().unwrap();
     let (s, _) = open_formatted(dir.path());
     let r = root(&s);
-    let f = s.create_inode(0, &attr(FileKind::File), None, 3).unwrap();
+    let f = s
+        .create_inode(0, &attr(FileKind::File), None, 3, None)
+        .unwrap();
     let h = f.handle();
     fn code<T: std::fmt::Debug>(res: Result<T, WireError>) -> ErrorCode {
         res.unwrap_err().code
     }
     assert_eq!(
-        code(s.link(r, b"", h, FileKind::File, None)),
+        code(s.link(r, b"", h, FileKind::File, None, None)),
         ErrorCode::Invalid
     );
     assert_eq!(
-        code(s.link(r, b"a/b", h, FileKind::File, None)),
+        code(s.link(r, b"a/b", h, FileKind::File, None, None)),
         ErrorCode::Invalid
     );
     assert_eq!(
-        code(s.link(r, b"a\0", h, FileKind::File, None)),
+        code(s.link(r, b"a\0", h, FileKind::File, None, None)),
         ErrorCode::Invalid
     );
     assert_eq!(
-        code(s.link(r, b"..", h, FileKind::File, None)),
+        code(s.link(r, b"..", h, FileKind::File, None, None)),
         ErrorCode::Invalid
     );
     let long = vec![b'x'; 256];
     assert_eq!(
-        code(s.link(r, &long, h, FileKind::File, None)),
+        code(s.link(r, &long, h, FileKind::File, None, None)),
         ErrorCode::NameTooLong
     );
-    assert!(s.link(r, &long[..255], h, FileKind::File, None).is_ok());
+    assert!(s
+        .link(r, &long[..255], h, FileKind::File, None, None)
+        .is_ok());
     // A stale directory handle, a file used as a directory.
     let stale = Handle {
         id: ROOT_ID,
@@ -231,7 +247,7 @@ fn names_and_handles_are_checked() {
     };
     assert_eq!(code(s.lookup(stale, b"a")), ErrorCode::Stale);
     assert_eq!(
-        code(s.link(stale, b"a", h, FileKind::File, None)),
+        code(s.link(stale, b"a", h, FileKind::File, None, None)),
         ErrorCode::Stale
     );
     assert_eq!(code(s.lookup(h, b"a")), ErrorCode::NotDir);
@@ -245,7 +261,7 @@ fn names_and_handles_are_checked() {
         gen: 1,
     };
     assert_eq!(code(s.lookup(huge, b"a")), ErrorCode::Stale);
-    assert_eq!(code(s.unlink(huge, b"a", None)), ErrorCode::Stale);
+    assert_eq!(code(s.unlink(huge, b"a", None, None)), ErrorCode::Stale);
     assert!(s.get_inode(u64::MAX).unwrap().is_none());
 }
 
@@ -254,7 +270,9 @@ fn readdir_pages_by_cookie() {
     let dir = tempfile::tempdir().unwrap();
     let (s, _) = open_formatted(dir.path());
     let r = root(&s);
-    let f = s.create_inode(0, &attr(FileKind::File), None, 3).unwrap();
+    let f = s
+        .create_inode(0, &attr(FileKind::File), None, 3, None)
+        .unwrap();
     for i in 0..250 {
         s.link(
             r,
@@ -262,12 +280,13 @@ fn readdir_pages_by_cookie() {
             f.handle(),
             FileKind::File,
             None,
+            None,
         )
         .unwrap();
     }
     // Remove a few in the middle; cookies of the rest stay.
     for i in (0..250).step_by(7) {
-        s.unlink(r, format!("n{i}").as_bytes(), None).unwrap();
+        s.unlink(r, format!("n{i}").as_bytes(), None, None).unwrap();
     }
     let mut cookie = 0;
     let mut names = Vec::new();
@@ -285,19 +304,30 @@ fn readdir_pages_by_cookie() {
             break;
         }
     }
-    let want: Vec<String> = (0..250)
+    let mut want: Vec<String> = (0..250)
         .filter(|i| i % 7 != 0)
         .map(|i| format!("n{i}"))
         .collect();
-    assert_eq!(names, want);
+    // Listed in cookie order, which is the order of the names' hashes.
+    let mut sorted = names.clone();
+    sorted.sort();
+    want.sort();
+    assert_eq!(sorted, want);
     assert_eq!(pages, want.len().div_ceil(40));
-    // New entries get cookies after every existing one.
-    s.link(r, b"late", f.handle(), FileKind::File, None)
+    for n in &names {
+        let e = s.lookup(r, n.as_bytes()).unwrap().unwrap();
+        assert_eq!(e.cookie, super::cookies::of(n.as_bytes()), "{n}");
+    }
+    // A name removed and made again keeps its place: a listing that has
+    // passed it does not meet it again.
+    let first = names[0].clone();
+    let c0 = s.lookup(r, first.as_bytes()).unwrap().unwrap().cookie;
+    s.unlink(r, first.as_bytes(), None, None).unwrap();
+    s.link(r, first.as_bytes(), f.handle(), FileKind::File, None, None)
         .unwrap();
-    let (page, eof) = s.read_dir(r, cookie, 40).unwrap();
-    assert!(eof);
-    assert_eq!(page.len(), 1);
-    assert_eq!(page[0].name, b"late");
+    assert_eq!(s.lookup(r, first.as_bytes()).unwrap().unwrap().cookie, c0);
+    let (page, _) = s.read_dir(r, c0, 4096).unwrap();
+    assert!(page.iter().all(|e| e.name != first.as_bytes()));
     // Reading past the end, from a huge cookie, with max 0.
     let (page, eof) = s.read_dir(r, u64::MAX, 10).unwrap();
     assert!(page.is_empty() && eof);
@@ -310,36 +340,47 @@ fn rename_rules() {
     let dir = tempfile::tempdir().unwrap();
     let (s, _) = open_formatted(dir.path());
     let r = root(&s);
-    let a = s.create_inode(0, &attr(FileKind::File), None, 3).unwrap();
-    let b = s
-        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 3)
+    let a = s
+        .create_inode(0, &attr(FileKind::File), None, 3, None)
         .unwrap();
-    s.link(r, b"a", a.handle(), FileKind::File, None).unwrap();
-    s.link(r, b"b", b.handle(), FileKind::Dir, None).unwrap();
-    let cookie_a = s.lookup(r, b"a").unwrap().unwrap().cookie;
-    assert_eq!(s.rename(r, b"a", b"c", None).unwrap().0, None);
+    let b = s
+        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 3, None)
+        .unwrap();
+    s.link(r, b"a", a.handle(), FileKind::File, None, None)
+        .unwrap();
+    s.link(r, b"b", b.handle(), FileKind::Dir, None, None)
+        .unwrap();
+    assert_eq!(s.rename(r, b"a", b"c", None, None).unwrap().0, None);
     let c = s.lookup(r, b"c").unwrap().unwrap();
-    assert_eq!((c.child, c.cookie), (a.handle(), cookie_a));
+    // A name's cookie is its own, whatever it was renamed from.
+    assert_eq!((c.child, c.cookie), (a.handle(), super::cookies::of(b"c")));
     assert!(s.lookup(r, b"a").unwrap().is_none());
     assert_eq!(
-        s.rename(r, b"a", b"d", None).unwrap_err().code,
+        s.rename(r, b"a", b"d", None, None).unwrap_err().code,
         ErrorCode::NotFound
     );
     assert_eq!(
-        s.rename(r, b"c", b"b", None).unwrap_err().code,
+        s.rename(r, b"c", b"b", None, None).unwrap_err().code,
         ErrorCode::Exists
     );
-    assert_eq!(s.rename(r, b"c", b"c", None).unwrap().0, None);
-    // Replace the directory entry "b" by "c".
-    let old = s.rename(r, b"c", b"b", Some(b.id)).unwrap().0.unwrap();
+    assert_eq!(s.rename(r, b"c", b"c", None, None).unwrap().0, None);
+    // Replace the directory entry "b" by "c": "b" keeps its cookie.
+    let cookie_b = s.lookup(r, b"b").unwrap().unwrap().cookie;
+    let old = s
+        .rename(r, b"c", b"b", Some(b.id), None)
+        .unwrap()
+        .0
+        .unwrap();
     assert_eq!(old.child, b.handle());
+    let now = s.lookup(r, b"b").unwrap().unwrap();
+    assert_eq!((now.child, now.cookie), (a.handle(), cookie_b));
     let ri = s.get_inode(ROOT_ID).unwrap().unwrap();
     assert_eq!((ri.attr.size, ri.attr.nlink), (1, 2));
     assert_eq!(s.entry_count(), 1);
     // Two names of one file: nothing happens.
-    s.link(r, b"twin", a.handle(), FileKind::File, None)
+    s.link(r, b"twin", a.handle(), FileKind::File, None, None)
         .unwrap();
-    assert_eq!(s.rename(r, b"b", b"twin", None).unwrap().0, None);
+    assert_eq!(s.rename(r, b"b", b"twin", None, None).unwrap().0, None);
     assert!(s.lookup(r, b"b").unwrap().is_some());
 }
 
@@ -348,7 +389,9 @@ fn setattr_and_delete() {
     let dir = tempfile::tempdir().unwrap();
     let (s, _) = open_formatted(dir.path());
     let r = root(&s);
-    let f = s.create_inode(0, &attr(FileKind::File), None, 3).unwrap();
+    let f = s
+        .create_inode(0, &attr(FileKind::File), None, 3, None)
+        .unwrap();
     let set = SetAttr {
         mode: Some(0o104755),
         size: Some(1 << 30),
@@ -387,22 +430,25 @@ fn setattr_and_delete() {
     assert_eq!(s.set_attr(r, &sz).unwrap_err().code, ErrorCode::IsDir);
     // Delete: directories must be empty, the root stays, stale handles fail.
     let d = s
-        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 3)
+        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 3, None)
         .unwrap();
-    s.link(d.handle(), b"x", f.handle(), FileKind::File, None)
+    s.link(d.handle(), b"x", f.handle(), FileKind::File, None, None)
         .unwrap();
     assert_eq!(
-        s.delete_inode(d.handle()).unwrap_err().code,
+        s.delete_inode(d.handle(), None).unwrap_err().code,
         ErrorCode::NotEmpty
     );
-    s.unlink(d.handle(), b"x", None).unwrap();
-    s.delete_inode(d.handle()).unwrap();
+    s.unlink(d.handle(), b"x", None, None).unwrap();
+    s.delete_inode(d.handle(), None).unwrap();
     assert!(s.get_inode(d.id).unwrap().is_none());
     assert_eq!(
-        s.delete_inode(d.handle()).unwrap_err().code,
+        s.delete_inode(d.handle(), None).unwrap_err().code,
         ErrorCode::Stale
     );
-    assert_eq!(s.delete_inode(r).unwrap_err().code, ErrorCode::Invalid);
+    assert_eq!(
+        s.delete_inode(r, None).unwrap_err().code,
+        ErrorCode::Invalid
+    );
     let stale = Handle {
         id: f.id,
         gen: f.gen + 1,
@@ -418,15 +464,22 @@ fn scans_page_through_everything() {
     let mut dirs = vec![r];
     for _ in 0..3 {
         dirs.push(
-            s.create_inode(ROOT_ID, &attr(FileKind::Dir), None, 3)
+            s.create_inode(ROOT_ID, &attr(FileKind::Dir), None, 3, None)
                 .unwrap()
                 .handle(),
         );
     }
     for (i, d) in dirs.iter().enumerate() {
         for j in 0..30 {
-            s.link(*d, format!("{i}-{j}").as_bytes(), *d, FileKind::File, None)
-                .unwrap();
+            s.link(
+                *d,
+                format!("{i}-{j}").as_bytes(),
+                *d,
+                FileKind::File,
+                None,
+                None,
+            )
+            .unwrap();
         }
     }
     let mut after = 0;
@@ -484,8 +537,10 @@ fn committed_state_survives_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let (s, _) = open_formatted(dir.path());
     let r = root(&s);
-    let f = s.create_inode(0, &attr(FileKind::File), None, 3).unwrap();
-    s.link(r, b"keep", f.handle(), FileKind::File, None)
+    let f = s
+        .create_inode(0, &attr(FileKind::File), None, 3, None)
+        .unwrap();
+    s.link(r, b"keep", f.handle(), FileKind::File, None, None)
         .unwrap();
     // Dropped without any checkpoint or sync: the WAL holds the commits.
     drop(s);
@@ -494,7 +549,7 @@ fn committed_state_survives_reopen() {
     assert_eq!(s.entry_count(), 1);
     assert_eq!(s.inode_count(), 2);
     // Cookies continue after the old ones.
-    s.link(r, b"next", f.handle(), FileKind::File, None)
+    s.link(r, b"next", f.handle(), FileKind::File, None, None)
         .unwrap();
     let (page, _) = s.read_dir(r, 0, 10).unwrap();
     assert_eq!(page.len(), 2);
@@ -508,7 +563,9 @@ fn large_directory_lists_and_resumes() {
     let dir = tempfile::tempdir().unwrap();
     let (s, _) = open_formatted(dir.path());
     let r = root(&s);
-    let f = s.create_inode(0, &attr(FileKind::File), None, 3).unwrap();
+    let f = s
+        .create_inode(0, &attr(FileKind::File), None, 3, None)
+        .unwrap();
     let n = 20_000u32;
     for i in 0..n {
         s.link(
@@ -516,6 +573,7 @@ fn large_directory_lists_and_resumes() {
             format!("file-{i:08}").as_bytes(),
             f.handle(),
             FileKind::File,
+            None,
             None,
         )
         .unwrap();
@@ -556,7 +614,7 @@ fn stale_copy_records_widen_advance_by_seq_and_travel_with_the_inode() {
     d.replicas = 2;
     s.format(&d, 0, 1).unwrap();
     let f = s
-        .create_inode(ROOT_ID, &attr(FileKind::File), None, 5)
+        .create_inode(ROOT_ID, &attr(FileKind::File), None, 5, None)
         .unwrap();
     let h = f.handle();
     assert!(f.stale.is_empty());
@@ -624,4 +682,115 @@ fn inodes_stored_before_stale_records_existed_still_decode() {
     );
     assert!(i.stale.is_empty());
     assert_eq!(encode_inode(&i).unwrap(), blob);
+}
+
+#[test]
+fn an_operation_with_an_id_runs_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, _) = open_formatted(dir.path());
+    let r = root(&s);
+    let op = |n| OpKey::new(7, n);
+    let f = s
+        .create_inode(0, &attr(FileKind::File), None, 3, op(1))
+        .unwrap();
+    // The same create again (a client resending after a lost reply): the
+    // same inode, no second one.
+    let again = s
+        .create_inode(0, &attr(FileKind::File), None, 9, op(1))
+        .unwrap();
+    assert_eq!(again, f);
+    assert_eq!(s.inode_count(), 2, "root and one file");
+    s.link(r, b"a", f.handle(), FileKind::File, None, op(2))
+        .unwrap();
+    s.unlink(r, b"a", None, op(3)).unwrap();
+    // The link resent after the unlink: answered from its outcome, and
+    // the name stays gone (run again, it would come back).
+    let (replaced, _) = s
+        .link(r, b"a", f.handle(), FileKind::File, None, op(2))
+        .unwrap();
+    assert_eq!(replaced, None);
+    assert!(s.lookup(r, b"a").unwrap().is_none());
+    // The unlink resent: its outcome, not NotFound.
+    let (gone, _) = s.unlink(r, b"a", None, op(3)).unwrap();
+    assert_eq!(gone.map(|e| e.child), Some(f.handle()));
+    assert_eq!(s.entry_count(), 0);
+    // Another client's op 2 is another operation.
+    s.link(r, b"b", f.handle(), FileKind::File, None, OpKey::new(8, 2))
+        .unwrap();
+    assert!(s.lookup(r, b"b").unwrap().is_some());
+    // Failures store nothing: the same id may run when it can.
+    let e = s.unlink(r, b"nope", None, op(4)).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotFound);
+    s.link(r, b"nope", f.handle(), FileKind::File, None, None)
+        .unwrap();
+    s.unlink(r, b"nope", None, op(4)).unwrap();
+    assert_eq!(s.stored_outcomes().unwrap(), 5);
+    // Op 0 asks for no protection.
+    assert_eq!(OpKey::new(7, 0), None);
+}
+
+#[test]
+fn an_orphan_stays_while_a_live_client_has_it_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, _) = open_formatted(dir.path());
+    let r = root(&s);
+    let f = s
+        .create_inode(0, &attr(FileKind::File), None, 3, None)
+        .unwrap();
+    s.link(r, b"a", f.handle(), FileKind::File, None, None)
+        .unwrap();
+    s.link(r, b"b", f.handle(), FileKind::File, None, None)
+        .unwrap();
+    let set = SetAttr {
+        nlink: Some(2),
+        ..SetAttr::default()
+    };
+    s.set_attr(f.handle(), &set).unwrap();
+    let alive = |c: u64| c == 1;
+    // Named: never reaped.
+    assert_eq!(s.reap(f.handle(), &alive, None).unwrap(), None);
+    s.unlink(r, b"a", None, None).unwrap();
+    assert_eq!(s.drop_link(f.handle(), None).unwrap().attr.nlink, 1);
+    assert!(s.scan_orphans(0, 10, &alive).unwrap().is_empty());
+    s.unlink(r, b"b", None, None).unwrap();
+    // Clients 1 (alive) and 2 (dead) have it open.
+    s.set_open(f.handle(), 1, true, None).unwrap();
+    s.set_open(f.handle(), 2, true, None).unwrap();
+    assert_eq!(s.drop_link(f.handle(), None).unwrap().attr.nlink, 0);
+    let o = s.scan_orphans(0, 10, &alive).unwrap();
+    assert_eq!(o.len(), 1);
+    assert!(o[0].open && o[0].inode.id == f.id);
+    assert_eq!(s.reap(f.handle(), &alive, None).unwrap(), None);
+    assert!(s.get_inode(f.id).unwrap().is_some());
+    // Client 1 closes it: only the dead client's record is left.
+    s.set_open(f.handle(), 1, false, None).unwrap();
+    assert!(!s.scan_orphans(0, 10, &alive).unwrap()[0].open);
+    let gone = s.reap(f.handle(), &alive, None).unwrap().unwrap();
+    assert_eq!(gone.id, f.id);
+    assert!(s.get_inode(f.id).unwrap().is_none());
+    assert!(s.scan_orphans(0, 10, &alive).unwrap().is_empty());
+    assert_eq!(s.inode_count(), 1);
+    // Gone: every request about it is Stale, but forgetting an open is harmless.
+    assert_eq!(
+        s.reap(f.handle(), &alive, None).unwrap_err().code,
+        ErrorCode::Stale
+    );
+    assert_eq!(
+        s.set_open(f.handle(), 1, true, None).unwrap_err().code,
+        ErrorCode::Stale
+    );
+    s.set_open(f.handle(), 1, false, None).unwrap();
+    // A directory drops to 0 at once, and must be empty.
+    let d = s
+        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 3, None)
+        .unwrap();
+    s.link(d.handle(), b"x", f.handle(), FileKind::File, None, None)
+        .unwrap();
+    assert_eq!(
+        s.drop_link(d.handle(), None).unwrap_err().code,
+        ErrorCode::NotEmpty
+    );
+    s.unlink(d.handle(), b"x", None, None).unwrap();
+    assert_eq!(s.drop_link(d.handle(), None).unwrap().attr.nlink, 0);
+    assert!(s.reap(d.handle(), &alive, None).unwrap().is_some());
 }

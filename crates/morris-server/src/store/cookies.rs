@@ -1,0 +1,116 @@
+//! Directory entry cookies: a name's place in listings.
+//!
+//! A listing returns entries in cookie order and continues after the last
+//! cookie it returned. If cookies were handed out in creation order, a name
+//! removed and created again (or replaced by a rename of a newer entry)
+//! would move behind a listing in progress and be returned twice — `ls`
+//! showing one file twice. So, as ext4's hashed directories do, a cookie is
+//! a hash of the name (FNV-1a, a fixed function: cookies are stored), kept
+//! in 1 ..= 2^62 − 1 so that front ends can add small offsets for `.` and
+//! `..` without overflow. A name whose hash slot is taken by another name
+//! takes the next free one. A name replaced in place ([`repoint`]) keeps
+//! its cookie. Entries made before cookies were hashed keep their old
+//! (small, sequential) cookies.
+
+use std::hash::Hasher;
+
+use morris_proto::{FileId, FileKind, Handle, WireError};
+use rusqlite::{params, OptionalExtension, Transaction};
+
+use super::{db_err, kind_code, sql_id};
+
+/// Largest cookie handed out (exclusive bound 2^62).
+const MAX_COOKIE: u64 = (1 << 62) - 1;
+
+/// The preferred cookie of `name`.
+pub(super) fn of(name: &[u8]) -> u64 {
+    let mut h = fnv::FnvHasher::default();
+    h.write(name);
+    (h.finish() >> 2).clamp(1, MAX_COOKIE)
+}
+
+/// The first free cookie in `dir` at or after `name`'s preferred one.
+fn free_cookie(tx: &Transaction<'_>, dir: FileId, name: &[u8]) -> Result<u64, WireError> {
+    let mut c = of(name);
+    loop {
+        let taken: Option<i64> = tx
+            .prepare_cached("SELECT 1 FROM entries WHERE dir = ?1 AND cookie = ?2")
+            .and_then(|mut s| {
+                s.query_row(params![sql_id(dir), c as i64], |r| r.get(0))
+                    .optional()
+            })
+            .map_err(db_err)?;
+        if taken.is_none() {
+            return Ok(c);
+        }
+        c = if c >= MAX_COOKIE { 1 } else { c + 1 };
+    }
+}
+
+/// Adds the entry `name → child` (the name must be absent).
+pub(super) fn insert(
+    tx: &Transaction<'_>,
+    dir: FileId,
+    name: &[u8],
+    child: Handle,
+    kind: FileKind,
+) -> Result<(), WireError> {
+    let cookie = free_cookie(tx, dir, name)?;
+    tx.prepare_cached(
+        "INSERT INTO entries (dir, name, cookie, child, gen, kind)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            sql_id(dir),
+            name,
+            cookie as i64,
+            sql_id(child.id),
+            i64::from(child.gen),
+            kind_code(kind)
+        ])
+    })
+    .map_err(db_err)?;
+    Ok(())
+}
+
+/// Makes the existing entry `name` name `child` instead, keeping its cookie.
+pub(super) fn repoint(
+    tx: &Transaction<'_>,
+    dir: FileId,
+    name: &[u8],
+    child: Handle,
+    kind: FileKind,
+) -> Result<(), WireError> {
+    tx.prepare_cached(
+        "UPDATE entries SET child = ?3, gen = ?4, kind = ?5 WHERE dir = ?1 AND name = ?2",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            sql_id(dir),
+            name,
+            sql_id(child.id),
+            i64::from(child.gen),
+            kind_code(kind)
+        ])
+    })
+    .map_err(db_err)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cookies_are_a_fixed_function_of_the_name() {
+        // Stored on disk: must never change between versions.
+        assert_eq!(of(b""), 0xcbf2_9ce4_8422_2325 >> 2);
+        assert_eq!(of(b"a"), of(b"a"));
+        assert_ne!(of(b"a"), of(b"b"));
+        for name in [&b"x"[..], b"target", b"tmp.123", &[0xff; 255]] {
+            let c = of(name);
+            assert!((1..=MAX_COOKIE).contains(&c), "{c}");
+        }
+    }
+}
