@@ -396,3 +396,35 @@ fn handles_are_stable_and_the_write_verifier_changes_across_restarts() {
     // The writes of both runs landed (the stop closed the open file cleanly).
     assert_eq!(gw.ok(&["get", "/v.txt"]), "xyz3456789\n");
 }
+
+#[test]
+fn rmdir_of_a_file_and_remove_of_a_directory_are_refused() {
+    let c = Cluster::start(1, ClusterOpts::default());
+    let gw = Gateway::start(c.addr(0), &[]);
+    gw.ok(&["put", "/f", "644", "keep me"]);
+    gw.ok(&["symlink", "f", "/s"]);
+    gw.ok(&["mkdir", "/e"]);
+
+    // RMDIR names a directory: a file or symlink is ENOTDIR and stays.
+    gw.err_as(0, 0, &["rmdir", "/f"], libc::ENOTDIR);
+    gw.err_as(0, 0, &["rmdir", "/s"], libc::ENOTDIR);
+    assert_eq!(gw.ok(&["get", "/f"]), "keep me\n");
+    assert_eq!(gw.ok(&["readlink", "/s"]), "f\n");
+
+    // REMOVE names a non-directory: an (empty) directory is EISDIR and stays.
+    gw.err_as(0, 0, &["unlink", "/e"], libc::EISDIR);
+    assert!(
+        gw.ok(&["stat", "/e"]).starts_with("mode=40"),
+        "{}",
+        gw.ok(&["stat", "/e"])
+    );
+
+    // Each on its own kind still removes it.
+    gw.ok(&["rmdir", "/e"]);
+    gw.ok(&["unlink", "/f"]);
+    gw.ok(&["unlink", "/s"]);
+    for gone in ["/e", "/f", "/s"] {
+        gw.err_as(0, 0, &["stat", gone], libc::ENOENT);
+    }
+    assert!(common::fsck(c.addr(0)).0, "{}", common::fsck(c.addr(0)).2);
+}

@@ -638,3 +638,95 @@ fn a_huge_directory_lists_completely_through_readdir_and_readdirplus() {
     eprintln!("READDIRPLUS (libnfs): {count} names in {:?}", t.elapsed());
     assert_eq!(count as u64, n, "libnfs listed {count} of {n} names");
 }
+
+const NFS3ERR_NOENT: u32 = 2;
+const NFS3ERR_NOTDIR: u32 = 20;
+const NFS3ERR_ISDIR: u32 = 21;
+/// Bytes of an XDR wcc_attr (size, mtime, ctime).
+const WCC_ATTR: usize = 24;
+
+/// A `diropargs3`: directory handle and name.
+fn dirop(dir: &[u8], name: &str) -> Vec<u8> {
+    let mut a = fh_arg(dir);
+    xdr_opaque(&mut a, name.as_bytes());
+    a
+}
+
+/// MKDIR `name` in `dir` (mode 0755); returns the new handle.
+fn mkdir(raw: &mut Raw, dir: &[u8], name: &str) -> Vec<u8> {
+    let mut a = dirop(dir, name);
+    a.extend_from_slice(&sattr_mode(Some(0o755)));
+    let r = raw.call(NFS, 9, &a);
+    assert_eq!(word(&r, 0), 0, "MKDIR {name} failed");
+    Raw::opaque_at(&r, 8)
+}
+
+/// The fileid in a fattr3.
+fn fileid_of(attr: &[u8]) -> u64 {
+    dword(attr, 48)
+}
+
+/// The status of a LOOKUP.
+fn lookup_status(raw: &mut Raw, dir: &[u8], name: &str) -> u32 {
+    word(&raw.call(NFS, 3, &dirop(dir, name)), 0)
+}
+
+/// A REMOVE (12) or RMDIR (13) reply: status, and the directory's wcc_data
+/// as (before: (size, mtime, ctime words)?, after: fattr3?).
+fn remove_call(
+    raw: &mut Raw,
+    proc_: u32,
+    dir: &[u8],
+    name: &str,
+) -> (u32, Option<Vec<u8>>, Option<Vec<u8>>) {
+    let r = raw.call(NFS, proc_, &dirop(dir, name));
+    let status = word(&r, 0);
+    let mut at = 4;
+    let before = (word(&r, at) == 1).then(|| r[at + 4..at + 4 + WCC_ATTR].to_vec());
+    at += 4 + before.as_ref().map_or(0, |_| WCC_ATTR);
+    let after = (word(&r, at) == 1).then(|| r[at + 4..at + 4 + FATTR3].to_vec());
+    at += 4 + after.as_ref().map_or(0, |_| FATTR3);
+    assert_eq!(at, r.len(), "REMOVE/RMDIR reply of unexpected length");
+    (status, before, after)
+}
+
+#[test]
+fn remove_and_rmdir_refuse_the_other_kind_and_answer_wcc_data() {
+    let c = Cluster::start(1, ClusterOpts::default());
+    let gw = Gateway::start(c.addr(0), &[]);
+    let mut raw = Raw::connect(gw.port);
+    let root = raw.mount_root();
+    let d = mkdir(&mut raw, &root, "d");
+    assert_eq!(create(&mut raw, &d, "f", 1, [0; 8]).0, 0);
+    mkdir(&mut raw, &d, "e");
+    let (_, dattr) = getattr(&mut raw, &d);
+
+    // RMDIR of a file: NOTDIR, with the directory's attributes before and
+    // after (unchanged), and the file is still there.
+    let (s, before, after) = remove_call(&mut raw, 13, &d, "f");
+    assert_eq!(s, NFS3ERR_NOTDIR, "RMDIR of a file");
+    let before = before.expect("RMDIR failure without pre-op attributes");
+    let after = after.expect("RMDIR failure without post-op attributes");
+    assert_eq!(dword(&before, 0), dword(&dattr, 20), "pre-op size");
+    assert_eq!(&before[8..], &dattr[68..84], "pre-op mtime/ctime");
+    assert_eq!(fileid_of(&after), fileid_of(&dattr), "post-op attributes");
+    assert_eq!(lookup_status(&mut raw, &d, "f"), 0, "RMDIR removed a file");
+
+    // REMOVE of an empty directory: ISDIR, and it is still there.
+    let (s, before, after) = remove_call(&mut raw, 12, &d, "e");
+    assert_eq!(s, NFS3ERR_ISDIR, "REMOVE of a directory");
+    assert!(before.is_some() && after.is_some(), "wcc_data missing");
+    assert_eq!(lookup_status(&mut raw, &d, "e"), 0, "REMOVE removed a dir");
+
+    // Each on its own kind: removed, with wcc_data.
+    for (proc_, name) in [(12, "f"), (13, "e")] {
+        let (s, before, after) = remove_call(&mut raw, proc_, &d, name);
+        assert_eq!(s, 0, "procedure {proc_} of {name}");
+        assert!(before.is_some() && after.is_some(), "wcc_data missing");
+        assert_eq!(lookup_status(&mut raw, &d, name), NFS3ERR_NOENT);
+    }
+    // A name that does not exist: NOENT from either.
+    for proc_ in [12, 13] {
+        assert_eq!(remove_call(&mut raw, proc_, &d, "none").0, NFS3ERR_NOENT);
+    }
+}

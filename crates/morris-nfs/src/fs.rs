@@ -478,6 +478,31 @@ impl MorrisNfs {
         })
     }
 
+    /// REMOVE: removes the non-directory `name` from `dir` (a directory is
+    /// `NFS3ERR_ISDIR` and stays).
+    pub(crate) async fn unlink(&self, dir: FileId, name: &[u8]) -> Result<(), nfsstat3> {
+        // Close the file's cached open file first: its flush must not come
+        // after the removal.
+        if let Ok(child) = self.client.lookup(dir, name).await {
+            if child.attr.kind != FileKind::Dir {
+                self.files.drop_file(child.id).await;
+            }
+        }
+        self.client
+            .unlink(dir, name, &self.caller)
+            .await
+            .map_err(|e| fail("remove", dir, &e))
+    }
+
+    /// RMDIR: removes the empty directory `name` from `dir` (anything else
+    /// is `NFS3ERR_NOTDIR` and stays).
+    pub(crate) async fn rmdir(&self, dir: FileId, name: &[u8]) -> Result<(), nfsstat3> {
+        self.client
+            .rmdir(dir, name, &self.caller)
+            .await
+            .map_err(|e| fail("rmdir", dir, &e))
+    }
+
     /// Makes written data as stable as `stable` asks. UNSTABLE data is left
     /// to COMMIT: the write verifier changes when the gateway restarts, so
     /// clients resend what a crash lost (`front::patch_verifier`).
@@ -645,22 +670,12 @@ impl NfsFileSystem for MorrisNfs {
         }
     }
 
+    /// nfs3_server sends REMOVE and RMDIR here alike, so the gateway answers
+    /// both itself (`local.rs`); should a call get here all the same, it is
+    /// taken as REMOVE, which never removes a directory.
     async fn remove(&self, dir: &NfsHandle, name: &filename3<'_>) -> Result<(), nfsstat3> {
         self.inode("remove", dir).await?;
-        let name = name.0.as_ref();
-        let child = self
-            .client
-            .lookup(dir.id(), name)
-            .await
-            .map_err(|e| fail("remove", dir.id(), &e))?;
-        // nfs3_server sends REMOVE and RMDIR here alike: the kind decides.
-        let r = if child.attr.kind == FileKind::Dir {
-            self.client.rmdir(dir.id(), name, &self.caller).await
-        } else {
-            self.files.drop_file(child.id).await;
-            self.client.unlink(dir.id(), name, &self.caller).await
-        };
-        r.map_err(|e| fail("remove", dir.id(), &e))
+        self.unlink(dir.id(), name.0.as_ref()).await
     }
 
     async fn rename<'a>(

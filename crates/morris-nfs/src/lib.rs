@@ -6,7 +6,7 @@
 //! traits `fs` implements over the client. In front of it, `front` reads
 //! every RPC call: it refuses hosts outside `--export-allow`, answers the
 //! procedures the crate cannot express itself (`local`: MOUNT MNT, ACCESS,
-//! FSSTAT, LINK, MKNOD), relays the rest to one crate instance per caller
+//! FSSTAT, PATHCONF, MKDIR, REMOVE, RMDIR, LINK, MKNOD), relays the rest to one crate instance per caller
 //! credential (so permissions are checked for the real caller) and puts a
 //! per-run write verifier into WRITE/COMMIT replies. `files` keeps open
 //! files between READ/WRITE calls; `status` maps error classes to NFS status
