@@ -428,3 +428,80 @@ fn rmdir_of_a_file_and_remove_of_a_directory_are_refused() {
     }
     assert!(common::fsck(c.addr(0)).0, "{}", common::fsck(c.addr(0)).2);
 }
+
+/// `nfsop stat PATH`'s inode number.
+fn ino(gw: &Gateway, path: &str) -> u64 {
+    let st = gw.ok(&["stat", path]);
+    st.split_whitespace()
+        .find_map(|w| w.strip_prefix("ino="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no ino in {st}"))
+}
+
+/// `nfsop lsi PATH`: (name, inode, NFS type) of every entry, sorted.
+fn entries(gw: &Gateway, path: &str) -> Vec<(String, u64, u32)> {
+    let out = gw.ok(&["lsi", path]);
+    let mut v: Vec<(String, u64, u32)> = out
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            assert_eq!(f.len(), 3, "bad lsi line {l:?}");
+            (
+                f[0].to_string(),
+                f[1].parse().expect("inode"),
+                f[2].parse().expect("type"),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn listings_start_with_dot_and_dotdot() {
+    const DIR: u32 = 2; // NF3DIR
+    const REG: u32 = 1; // NF3REG
+    let c = Cluster::start(2, ClusterOpts::default());
+    let gw = Gateway::start(c.addr(0), &[]);
+    gw.ok(&["mkdir", "/d"]);
+    gw.ok(&["mkdir", "/d/sub"]);
+    gw.ok(&["put", "/d/a", "644", "x"]);
+    let (root, d, sub, a) = (
+        ino(&gw, "/"),
+        ino(&gw, "/d"),
+        ino(&gw, "/d/sub"),
+        ino(&gw, "/d/a"),
+    );
+
+    // The root is its own parent.
+    let got = entries(&gw, "/");
+    let want = vec![
+        (".".to_string(), root, DIR),
+        ("..".to_string(), root, DIR),
+        ("d".to_string(), d, DIR),
+    ];
+    assert_eq!(got, want, "listing of /");
+
+    let got = entries(&gw, "/d");
+    let want = vec![
+        (".".to_string(), d, DIR),
+        ("..".to_string(), root, DIR),
+        ("a".to_string(), a, REG),
+        ("sub".to_string(), sub, DIR),
+    ];
+    assert_eq!(got, want, "listing of /d");
+
+    let got = entries(&gw, "/d/sub");
+    let want = vec![(".".to_string(), sub, DIR), ("..".to_string(), d, DIR)];
+    assert_eq!(got, want, "listing of the empty /d/sub");
+
+    // A directory of several READDIRPLUS replies: each name exactly once.
+    for i in 0..300 {
+        gw.ok(&["put", &format!("/d/sub/f{i:03}"), "644", "x"]);
+    }
+    let got = entries(&gw, "/d/sub");
+    let names: Vec<&str> = got.iter().map(|e| e.0.as_str()).collect();
+    let mut want: Vec<String> = vec![".".into(), "..".into()];
+    want.extend((0..300).map(|i| format!("f{i:03}")));
+    assert_eq!(names, want);
+}

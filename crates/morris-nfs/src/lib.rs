@@ -12,6 +12,7 @@
 //! files between READ/WRITE calls; `status` maps error classes to NFS status
 //! once. See docs/architecture.md ("NFS gateway").
 
+mod cookies;
 mod files;
 mod front;
 mod fs;
