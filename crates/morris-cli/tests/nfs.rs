@@ -505,3 +505,78 @@ fn listings_start_with_dot_and_dotdot() {
     want.extend((0..300).map(|i| format!("f{i:03}")));
     assert_eq!(names, want);
 }
+
+#[test]
+fn the_named_export_serves_host_export_file_urls() {
+    let c = Cluster::start(2, ClusterOpts::default());
+    let gw = Gateway::start(c.addr(0), &[]);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let src = tmp.path().join("in.bin");
+    let data = pattern(31, 0, (1 << 20) + 777);
+    write_local(&src, &data);
+    let src_s = src.display().to_string();
+
+    // nfs://127.0.0.1/morris/FILE: libnfs mounts "/morris", the volume's root.
+    tool(
+        &gw,
+        "nfs-cp",
+        &[&src_s, &gw.export_url("/morris", "/copied.bin")],
+    );
+    let cat = tool(&gw, "nfs-cat", &[&gw.export_url("/morris", "/copied.bin")]);
+    assert!(cat.stdout == data, "read back through /morris differs");
+    // The same file through the "/" export.
+    let cat = tool(&gw, "nfs-cat", &[&gw.file_url("copied.bin")]);
+    assert!(cat.stdout == data, "read back through / differs");
+
+    // nfs://127.0.0.1/morris/sub/FILE mounts "/morris/sub": the volume's /sub.
+    gw.ok(&["mkdir", "/sub"]);
+    tool(
+        &gw,
+        "nfs-cp",
+        &[&src_s, &gw.export_url("/morris", "/sub/in-sub.bin")],
+    );
+    let cat = tool(&gw, "nfs-cat", &[&gw.file_url("sub/in-sub.bin")]);
+    assert!(cat.stdout == data, "file in /sub differs");
+    let ls = tool(&gw, "nfs-ls", &[&gw.export_url("/morris", "/")]);
+    let listing = String::from_utf8_lossy(&ls.stdout).into_owned();
+    assert!(
+        listing.contains("copied.bin") && listing.contains("sub"),
+        "{listing}"
+    );
+    let o = gw.op_at(
+        &gw.export_url("/morris", "/sub"),
+        0,
+        0,
+        &["get", "/in-sub.bin"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+
+    // nfs://127.0.0.1/FILE: libnfs sends the export path "" (the root); it
+    // refuses an empty export itself unless told not to look for nested ones.
+    let url = format!(
+        "nfs://127.0.0.1/copied.bin?version=3&nfsport={p}&mountport={p}&auto-traverse-mounts=0",
+        p = gw.port
+    );
+    let cat = tool(&gw, "nfs-cat", &[&url]);
+    assert!(cat.stdout == data, "read back through export \"\" differs");
+
+    // --export names another export; /morris is then just a path.
+    let vol = Gateway::start(c.addr(0), &["--export", "vol"]);
+    let cat = tool(&vol, "nfs-cat", &[&vol.export_url("/vol", "/copied.bin")]);
+    assert!(cat.stdout == data, "read back through /vol differs");
+    let o = Command::new("nfs-cat")
+        .arg(vol.export_url("/morris", "/copied.bin"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("cannot run nfs-cat");
+    assert!(!o.status.success(), "/morris served with --export vol");
+    for bad in ["/", "", "a/../b", "/x/./y", "a//b"] {
+        let o = common::morris(&["nfs", c.addr(0), "--export", bad]);
+        assert!(!o.status.success(), "--export {bad:?} accepted");
+        assert!(
+            common::stderr(&o).contains("--export"),
+            "{}",
+            common::both(&o)
+        );
+    }
+}

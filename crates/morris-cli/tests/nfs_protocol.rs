@@ -639,6 +639,7 @@ fn a_huge_directory_lists_completely_through_readdir_and_readdirplus() {
     assert_eq!(count as u64, n, "libnfs listed {count} of {n} names");
 }
 
+const MOUNT: u32 = 100_005;
 const NFS3ERR_NOENT: u32 = 2;
 const NFS3ERR_NOTDIR: u32 = 20;
 const NFS3ERR_ISDIR: u32 = 21;
@@ -908,4 +909,70 @@ fn readdir_and_readdirplus_list_dot_and_dotdot_and_continue_from_every_cookie() 
             assert_eq!(s[1].handle.as_ref(), Some(&cd));
         }
     }
+}
+
+/// MOUNT EXPORT: the export paths listed.
+fn exports(raw: &mut Raw) -> Vec<String> {
+    let r = raw.call(MOUNT, 5, &[]);
+    let mut at = 0;
+    let mut out = Vec::new();
+    while word(&r, at) == 1 {
+        let dir = Raw::opaque_at(&r, at + 4);
+        at += 8 + dir.len().div_ceil(4) * 4;
+        while word(&r, at) == 1 {
+            let g = Raw::opaque_at(&r, at + 4);
+            at += 8 + g.len().div_ceil(4) * 4;
+        }
+        at += 4;
+        out.push(String::from_utf8(dir).expect("utf-8 export"));
+    }
+    assert_eq!(at + 4, r.len(), "EXPORT reply of unexpected length");
+    out
+}
+
+#[test]
+fn mount_lists_and_mounts_the_named_export_and_the_root() {
+    const MNT3ERR_NOENT: u32 = 2;
+    let c = Cluster::start(1, ClusterOpts::default());
+    let gw = Gateway::start(c.addr(0), &[]);
+    let mut raw = Raw::connect(gw.port);
+    let mut listed = exports(&mut raw);
+    listed.sort();
+    assert_eq!(listed, ["/", "/morris"]);
+
+    // "/morris", "/" and "" (libnfs' nfs://host/file) are the volume's root.
+    let root = raw.mount_root();
+    for path in [&b"/morris"[..], b"/morris/", b"", b"//"] {
+        assert_eq!(raw.mnt(path), Ok(root.clone()), "MNT {path:?}");
+    }
+    // Below either: the volume's directories.
+    let sub = mkdir(&mut raw, &root, "sub");
+    for path in [&b"/morris/sub"[..], b"/sub", b"/morris//sub/"] {
+        assert_eq!(raw.mnt(path), Ok(sub.clone()), "MNT {path:?}");
+    }
+    for path in [&b"/morris/none"[..], b"/none", b"/morrisx"] {
+        assert_eq!(raw.mnt(path), Err(MNT3ERR_NOENT), "MNT {path:?}");
+    }
+
+    // A volume directory at the export's path: MNT paths starting with the
+    // export's name still name the export (never one or the other by what
+    // exists), the directory is below it, and the gateway warns.
+    let shadowed = mkdir(&mut raw, &root, "morris");
+    assert_eq!(raw.mnt(b"/morris"), Ok(root.clone()));
+    assert_eq!(raw.mnt(b"/morris/morris"), Ok(shadowed));
+    assert!(
+        read_log(&gw.log).contains("entry at the export's path"),
+        "no warning about the shadowed directory:\n{}",
+        read_log(&gw.log)
+    );
+    drop(gw);
+
+    // --export names it.
+    let gw = Gateway::start(c.addr(0), &["--export", "/srv/vol"]);
+    let mut raw = Raw::connect(gw.port);
+    let mut listed = exports(&mut raw);
+    listed.sort();
+    assert_eq!(listed, ["/", "/srv/vol"]);
+    assert_eq!(raw.mnt(b"/srv/vol/sub"), Ok(sub.clone()));
+    assert_eq!(raw.mnt(b"/morris/sub"), Err(MNT3ERR_NOENT));
 }

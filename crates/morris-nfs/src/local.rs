@@ -1,6 +1,7 @@
 //! RPC procedures the gateway answers itself instead of `nfs3_server`,
-//! because the crate's traits cannot express them: MOUNT MNT (any export
-//! path, including the empty one some clients send), NFS ACCESS (computed
+//! because the crate's traits cannot express them: MOUNT MNT (`/`, the
+//! named export, any directory below them, and the empty path some clients
+//! send), MOUNT EXPORT (both exports), NFS ACCESS (computed
 //! from the caller's real permissions), FSSTAT (real capacity), MKDIR (the
 //! crate drops the mode), PATHCONF (real limits), REMOVE and RMDIR (the
 //! crate sends both to one trait method, which cannot tell which was
@@ -12,7 +13,8 @@ use std::io::Cursor;
 use morris_client::perm::{self, R_OK, W_OK, X_OK};
 use morris_client::{FileKind, Inode};
 use nfs3_server::nfs3_types::mount::{
-    dirpath, fhandle3, mountres3, mountres3_ok, mountstat3, PROGRAM as MOUNT_PROGRAM,
+    dirpath, export_node, exports, fhandle3, mountres3, mountres3_ok, mountstat3,
+    name as group_name, PROGRAM as MOUNT_PROGRAM,
 };
 use nfs3_server::nfs3_types::nfs3::mknoddata3;
 use nfs3_server::nfs3_types::nfs3::{
@@ -29,9 +31,11 @@ use nfs3_server::nfs3_types::rpc::{
     accept_stat_data, accepted_reply, auth_flavor, auth_stat, msg_body, opaque_auth,
     rejected_reply, reply_body, rpc_msg,
 };
-use nfs3_server::nfs3_types::xdr_codec::{Error as XdrError, Opaque, Pack, Unpack};
+use nfs3_server::nfs3_types::xdr_codec::{Error as XdrError, List, Opaque, Pack, Unpack};
 use nfs3_server::vfs::FileHandle;
 
+use crate::export::ExportName;
+use crate::front::Shared;
 use crate::fs::{MorrisNfs, NfsHandle};
 use crate::status::fail;
 
@@ -65,7 +69,9 @@ pub(crate) struct Proc {
 
 /// Whether the gateway answers `p` itself (for admitted hosts).
 pub(crate) fn is_local(p: &Proc) -> bool {
-    (p.prog == MOUNT_PROGRAM && p.vers == 3 && p.proc_ == MOUNTPROC3_MNT)
+    (p.prog == MOUNT_PROGRAM
+        && p.vers == 3
+        && matches!(p.proc_, MOUNTPROC3_MNT | MOUNTPROC3_EXPORT))
         || (p.prog == NFS_PROGRAM
             && p.vers == 3
             && matches!(
@@ -253,13 +259,20 @@ fn args<T: Unpack>(body: &[u8]) -> Option<T> {
 }
 
 /// Answers a local procedure (`is_local(p)`) whose arguments are `body`.
-pub(crate) async fn handle(nfs: &MorrisNfs, handles: Handles, p: Proc, body: &[u8]) -> Vec<u8> {
+pub(crate) async fn handle(nfs: &MorrisNfs, shared: &Shared, p: Proc, body: &[u8]) -> Vec<u8> {
     let garbage = || rpc_error(p.xid, accept_stat_data::GARBAGE_ARGS);
+    let handles = shared.handles;
     if p.prog == MOUNT_PROGRAM {
+        if p.proc_ == MOUNTPROC3_EXPORT {
+            return success(p.xid, &export_list(shared));
+        }
         let Some(path) = args::<dirpath<'static>>(body) else {
             return garbage();
         };
-        return success(p.xid, &mnt(nfs, handles, path.0.as_ref()).await);
+        return success(
+            p.xid,
+            &mnt(nfs, handles, &shared.export, path.0.as_ref()).await,
+        );
     }
     match p.proc_ {
         NFSPROC3_ACCESS => match args::<ACCESS3args>(body) {
@@ -298,13 +311,43 @@ pub(crate) async fn handle(nfs: &MorrisNfs, handles: Handles, p: Proc, body: &[u
     }
 }
 
-/// MOUNT MNT: any directory of the volume by path ("", "/" and "/a/b").
-async fn mnt(nfs: &MorrisNfs, handles: Handles, path: &[u8]) -> mountres3<'static> {
+/// MOUNT EXPORT: the named export and `/`, each with the networks
+/// allowed to mount it (none listed: everyone).
+fn export_list(shared: &Shared) -> exports<'static, 'static> {
+    let groups = || {
+        List(
+            shared
+                .allow
+                .iter()
+                .map(|c| group_name(Opaque::owned(c.to_string().into_bytes())))
+                .collect(),
+        )
+    };
+    List(
+        [shared.export.to_string(), "/".to_string()]
+            .into_iter()
+            .map(|dir| export_node {
+                ex_dir: dirpath(Opaque::owned(dir.into_bytes())),
+                ex_groups: groups(),
+            })
+            .collect(),
+    )
+}
+
+/// MOUNT MNT: any directory of the volume by path, below `/` ("", "/",
+/// "/a/b") or below the named export ("/morris", "/morris/a/b").
+async fn mnt(
+    nfs: &MorrisNfs,
+    handles: Handles,
+    export: &ExportName,
+    path: &[u8],
+) -> mountres3<'static> {
+    let (comps, named) = export.volume_path(path);
     let mut cur = match nfs.inode("mnt", &nfs.root).await {
         Ok(i) => i,
         Err(_) => return mountres3::Err(mountstat3::MNT3ERR_IO),
     };
-    for comp in path.split(|b| *b == b'/').filter(|c| !c.is_empty()) {
+    for comp in comps {
         if cur.attr.kind != FileKind::Dir {
             return mountres3::Err(mountstat3::MNT3ERR_NOTDIR);
         }
@@ -326,7 +369,13 @@ async fn mnt(nfs: &MorrisNfs, handles: Handles, path: &[u8]) -> mountres3<'stati
         return mountres3::Err(mountstat3::MNT3ERR_NOTDIR);
     }
     let fh = handles.encode(&NfsHandle::new(cur.handle()));
-    tracing::info!(path = %String::from_utf8_lossy(path), uid = nfs.caller.uid, "nfs export mounted");
+    let export = if named {
+        crate::export::warn_if_shadowed(&nfs.client, export).await;
+        export.to_string()
+    } else {
+        "/".to_string()
+    };
+    tracing::info!(path = %String::from_utf8_lossy(path), %export, uid = nfs.caller.uid, "nfs export mounted");
     mountres3::Ok(mountres3_ok {
         fhandle: fhandle3(fh.data),
         auth_flavors: vec![auth_flavor::AUTH_UNIX as u32, auth_flavor::AUTH_NULL as u32],
