@@ -102,6 +102,16 @@ mod tests {
             super::decode_stream(&call[..n]);
             super::decode_record(&call[4..4 + n.min(call.len() - 4)]);
         }
+        // A MOUNT MNT call whose path goes through the export resolution.
+        let mut mnt = Vec::new();
+        for w in [0x8000_003cu32, 9, 0, 2, 100_005, 3, 1, 0, 0, 0, 0, 16] {
+            mnt.extend_from_slice(&w.to_be_bytes());
+        }
+        mnt.extend_from_slice(b"/morris//a/../x\xff");
+        super::decode_stream(&mnt);
+        for n in 0..mnt.len() {
+            super::decode_stream(&mnt[..n]);
+        }
         super::decode_stream(&[0xff; 64]);
         super::decode_stream(&[0x80, 0, 0, 0]);
     }
