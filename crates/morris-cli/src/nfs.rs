@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use morris_client::{Client, ClientConfig};
-use morris_nfs::{Cidr, Gateway, GatewayConfig};
+use morris_nfs::{Cidr, ExportName, Gateway, GatewayConfig};
 use tracing::info;
 
 use crate::runtime::{self, Terminate};
@@ -16,13 +16,17 @@ use crate::runtime::{self, Terminate};
 pub struct NfsArgs {
     /// Address HOST:PORT of any server of the volume.
     pub addr: String,
-    /// Address to serve NFS and MOUNT on (both on this one port; export path "/").
+    /// Address to serve NFS and MOUNT on (both on this one port).
     #[arg(long, value_name = "HOST:PORT", default_value_t = format!("127.0.0.1:{}", morris_nfs::DEFAULT_PORT))]
     pub listen: String,
-    /// Networks allowed to use the export, comma-separated (e.g. 10.0.0.0/8,127.0.0.1);
+    /// Networks allowed to use the exports, comma-separated (e.g. 10.0.0.0/8,127.0.0.1);
     /// default: everyone who can reach --listen.
     #[arg(long, value_name = "CIDR,...", value_delimiter = ',')]
     pub export_allow: Vec<Cidr>,
+    /// Name of the export served next to "/" (both are the volume's root), so
+    /// that files in the root have URLs like nfs://HOST/morris/FILE.
+    #[arg(long, value_name = "NAME", default_value_t = ExportName::default())]
+    pub export: ExportName,
     /// Seconds an open file kept between NFS READ/WRITE calls stays open unused.
     #[arg(long, value_name = "SECS", default_value_t = morris_nfs::DEFAULT_OPEN_IDLE.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..=3600))]
@@ -49,6 +53,7 @@ pub fn run(args: NfsArgs) -> Result<ExitCode> {
             GatewayConfig {
                 listen: args.listen.clone(),
                 allow: args.export_allow.clone(),
+                export: args.export.clone(),
                 open_idle: Duration::from_secs(args.open_idle_secs),
                 register: !args.no_rpcbind,
             },
@@ -56,7 +61,7 @@ pub fn run(args: NfsArgs) -> Result<ExitCode> {
         .await?;
         let local = gw.local_addr()?;
         let allow: Vec<String> = args.export_allow.iter().map(ToString::to_string).collect();
-        info!(listen = %local, volume = %args.addr, allow = %allow.join(","), "nfs gateway serving");
+        info!(listen = %local, volume = %args.addr, export = %args.export, allow = %allow.join(","), "nfs gateway serving");
         let r = gw
             .run(async {
                 let sig = term.recv().await;

@@ -396,3 +396,187 @@ fn handles_are_stable_and_the_write_verifier_changes_across_restarts() {
     // The writes of both runs landed (the stop closed the open file cleanly).
     assert_eq!(gw.ok(&["get", "/v.txt"]), "xyz3456789\n");
 }
+
+#[test]
+fn rmdir_of_a_file_and_remove_of_a_directory_are_refused() {
+    let c = Cluster::start(1, ClusterOpts::default());
+    let gw = Gateway::start(c.addr(0), &[]);
+    gw.ok(&["put", "/f", "644", "keep me"]);
+    gw.ok(&["symlink", "f", "/s"]);
+    gw.ok(&["mkdir", "/e"]);
+
+    // RMDIR names a directory: a file or symlink is ENOTDIR and stays.
+    gw.err_as(0, 0, &["rmdir", "/f"], libc::ENOTDIR);
+    gw.err_as(0, 0, &["rmdir", "/s"], libc::ENOTDIR);
+    assert_eq!(gw.ok(&["get", "/f"]), "keep me\n");
+    assert_eq!(gw.ok(&["readlink", "/s"]), "f\n");
+
+    // REMOVE names a non-directory: an (empty) directory is EISDIR and stays.
+    gw.err_as(0, 0, &["unlink", "/e"], libc::EISDIR);
+    assert!(
+        gw.ok(&["stat", "/e"]).starts_with("mode=40"),
+        "{}",
+        gw.ok(&["stat", "/e"])
+    );
+
+    // Each on its own kind still removes it.
+    gw.ok(&["rmdir", "/e"]);
+    gw.ok(&["unlink", "/f"]);
+    gw.ok(&["unlink", "/s"]);
+    for gone in ["/e", "/f", "/s"] {
+        gw.err_as(0, 0, &["stat", gone], libc::ENOENT);
+    }
+    assert!(common::fsck(c.addr(0)).0, "{}", common::fsck(c.addr(0)).2);
+}
+
+/// `nfsop stat PATH`'s inode number.
+fn ino(gw: &Gateway, path: &str) -> u64 {
+    let st = gw.ok(&["stat", path]);
+    st.split_whitespace()
+        .find_map(|w| w.strip_prefix("ino="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no ino in {st}"))
+}
+
+/// `nfsop lsi PATH`: (name, inode, NFS type) of every entry, sorted.
+fn entries(gw: &Gateway, path: &str) -> Vec<(String, u64, u32)> {
+    let out = gw.ok(&["lsi", path]);
+    let mut v: Vec<(String, u64, u32)> = out
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            assert_eq!(f.len(), 3, "bad lsi line {l:?}");
+            (
+                f[0].to_string(),
+                f[1].parse().expect("inode"),
+                f[2].parse().expect("type"),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn listings_start_with_dot_and_dotdot() {
+    const DIR: u32 = 2; // NF3DIR
+    const REG: u32 = 1; // NF3REG
+    let c = Cluster::start(2, ClusterOpts::default());
+    let gw = Gateway::start(c.addr(0), &[]);
+    gw.ok(&["mkdir", "/d"]);
+    gw.ok(&["mkdir", "/d/sub"]);
+    gw.ok(&["put", "/d/a", "644", "x"]);
+    let (root, d, sub, a) = (
+        ino(&gw, "/"),
+        ino(&gw, "/d"),
+        ino(&gw, "/d/sub"),
+        ino(&gw, "/d/a"),
+    );
+
+    // The root is its own parent.
+    let got = entries(&gw, "/");
+    let want = vec![
+        (".".to_string(), root, DIR),
+        ("..".to_string(), root, DIR),
+        ("d".to_string(), d, DIR),
+    ];
+    assert_eq!(got, want, "listing of /");
+
+    let got = entries(&gw, "/d");
+    let want = vec![
+        (".".to_string(), d, DIR),
+        ("..".to_string(), root, DIR),
+        ("a".to_string(), a, REG),
+        ("sub".to_string(), sub, DIR),
+    ];
+    assert_eq!(got, want, "listing of /d");
+
+    let got = entries(&gw, "/d/sub");
+    let want = vec![(".".to_string(), sub, DIR), ("..".to_string(), d, DIR)];
+    assert_eq!(got, want, "listing of the empty /d/sub");
+
+    // A directory of several READDIRPLUS replies: each name exactly once.
+    for i in 0..300 {
+        gw.ok(&["put", &format!("/d/sub/f{i:03}"), "644", "x"]);
+    }
+    let got = entries(&gw, "/d/sub");
+    let names: Vec<&str> = got.iter().map(|e| e.0.as_str()).collect();
+    let mut want: Vec<String> = vec![".".into(), "..".into()];
+    want.extend((0..300).map(|i| format!("f{i:03}")));
+    assert_eq!(names, want);
+}
+
+#[test]
+fn the_named_export_serves_host_export_file_urls() {
+    let c = Cluster::start(2, ClusterOpts::default());
+    let gw = Gateway::start(c.addr(0), &[]);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let src = tmp.path().join("in.bin");
+    let data = pattern(31, 0, (1 << 20) + 777);
+    write_local(&src, &data);
+    let src_s = src.display().to_string();
+
+    // nfs://127.0.0.1/morris/FILE: libnfs mounts "/morris", the volume's root.
+    tool(
+        &gw,
+        "nfs-cp",
+        &[&src_s, &gw.export_url("/morris", "/copied.bin")],
+    );
+    let cat = tool(&gw, "nfs-cat", &[&gw.export_url("/morris", "/copied.bin")]);
+    assert!(cat.stdout == data, "read back through /morris differs");
+    // The same file through the "/" export.
+    let cat = tool(&gw, "nfs-cat", &[&gw.file_url("copied.bin")]);
+    assert!(cat.stdout == data, "read back through / differs");
+
+    // nfs://127.0.0.1/morris/sub/FILE mounts "/morris/sub": the volume's /sub.
+    gw.ok(&["mkdir", "/sub"]);
+    tool(
+        &gw,
+        "nfs-cp",
+        &[&src_s, &gw.export_url("/morris", "/sub/in-sub.bin")],
+    );
+    let cat = tool(&gw, "nfs-cat", &[&gw.file_url("sub/in-sub.bin")]);
+    assert!(cat.stdout == data, "file in /sub differs");
+    let ls = tool(&gw, "nfs-ls", &[&gw.export_url("/morris", "/")]);
+    let listing = String::from_utf8_lossy(&ls.stdout).into_owned();
+    assert!(
+        listing.contains("copied.bin") && listing.contains("sub"),
+        "{listing}"
+    );
+    let o = gw.op_at(
+        &gw.export_url("/morris", "/sub"),
+        0,
+        0,
+        &["get", "/in-sub.bin"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+
+    // nfs://127.0.0.1/FILE: libnfs sends the export path "" (the root); it
+    // refuses an empty export itself unless told not to look for nested ones.
+    let url = format!(
+        "nfs://127.0.0.1/copied.bin?version=3&nfsport={p}&mountport={p}&auto-traverse-mounts=0",
+        p = gw.port
+    );
+    let cat = tool(&gw, "nfs-cat", &[&url]);
+    assert!(cat.stdout == data, "read back through export \"\" differs");
+
+    // --export names another export; /morris is then just a path.
+    let vol = Gateway::start(c.addr(0), &["--export", "vol"]);
+    let cat = tool(&vol, "nfs-cat", &[&vol.export_url("/vol", "/copied.bin")]);
+    assert!(cat.stdout == data, "read back through /vol differs");
+    let o = Command::new("nfs-cat")
+        .arg(vol.export_url("/morris", "/copied.bin"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("cannot run nfs-cat");
+    assert!(!o.status.success(), "/morris served with --export vol");
+    for bad in ["/", "", "a/../b", "/x/./y", "a//b"] {
+        let o = common::morris(&["nfs", c.addr(0), "--export", bad]);
+        assert!(!o.status.success(), "--export {bad:?} accepted");
+        assert!(
+            common::stderr(&o).contains("--export"),
+            "{}",
+            common::both(&o)
+        );
+    }
+}

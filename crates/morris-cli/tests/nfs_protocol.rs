@@ -638,3 +638,341 @@ fn a_huge_directory_lists_completely_through_readdir_and_readdirplus() {
     eprintln!("READDIRPLUS (libnfs): {count} names in {:?}", t.elapsed());
     assert_eq!(count as u64, n, "libnfs listed {count} of {n} names");
 }
+
+const MOUNT: u32 = 100_005;
+const NFS3ERR_NOENT: u32 = 2;
+const NFS3ERR_NOTDIR: u32 = 20;
+const NFS3ERR_ISDIR: u32 = 21;
+const NFS3ERR_BAD_COOKIE: u32 = 10_003;
+/// Bytes of an XDR wcc_attr (size, mtime, ctime).
+const WCC_ATTR: usize = 24;
+
+/// A `diropargs3`: directory handle and name.
+fn dirop(dir: &[u8], name: &str) -> Vec<u8> {
+    let mut a = fh_arg(dir);
+    xdr_opaque(&mut a, name.as_bytes());
+    a
+}
+
+/// MKDIR `name` in `dir` (mode 0755); returns the new handle.
+fn mkdir(raw: &mut Raw, dir: &[u8], name: &str) -> Vec<u8> {
+    let mut a = dirop(dir, name);
+    a.extend_from_slice(&sattr_mode(Some(0o755)));
+    let r = raw.call(NFS, 9, &a);
+    assert_eq!(word(&r, 0), 0, "MKDIR {name} failed");
+    Raw::opaque_at(&r, 8)
+}
+
+/// The fileid in a fattr3.
+fn fileid_of(attr: &[u8]) -> u64 {
+    dword(attr, 52)
+}
+
+/// The status of a LOOKUP.
+fn lookup_status(raw: &mut Raw, dir: &[u8], name: &str) -> u32 {
+    word(&raw.call(NFS, 3, &dirop(dir, name)), 0)
+}
+
+/// A REMOVE (12) or RMDIR (13) reply: status, and the directory's wcc_data
+/// as (before: (size, mtime, ctime words)?, after: fattr3?).
+fn remove_call(
+    raw: &mut Raw,
+    proc_: u32,
+    dir: &[u8],
+    name: &str,
+) -> (u32, Option<Vec<u8>>, Option<Vec<u8>>) {
+    let r = raw.call(NFS, proc_, &dirop(dir, name));
+    let status = word(&r, 0);
+    let mut at = 4;
+    let before = (word(&r, at) == 1).then(|| r[at + 4..at + 4 + WCC_ATTR].to_vec());
+    at += 4 + before.as_ref().map_or(0, |_| WCC_ATTR);
+    let after = (word(&r, at) == 1).then(|| r[at + 4..at + 4 + FATTR3].to_vec());
+    at += 4 + after.as_ref().map_or(0, |_| FATTR3);
+    assert_eq!(at, r.len(), "REMOVE/RMDIR reply of unexpected length");
+    (status, before, after)
+}
+
+#[test]
+fn remove_and_rmdir_refuse_the_other_kind_and_answer_wcc_data() {
+    let c = Cluster::start(1, ClusterOpts::default());
+    let gw = Gateway::start(c.addr(0), &[]);
+    let mut raw = Raw::connect(gw.port);
+    let root = raw.mount_root();
+    let d = mkdir(&mut raw, &root, "d");
+    assert_eq!(create(&mut raw, &d, "f", 1, [0; 8]).0, 0);
+    mkdir(&mut raw, &d, "e");
+    let (_, dattr) = getattr(&mut raw, &d);
+
+    // RMDIR of a file: NOTDIR, with the directory's attributes before and
+    // after (unchanged), and the file is still there.
+    let (s, before, after) = remove_call(&mut raw, 13, &d, "f");
+    assert_eq!(s, NFS3ERR_NOTDIR, "RMDIR of a file");
+    let before = before.expect("RMDIR failure without pre-op attributes");
+    let after = after.expect("RMDIR failure without post-op attributes");
+    assert_eq!(dword(&before, 0), dword(&dattr, 20), "pre-op size");
+    assert_eq!(&before[8..], &dattr[68..84], "pre-op mtime/ctime");
+    assert_eq!(fileid_of(&after), fileid_of(&dattr), "post-op attributes");
+    assert_eq!(lookup_status(&mut raw, &d, "f"), 0, "RMDIR removed a file");
+
+    // REMOVE of an empty directory: ISDIR, and it is still there.
+    let (s, before, after) = remove_call(&mut raw, 12, &d, "e");
+    assert_eq!(s, NFS3ERR_ISDIR, "REMOVE of a directory");
+    assert!(before.is_some() && after.is_some(), "wcc_data missing");
+    assert_eq!(lookup_status(&mut raw, &d, "e"), 0, "REMOVE removed a dir");
+
+    // Each on its own kind: removed, with wcc_data.
+    for (proc_, name) in [(12, "f"), (13, "e")] {
+        let (s, before, after) = remove_call(&mut raw, proc_, &d, name);
+        assert_eq!(s, 0, "procedure {proc_} of {name}");
+        assert!(before.is_some() && after.is_some(), "wcc_data missing");
+        assert_eq!(lookup_status(&mut raw, &d, name), NFS3ERR_NOENT);
+    }
+    // A name that does not exist: NOENT from either.
+    for proc_ in [12, 13] {
+        assert_eq!(remove_call(&mut raw, proc_, &d, "none").0, NFS3ERR_NOENT);
+    }
+}
+
+/// One READDIR(PLUS) entry: name, fileid, cookie and, for READDIRPLUS,
+/// attributes and handle.
+#[derive(Debug, Clone, PartialEq)]
+struct Entry {
+    name: String,
+    fileid: u64,
+    cookie: u64,
+    attrs: Option<Vec<u8>>,
+    handle: Option<Vec<u8>>,
+}
+
+/// One READDIR (`plus`: READDIRPLUS) call of `count` bytes from `cookie`:
+/// (status, entries, verifier, eof).
+fn readdir_page(
+    raw: &mut Raw,
+    dir: &[u8],
+    cookie: u64,
+    verf: [u8; 8],
+    count: u32,
+    plus: bool,
+) -> (u32, Vec<Entry>, [u8; 8], bool) {
+    let mut a = fh_arg(dir);
+    a.extend_from_slice(&cookie.to_be_bytes());
+    a.extend_from_slice(&verf);
+    if plus {
+        a.extend_from_slice(&(count / 4).to_be_bytes()); // dircount
+    }
+    a.extend_from_slice(&count.to_be_bytes());
+    let r = raw.call(NFS, if plus { 17 } else { 16 }, &a);
+    let status = word(&r, 0);
+    if status != 0 {
+        return (status, Vec::new(), [0; 8], false);
+    }
+    let mut at = skip_post_op_attr(&r, 4);
+    let mut verf = [0u8; 8];
+    verf.copy_from_slice(&r[at..at + 8]);
+    at += 8;
+    let mut entries = Vec::new();
+    while word(&r, at) == 1 {
+        let fileid = dword(&r, at + 4);
+        let name = Raw::opaque_at(&r, at + 12);
+        at += 12 + 4 + name.len().div_ceil(4) * 4;
+        let cookie = dword(&r, at);
+        at += 8;
+        let (mut attrs, mut handle) = (None, None);
+        if plus {
+            if word(&r, at) == 1 {
+                attrs = Some(r[at + 4..at + 4 + FATTR3].to_vec());
+            }
+            at = skip_post_op_attr(&r, at);
+            if word(&r, at) == 1 {
+                let h = Raw::opaque_at(&r, at + 4);
+                at += 8 + h.len().div_ceil(4) * 4;
+                handle = Some(h);
+            } else {
+                at += 4;
+            }
+        }
+        entries.push(Entry {
+            name: String::from_utf8(name).expect("utf-8 name"),
+            fileid,
+            cookie,
+            attrs,
+            handle,
+        });
+    }
+    (status, entries, verf, word(&r, at + 4) == 1)
+}
+
+/// Lists `dir` from `cookie` (with verifier `verf`) to its end, following
+/// the cookies; returns the entries and the verifier of the first reply.
+fn list_from(
+    raw: &mut Raw,
+    dir: &[u8],
+    mut cookie: u64,
+    verf: [u8; 8],
+    count: u32,
+    plus: bool,
+) -> (Vec<Entry>, [u8; 8]) {
+    let mut all = Vec::new();
+    let mut verf = verf;
+    let mut first = None;
+    for _ in 0..1000 {
+        let (s, entries, v, eof) = readdir_page(raw, dir, cookie, verf, count, plus);
+        assert_eq!(s, 0, "READDIR(PLUS {plus}) from cookie {cookie} failed");
+        first.get_or_insert(v);
+        verf = v;
+        if let Some(last) = entries.last() {
+            cookie = last.cookie;
+        }
+        let got = entries.len();
+        all.extend(entries);
+        if eof {
+            return (all, first.unwrap_or(v));
+        }
+        assert!(got > 0, "READDIR(PLUS) returned no entries and no eof");
+    }
+    panic!("listing did not end");
+}
+
+#[test]
+fn readdir_and_readdirplus_list_dot_and_dotdot_and_continue_from_every_cookie() {
+    let c = Cluster::start(2, ClusterOpts::default());
+    let gw = Gateway::start(c.addr(0), &[]);
+    let mut raw = Raw::connect(gw.port);
+    let root = raw.mount_root();
+    let root_id = fileid_of(&getattr(&mut raw, &root).1);
+    let cd = mkdir(&mut raw, &root, "cd");
+    let cd_id = fileid_of(&getattr(&mut raw, &cd).1);
+    for i in 0..30 {
+        assert_eq!(create(&mut raw, &cd, &format!("e{i:02}"), 1, [0; 8]).0, 0);
+    }
+    let sub = mkdir(&mut raw, &cd, "sub");
+    let sub_id = fileid_of(&getattr(&mut raw, &sub).1);
+
+    for plus in [false, true] {
+        // 512-byte replies: a handful of entries each.
+        let (full, verf) = list_from(&mut raw, &cd, 0, [0; 8], 512, plus);
+        let names: Vec<&str> = full.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(&names[..2], &[".", ".."], "plus {plus}: {names:?}");
+        let mut rest: Vec<&str> = names[2..].to_vec();
+        rest.sort_unstable();
+        let mut want: Vec<String> = (0..30).map(|i| format!("e{i:02}")).collect();
+        want.push("sub".into());
+        assert_eq!(rest, want, "plus {plus}");
+        assert_eq!((full[0].fileid, full[1].fileid), (cd_id, root_id));
+        let cookies: HashSet<u64> = full.iter().map(|e| e.cookie).collect();
+        assert_eq!(cookies.len(), full.len(), "plus {plus}: a cookie twice");
+        assert!(!cookies.contains(&0), "plus {plus}: cookie 0 given");
+        if plus {
+            // "." and ".." come with their attributes and handles.
+            for (e, h, id) in [(&full[0], &cd, cd_id), (&full[1], &root, root_id)] {
+                assert_eq!(e.handle.as_ref(), Some(h), "handle of {}", e.name);
+                let attrs = e.attrs.as_ref().expect("attributes of . / ..");
+                assert_eq!((word(attrs, 0), fileid_of(attrs)), (2, id), "{}", e.name);
+            }
+            let s = full.iter().find(|e| e.name == "sub").expect("sub listed");
+            assert_eq!(s.handle.as_ref(), Some(&sub));
+        }
+        // Continuing from any entry's cookie lists exactly what follows it.
+        for (i, e) in full.iter().enumerate() {
+            let (tail, _) = list_from(&mut raw, &cd, e.cookie, verf, 512, plus);
+            assert_eq!(
+                tail,
+                full[i + 1..].to_vec(),
+                "plus {plus}: continuing after {} (cookie {})",
+                e.name,
+                e.cookie
+            );
+        }
+    }
+
+    // The verifier still guards cookies: a wrong one is BAD_COOKIE, and so
+    // is a cookie without one.
+    let (full, verf) = list_from(&mut raw, &cd, 0, [0; 8], 512, false);
+    let mut wrong = verf;
+    wrong[7] ^= 1;
+    let (s, ..) = readdir_page(&mut raw, &cd, full[1].cookie, wrong, 512, false);
+    assert_eq!(s, NFS3ERR_BAD_COOKIE, "wrong verifier");
+    let (s, ..) = readdir_page(&mut raw, &cd, full[1].cookie, [0; 8], 512, false);
+    assert_eq!(s, NFS3ERR_BAD_COOKIE, "cookie without a verifier");
+
+    // The root is its own parent; an empty directory lists just . and ..
+    for plus in [false, true] {
+        let (r, _) = list_from(&mut raw, &root, 0, [0; 8], 4096, plus);
+        assert_eq!((r[0].name.as_str(), r[0].fileid), (".", root_id));
+        assert_eq!((r[1].name.as_str(), r[1].fileid), ("..", root_id));
+        assert_eq!(r.len(), 3, "{r:?}");
+        let (s, _) = list_from(&mut raw, &sub, 0, [0; 8], 4096, plus);
+        let got: Vec<(&str, u64)> = s.iter().map(|e| (e.name.as_str(), e.fileid)).collect();
+        assert_eq!(got, [(".", sub_id), ("..", cd_id)], "plus {plus}");
+        if plus {
+            assert_eq!(r[1].handle.as_ref(), Some(&root));
+            assert_eq!(s[1].handle.as_ref(), Some(&cd));
+        }
+    }
+}
+
+/// MOUNT EXPORT: the export paths listed.
+fn exports(raw: &mut Raw) -> Vec<String> {
+    let r = raw.call(MOUNT, 5, &[]);
+    let mut at = 0;
+    let mut out = Vec::new();
+    while word(&r, at) == 1 {
+        let dir = Raw::opaque_at(&r, at + 4);
+        at += 8 + dir.len().div_ceil(4) * 4;
+        while word(&r, at) == 1 {
+            let g = Raw::opaque_at(&r, at + 4);
+            at += 8 + g.len().div_ceil(4) * 4;
+        }
+        at += 4;
+        out.push(String::from_utf8(dir).expect("utf-8 export"));
+    }
+    assert_eq!(at + 4, r.len(), "EXPORT reply of unexpected length");
+    out
+}
+
+#[test]
+fn mount_lists_and_mounts_the_named_export_and_the_root() {
+    const MNT3ERR_NOENT: u32 = 2;
+    let c = Cluster::start(1, ClusterOpts::default());
+    let gw = Gateway::start(c.addr(0), &[]);
+    let mut raw = Raw::connect(gw.port);
+    let mut listed = exports(&mut raw);
+    listed.sort();
+    assert_eq!(listed, ["/", "/morris"]);
+
+    // "/morris", "/" and "" (libnfs' nfs://host/file) are the volume's root.
+    let root = raw.mount_root();
+    for path in [&b"/morris"[..], b"/morris/", b"", b"//"] {
+        assert_eq!(raw.mnt(path), Ok(root.clone()), "MNT {path:?}");
+    }
+    // Below either: the volume's directories.
+    let sub = mkdir(&mut raw, &root, "sub");
+    for path in [&b"/morris/sub"[..], b"/sub", b"/morris//sub/"] {
+        assert_eq!(raw.mnt(path), Ok(sub.clone()), "MNT {path:?}");
+    }
+    for path in [&b"/morris/none"[..], b"/none", b"/morrisx"] {
+        assert_eq!(raw.mnt(path), Err(MNT3ERR_NOENT), "MNT {path:?}");
+    }
+
+    // A volume directory at the export's path: MNT paths starting with the
+    // export's name still name the export (never one or the other by what
+    // exists), the directory is below it, and the gateway warns.
+    let shadowed = mkdir(&mut raw, &root, "morris");
+    assert_eq!(raw.mnt(b"/morris"), Ok(root.clone()));
+    assert_eq!(raw.mnt(b"/morris/morris"), Ok(shadowed));
+    assert!(
+        read_log(&gw.log).contains("entry at the export's path"),
+        "no warning about the shadowed directory:\n{}",
+        read_log(&gw.log)
+    );
+    drop(gw);
+
+    // --export names it.
+    let gw = Gateway::start(c.addr(0), &["--export", "/srv/vol"]);
+    let mut raw = Raw::connect(gw.port);
+    let mut listed = exports(&mut raw);
+    listed.sort();
+    assert_eq!(listed, ["/", "/srv/vol"]);
+    assert_eq!(raw.mnt(b"/srv/vol/sub"), Ok(sub.clone()));
+    assert_eq!(raw.mnt(b"/morris/sub"), Err(MNT3ERR_NOENT));
+}

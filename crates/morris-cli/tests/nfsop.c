@@ -1,7 +1,8 @@
 /* nfsop: one NFSv3 operation through libnfs, for the morris NFS gateway tests.
  *
  * usage: nfsop URL UID GID OP [ARGS...]
- *   URL is an nfs:// directory URL (nfs://127.0.0.1/?version=3&nfsport=P&mountport=P).
+ *   URL is an nfs:// directory URL (nfs://127.0.0.1/?version=3&nfsport=P&mountport=P);
+ *   its path is the export path mounted (MNT), the op's paths are below it.
  * Prints the result on stdout and exits 0; on failure prints "ERR <errno> <message>"
  * and exits 2; on bad usage exits 64. Ops: see main().
  */
@@ -88,6 +89,17 @@ int main(int argc, char **argv) {
             while ((e = nfs_readdir(nfs, dir)) != NULL) printf("%s\n", e->name);
             nfs_closedir(nfs, dir);
         }
+    } else if (!strcmp(op, "lsi")) {
+        /* lsi PATH: one line per entry, in the order listed: NAME INODE TYPE. */
+        NEED(1);
+        struct nfsdir *dir;
+        ret = nfs_opendir(nfs, a[0], &dir);
+        if (ret == 0) {
+            struct nfsdirent *e;
+            while ((e = nfs_readdir(nfs, dir)) != NULL)
+                printf("%s %" PRIu64 " %u\n", e->name, e->inode, (unsigned)e->type);
+            nfs_closedir(nfs, dir);
+        }
     } else if (!strcmp(op, "put")) {
         /* put PATH MODE TEXT: create/truncate and write TEXT, FILE_SYNC via fsync. */
         NEED(3);
@@ -158,7 +170,7 @@ int main(int argc, char **argv) {
     }
     if (ret < 0) return fail(ret);
     if (strcmp(op, "readlink") && strcmp(op, "stat") && strcmp(op, "statvfs") && strcmp(op, "ls") &&
-        strcmp(op, "get") && strcmp(op, "hold"))
+        strcmp(op, "lsi") && strcmp(op, "get") && strcmp(op, "hold"))
         printf("ok\n");
     nfs_umount(nfs);
     nfs_destroy_url(url);

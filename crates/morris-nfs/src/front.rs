@@ -22,6 +22,7 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
+use crate::export::ExportName;
 use crate::fs::MorrisNfs;
 use crate::local::{self, auth_error, is_local, refusal, rpc_error, Handles, Proc};
 
@@ -117,6 +118,8 @@ pub(crate) struct Shared {
     /// The write verifier of this gateway run.
     pub(crate) verifier: [u8; 8],
     pub(crate) allow: Vec<Cidr>,
+    /// The named export (besides `/`).
+    pub(crate) export: ExportName,
     backends: tokio::sync::Mutex<Backends>,
 }
 
@@ -136,7 +139,12 @@ impl Drop for Backends {
 
 impl Shared {
     /// State shared by the connections of one gateway run.
-    pub(crate) fn new(nfs: MorrisNfs, generation: u64, allow: Vec<Cidr>) -> Self {
+    pub(crate) fn new(
+        nfs: MorrisNfs,
+        generation: u64,
+        allow: Vec<Cidr>,
+        export: ExportName,
+    ) -> Self {
         // Differs between runs: clients resend UNSTABLE writes a restart lost.
         let boot = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -149,6 +157,7 @@ impl Shared {
             generation,
             verifier: boot.to_be_bytes(),
             allow,
+            export,
             backends: tokio::sync::Mutex::new(Backends::default()),
         }
     }
@@ -387,7 +396,7 @@ async fn connection(sock: TcpStream, admitted: bool, shared: Arc<Shared>) -> std
             let tx = tx.clone();
             tasks.push(tokio::spawn(async move {
                 let nfs = shared.nfs.for_caller(caller);
-                let out = local::handle(&nfs, shared.handles, p, &record[args_at..]).await;
+                let out = local::handle(&nfs, &shared, p, &record[args_at..]).await;
                 let _ = tx.send(out).await;
             }));
             continue;

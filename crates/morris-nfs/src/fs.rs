@@ -21,6 +21,7 @@ use nfs3_server::vfs::{
     ReadDirIterator, ReadDirPlusIterator,
 };
 
+use crate::cookies;
 use crate::files::OpenFiles;
 use crate::status::fail;
 
@@ -263,10 +264,26 @@ fn verifier_times(v: &createverf3) -> (Timestamp, Timestamp) {
     )
 }
 
-/// A directory listing continued from morris directory cookies.
+/// One entry of a listing as NFS sees it: a morris entry, `.` or `..`.
+struct Item {
+    fileid: FileId,
+    name: Vec<u8>,
+    /// The NFS cookie (`cookies`).
+    cookie: u64,
+    /// READDIRPLUS: attributes, if known.
+    attrs: Option<fattr3>,
+    /// READDIRPLUS: handle, if known.
+    handle: Option<NfsHandle>,
+}
+
+/// A directory listing continued from NFS cookies (`cookies`): `.` and
+/// `..`, then the morris entries.
 pub struct Listing {
     client: Arc<Client>,
     dir: FileId,
+    /// `.` and `..`, as far as they are still to be listed.
+    dots: VecDeque<Item>,
+    /// The morris cookie the next morris batch is listed after.
     cookie: u64,
     buf: VecDeque<MDirEntry>,
     /// READDIRPLUS: the attributes of the entries in `buf`, fetched for a
@@ -278,7 +295,10 @@ pub struct Listing {
 }
 
 impl Listing {
-    async fn next_entry(&mut self) -> NextResult<MDirEntry> {
+    async fn next_item(&mut self) -> NextResult<Item> {
+        if let Some(dot) = self.dots.pop_front() {
+            return NextResult::Ok(dot);
+        }
         if self.buf.is_empty() && !self.done {
             match self.client.readdir(self.dir, self.cookie, DIR_BATCH).await {
                 Ok((entries, complete)) => {
@@ -291,13 +311,37 @@ impl Listing {
                 Err(e) => return NextResult::Err(fail("readdir", self.dir, &e)),
             }
         }
-        match self.buf.pop_front() {
-            Some(e) => {
-                self.cookie = e.cookie;
-                NextResult::Ok(e)
+        let Some(e) = self.buf.pop_front() else {
+            return NextResult::Eof;
+        };
+        // Cookies that do not increase would make clients list forever.
+        let cookie = match cookies::entry_cookie(e.cookie) {
+            Some(c) if e.cookie > self.cookie => c,
+            _ => {
+                tracing::warn!(
+                    dir = self.dir,
+                    cookie = e.cookie,
+                    after = self.cookie,
+                    "readdir: cookie out of order or too large"
+                );
+                return NextResult::Err(nfsstat3::NFS3ERR_IO);
             }
-            None => NextResult::Eof,
-        }
+        };
+        self.cookie = e.cookie;
+        // Attributes are optional in READDIRPLUS: an entry removed
+        // meanwhile is listed without them.
+        let attrs = if self.plus {
+            self.attrs.pop_front().flatten()
+        } else {
+            None
+        };
+        NextResult::Ok(Item {
+            fileid: e.child.id,
+            name: e.name,
+            cookie,
+            attrs,
+            handle: Some(NfsHandle::new(e.child)),
+        })
     }
 
     /// Attributes of a batch of entries, fetched concurrently and without
@@ -319,9 +363,9 @@ impl Listing {
 
 impl ReadDirIterator for Listing {
     async fn next(&mut self) -> NextResult<DirEntry> {
-        match self.next_entry().await {
+        match self.next_item().await {
             NextResult::Ok(e) => NextResult::Ok(DirEntry {
-                fileid: e.child.id,
+                fileid: e.fileid,
                 name: filename3(Opaque::owned(e.name)),
                 cookie: e.cookie,
             }),
@@ -333,19 +377,14 @@ impl ReadDirIterator for Listing {
 
 impl ReadDirPlusIterator<NfsHandle> for Listing {
     async fn next(&mut self) -> NextResult<DirEntryPlus<NfsHandle>> {
-        match self.next_entry().await {
-            NextResult::Ok(e) => {
-                // Attributes are optional in READDIRPLUS: an entry removed
-                // meanwhile is listed without them.
-                let attrs = self.attrs.pop_front().flatten();
-                NextResult::Ok(DirEntryPlus {
-                    fileid: e.child.id,
-                    name: filename3(Opaque::owned(e.name)),
-                    cookie: e.cookie,
-                    name_attributes: attrs,
-                    name_handle: Some(NfsHandle::new(e.child)),
-                })
-            }
+        match self.next_item().await {
+            NextResult::Ok(e) => NextResult::Ok(DirEntryPlus {
+                fileid: e.fileid,
+                name: filename3(Opaque::owned(e.name)),
+                cookie: e.cookie,
+                name_attributes: e.attrs,
+                name_handle: e.handle,
+            }),
             NextResult::Eof => NextResult::Eof,
             NextResult::Err(s) => NextResult::Err(s),
         }
@@ -466,16 +505,87 @@ impl MorrisNfs {
             return Err(nfsstat3::NFS3ERR_NOTDIR);
         }
         self.may(&i, perm::R_OK)?;
+        let start = cookies::resume(cookie);
+        let mut dots = VecDeque::new();
+        if start.dot {
+            dots.push_back(Item {
+                fileid: i.id,
+                name: b".".to_vec(),
+                cookie: cookies::AFTER_DOT,
+                attrs: plus.then(|| self.fattr(&i)),
+                handle: Some(*dir),
+            });
+        }
+        if start.dotdot {
+            dots.push_back(self.dotdot(&i, plus).await);
+        }
         Ok(Listing {
             client: self.client.clone(),
             dir: dir.id(),
-            cookie,
+            dots,
+            cookie: start.cookie,
             buf: VecDeque::new(),
             attrs: VecDeque::new(),
             plus,
             done: false,
             fsid: self.fsid,
         })
+    }
+
+    /// The `..` entry of directory `d` (the root is its own parent); for
+    /// READDIRPLUS (`plus`) with the parent's attributes and handle, which
+    /// are left out if the parent cannot be read.
+    async fn dotdot(&self, d: &Inode, plus: bool) -> Item {
+        let parent = if d.id == ROOT_ID || d.parent == 0 {
+            d.id
+        } else {
+            d.parent
+        };
+        let mut item = Item {
+            fileid: parent,
+            name: b"..".to_vec(),
+            cookie: cookies::AFTER_DOTDOT,
+            attrs: None,
+            handle: None,
+        };
+        if plus {
+            match self.client.lookup(d.id, b"..").await {
+                Ok(p) => {
+                    item.fileid = p.id;
+                    item.attrs = Some(self.fattr(&p));
+                    item.handle = Some(NfsHandle::new(p.handle()));
+                }
+                Err(e) => {
+                    fail("readdirplus", d.id, &e);
+                }
+            }
+        }
+        item
+    }
+
+    /// REMOVE: removes the non-directory `name` from `dir` (a directory is
+    /// `NFS3ERR_ISDIR` and stays).
+    pub(crate) async fn unlink(&self, dir: FileId, name: &[u8]) -> Result<(), nfsstat3> {
+        // Close the file's cached open file first: its flush must not come
+        // after the removal.
+        if let Ok(child) = self.client.lookup(dir, name).await {
+            if child.attr.kind != FileKind::Dir {
+                self.files.drop_file(child.id).await;
+            }
+        }
+        self.client
+            .unlink(dir, name, &self.caller)
+            .await
+            .map_err(|e| fail("remove", dir, &e))
+    }
+
+    /// RMDIR: removes the empty directory `name` from `dir` (anything else
+    /// is `NFS3ERR_NOTDIR` and stays).
+    pub(crate) async fn rmdir(&self, dir: FileId, name: &[u8]) -> Result<(), nfsstat3> {
+        self.client
+            .rmdir(dir, name, &self.caller)
+            .await
+            .map_err(|e| fail("rmdir", dir, &e))
     }
 
     /// Makes written data as stable as `stable` asks. UNSTABLE data is left
@@ -645,22 +755,12 @@ impl NfsFileSystem for MorrisNfs {
         }
     }
 
+    /// nfs3_server sends REMOVE and RMDIR here alike, so the gateway answers
+    /// both itself (`local.rs`); should a call get here all the same, it is
+    /// taken as REMOVE, which never removes a directory.
     async fn remove(&self, dir: &NfsHandle, name: &filename3<'_>) -> Result<(), nfsstat3> {
         self.inode("remove", dir).await?;
-        let name = name.0.as_ref();
-        let child = self
-            .client
-            .lookup(dir.id(), name)
-            .await
-            .map_err(|e| fail("remove", dir.id(), &e))?;
-        // nfs3_server sends REMOVE and RMDIR here alike: the kind decides.
-        let r = if child.attr.kind == FileKind::Dir {
-            self.client.rmdir(dir.id(), name, &self.caller).await
-        } else {
-            self.files.drop_file(child.id).await;
-            self.client.unlink(dir.id(), name, &self.caller).await
-        };
-        r.map_err(|e| fail("remove", dir.id(), &e))
+        self.unlink(dir.id(), name.0.as_ref()).await
     }
 
     async fn rename<'a>(

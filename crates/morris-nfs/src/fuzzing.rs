@@ -14,6 +14,7 @@ use nfs3_server::nfs3_types::nfs3::{
 };
 use nfs3_server::nfs3_types::xdr_codec::Unpack;
 
+use crate::export::ExportName;
 use crate::front::{parse_call, patch_verifier, read_record};
 use crate::local::Handles;
 
@@ -49,7 +50,13 @@ pub fn decode_record(record: &[u8]) {
     };
     let body = record.get(at..).unwrap_or_default();
     match (p.prog, p.proc_) {
-        (100_005, _) => unpack::<dirpath<'_>>(body),
+        (100_005, _) => {
+            // MNT's path, then how it resolves against the exports.
+            let mut c = std::io::Cursor::new(body);
+            if let Ok((path, _)) = dirpath::unpack(&mut c) {
+                let _ = ExportName::default().volume_path(path.0.as_ref());
+            }
+        }
         (100_003, 1) => unpack::<GETATTR3args>(body),
         (100_003, 2) => unpack::<SETATTR3args>(body),
         (100_003, 3) => unpack::<LOOKUP3args>(body),
@@ -94,6 +101,16 @@ mod tests {
         for n in 0..call.len() {
             super::decode_stream(&call[..n]);
             super::decode_record(&call[4..4 + n.min(call.len() - 4)]);
+        }
+        // A MOUNT MNT call whose path goes through the export resolution.
+        let mut mnt = Vec::new();
+        for w in [0x8000_003cu32, 9, 0, 2, 100_005, 3, 1, 0, 0, 0, 0, 16] {
+            mnt.extend_from_slice(&w.to_be_bytes());
+        }
+        mnt.extend_from_slice(b"/morris//a/../x\xff");
+        super::decode_stream(&mnt);
+        for n in 0..mnt.len() {
+            super::decode_stream(&mnt[..n]);
         }
         super::decode_stream(&[0xff; 64]);
         super::decode_stream(&[0x80, 0, 0, 0]);

@@ -5,13 +5,18 @@
 //! Most procedures are served by the `nfs3_server` crate, whose file-system
 //! traits `fs` implements over the client. In front of it, `front` reads
 //! every RPC call: it refuses hosts outside `--export-allow`, answers the
-//! procedures the crate cannot express itself (`local`: MOUNT MNT, ACCESS,
-//! FSSTAT, LINK, MKNOD), relays the rest to one crate instance per caller
-//! credential (so permissions are checked for the real caller) and puts a
-//! per-run write verifier into WRITE/COMMIT replies. `files` keeps open
-//! files between READ/WRITE calls; `status` maps error classes to NFS status
-//! once. See docs/architecture.md ("NFS gateway").
+//! procedures the crate cannot express itself (`local`: MOUNT MNT and
+//! EXPORT, ACCESS, FSSTAT, PATHCONF, MKDIR, REMOVE, RMDIR, LINK, MKNOD),
+//! relays the rest to one crate instance per caller credential (so
+//! permissions are checked for the real caller) and puts a per-run write
+//! verifier into WRITE/COMMIT replies. `export` resolves MOUNT paths against
+//! the exports (`/` and `--export`), `cookies` numbers directory entries
+//! after `.` and `..`, `files` keeps open files between READ/WRITE calls;
+//! `status` maps error classes to NFS status once. See
+//! docs/architecture.md ("NFS gateway").
 
+mod cookies;
+mod export;
 mod files;
 mod front;
 mod fs;
@@ -27,6 +32,7 @@ use std::time::Duration;
 
 use morris_client::Client;
 
+pub use export::{ExportName, ExportNameError};
 pub use front::{Cidr, CidrError};
 pub use fs::NfsHandle;
 pub use status::nfsstat;
@@ -65,8 +71,10 @@ pub enum GatewayError {
 pub struct GatewayConfig {
     /// Address to serve NFS and MOUNT on (`host:port`).
     pub listen: String,
-    /// Source networks allowed to use the export; empty: everyone.
+    /// Source networks allowed to use the exports; empty: everyone.
     pub allow: Vec<Cidr>,
+    /// The named export, served next to `/` (both are the volume's root).
+    pub export: ExportName,
     /// Idle time after which a cached open file is closed.
     pub open_idle: Duration,
     /// Register NFS and MOUNT with the local portmapper (rpcbind) while
@@ -87,6 +95,7 @@ impl Gateway {
     /// Binds the listening socket for `client`'s volume.
     pub async fn bind(client: Arc<Client>, config: GatewayConfig) -> Result<Gateway, GatewayError> {
         let files = Arc::new(files::OpenFiles::new(client.clone(), config.open_idle));
+        export::warn_if_shadowed(&client, &config.export).await;
         let nfs = fs::MorrisNfs::new(client.clone(), files.clone()).await?;
         // nfs3_server prefixes handles with a generation number of its own
         // (by default its start time); one fixed per volume keeps handles
@@ -103,7 +112,12 @@ impl Gateway {
             })?;
         Ok(Gateway {
             front,
-            shared: Arc::new(front::Shared::new(nfs, generation, config.allow)),
+            shared: Arc::new(front::Shared::new(
+                nfs,
+                generation,
+                config.allow,
+                config.export,
+            )),
             files,
             open_idle: config.open_idle,
             register: config.register,

@@ -1,33 +1,41 @@
 //! RPC procedures the gateway answers itself instead of `nfs3_server`,
-//! because the crate's traits cannot express them: MOUNT MNT (any export
-//! path, including the empty one some clients send), NFS ACCESS (computed
-//! from the caller's real permissions), FSSTAT (real capacity), LINK and
-//! MKDIR (the crate drops the mode), PATHCONF (real limits), LINK and MKNOD;
-//! and the refusals sent to hosts outside `--export-allow`.
+//! because the crate's traits cannot express them: MOUNT MNT (`/`, the
+//! named export, any directory below them, and the empty path some clients
+//! send), MOUNT EXPORT (both exports), NFS ACCESS (computed
+//! from the caller's real permissions), FSSTAT (real capacity), MKDIR (the
+//! crate drops the mode), PATHCONF (real limits), REMOVE and RMDIR (the
+//! crate sends both to one trait method, which cannot tell which was
+//! asked), LINK and MKNOD; and the refusals sent to hosts outside
+//! `--export-allow`.
 
 use std::io::Cursor;
 
 use morris_client::perm::{self, R_OK, W_OK, X_OK};
 use morris_client::{FileKind, Inode};
 use nfs3_server::nfs3_types::mount::{
-    dirpath, fhandle3, mountres3, mountres3_ok, mountstat3, PROGRAM as MOUNT_PROGRAM,
+    dirpath, export_node, exports, fhandle3, mountres3, mountres3_ok, mountstat3,
+    name as group_name, PROGRAM as MOUNT_PROGRAM,
 };
 use nfs3_server::nfs3_types::nfs3::mknoddata3;
 use nfs3_server::nfs3_types::nfs3::{
-    nfs_fh3, nfsstat3, post_op_fh3, wcc_data, ACCESS3args, ACCESS3res, ACCESS3resfail,
-    ACCESS3resok, FSSTAT3args, FSSTAT3res, FSSTAT3resfail, FSSTAT3resok, LINK3args, LINK3res,
-    LINK3resfail, LINK3resok, MKDIR3args, MKDIR3res, MKDIR3resfail, MKDIR3resok, MKNOD3args,
-    MKNOD3res, MKNOD3resfail, MKNOD3resok, Nfs3Option, PATHCONF3args, PATHCONF3res,
-    PATHCONF3resfail, PATHCONF3resok, ACCESS3_DELETE, ACCESS3_EXECUTE, ACCESS3_EXTEND,
-    ACCESS3_LOOKUP, ACCESS3_MODIFY, ACCESS3_READ, PROGRAM as NFS_PROGRAM,
+    diropargs3, nfs_fh3, nfsstat3, post_op_fh3, pre_op_attr, wcc_attr, wcc_data, ACCESS3args,
+    ACCESS3res, ACCESS3resfail, ACCESS3resok, FSSTAT3args, FSSTAT3res, FSSTAT3resfail,
+    FSSTAT3resok, LINK3args, LINK3res, LINK3resfail, LINK3resok, MKDIR3args, MKDIR3res,
+    MKDIR3resfail, MKDIR3resok, MKNOD3args, MKNOD3res, MKNOD3resfail, MKNOD3resok, Nfs3Option,
+    PATHCONF3args, PATHCONF3res, PATHCONF3resfail, PATHCONF3resok, REMOVE3args, REMOVE3res,
+    REMOVE3resfail, REMOVE3resok, RMDIR3args, RMDIR3res, RMDIR3resfail, RMDIR3resok,
+    ACCESS3_DELETE, ACCESS3_EXECUTE, ACCESS3_EXTEND, ACCESS3_LOOKUP, ACCESS3_MODIFY, ACCESS3_READ,
+    PROGRAM as NFS_PROGRAM,
 };
 use nfs3_server::nfs3_types::rpc::{
     accept_stat_data, accepted_reply, auth_flavor, auth_stat, msg_body, opaque_auth,
     rejected_reply, reply_body, rpc_msg,
 };
-use nfs3_server::nfs3_types::xdr_codec::{Error as XdrError, Opaque, Pack, Unpack};
+use nfs3_server::nfs3_types::xdr_codec::{Error as XdrError, List, Opaque, Pack, Unpack};
 use nfs3_server::vfs::FileHandle;
 
+use crate::export::ExportName;
+use crate::front::Shared;
 use crate::fs::{MorrisNfs, NfsHandle};
 use crate::status::fail;
 
@@ -41,6 +49,8 @@ const NFSPROC3_NULL: u32 = 0;
 const NFSPROC3_ACCESS: u32 = 4;
 const NFSPROC3_MKDIR: u32 = 9;
 const NFSPROC3_MKNOD: u32 = 11;
+const NFSPROC3_REMOVE: u32 = 12;
+const NFSPROC3_RMDIR: u32 = 13;
 const NFSPROC3_LINK: u32 = 15;
 const NFSPROC3_FSSTAT: u32 = 18;
 const NFSPROC3_PATHCONF: u32 = 20;
@@ -59,7 +69,9 @@ pub(crate) struct Proc {
 
 /// Whether the gateway answers `p` itself (for admitted hosts).
 pub(crate) fn is_local(p: &Proc) -> bool {
-    (p.prog == MOUNT_PROGRAM && p.vers == 3 && p.proc_ == MOUNTPROC3_MNT)
+    (p.prog == MOUNT_PROGRAM
+        && p.vers == 3
+        && matches!(p.proc_, MOUNTPROC3_MNT | MOUNTPROC3_EXPORT))
         || (p.prog == NFS_PROGRAM
             && p.vers == 3
             && matches!(
@@ -67,6 +79,8 @@ pub(crate) fn is_local(p: &Proc) -> bool {
                 NFSPROC3_ACCESS
                     | NFSPROC3_MKDIR
                     | NFSPROC3_MKNOD
+                    | NFSPROC3_REMOVE
+                    | NFSPROC3_RMDIR
                     | NFSPROC3_LINK
                     | NFSPROC3_FSSTAT
                     | NFSPROC3_PATHCONF
@@ -245,13 +259,20 @@ fn args<T: Unpack>(body: &[u8]) -> Option<T> {
 }
 
 /// Answers a local procedure (`is_local(p)`) whose arguments are `body`.
-pub(crate) async fn handle(nfs: &MorrisNfs, handles: Handles, p: Proc, body: &[u8]) -> Vec<u8> {
+pub(crate) async fn handle(nfs: &MorrisNfs, shared: &Shared, p: Proc, body: &[u8]) -> Vec<u8> {
     let garbage = || rpc_error(p.xid, accept_stat_data::GARBAGE_ARGS);
+    let handles = shared.handles;
     if p.prog == MOUNT_PROGRAM {
+        if p.proc_ == MOUNTPROC3_EXPORT {
+            return success(p.xid, &export_list(shared));
+        }
         let Some(path) = args::<dirpath<'static>>(body) else {
             return garbage();
         };
-        return success(p.xid, &mnt(nfs, handles, path.0.as_ref()).await);
+        return success(
+            p.xid,
+            &mnt(nfs, handles, &shared.export, path.0.as_ref()).await,
+        );
     }
     match p.proc_ {
         NFSPROC3_ACCESS => match args::<ACCESS3args>(body) {
@@ -278,17 +299,55 @@ pub(crate) async fn handle(nfs: &MorrisNfs, handles: Handles, p: Proc, body: &[u
             Some(a) => success(p.xid, &mknod(nfs, handles, a).await),
             None => garbage(),
         },
+        NFSPROC3_REMOVE => match args::<REMOVE3args<'static>>(body) {
+            Some(a) => success(p.xid, &remove(nfs, handles, a).await),
+            None => garbage(),
+        },
+        NFSPROC3_RMDIR => match args::<RMDIR3args<'static>>(body) {
+            Some(a) => success(p.xid, &rmdir(nfs, handles, a).await),
+            None => garbage(),
+        },
         _ => rpc_error(p.xid, accept_stat_data::PROC_UNAVAIL),
     }
 }
 
-/// MOUNT MNT: any directory of the volume by path ("", "/" and "/a/b").
-async fn mnt(nfs: &MorrisNfs, handles: Handles, path: &[u8]) -> mountres3<'static> {
+/// MOUNT EXPORT: the named export and `/`, each with the networks
+/// allowed to mount it (none listed: everyone).
+fn export_list(shared: &Shared) -> exports<'static, 'static> {
+    let groups = || {
+        List(
+            shared
+                .allow
+                .iter()
+                .map(|c| group_name(Opaque::owned(c.to_string().into_bytes())))
+                .collect(),
+        )
+    };
+    List(
+        [shared.export.to_string(), "/".to_string()]
+            .into_iter()
+            .map(|dir| export_node {
+                ex_dir: dirpath(Opaque::owned(dir.into_bytes())),
+                ex_groups: groups(),
+            })
+            .collect(),
+    )
+}
+
+/// MOUNT MNT: any directory of the volume by path, below `/` ("", "/",
+/// "/a/b") or below the named export ("/morris", "/morris/a/b").
+async fn mnt(
+    nfs: &MorrisNfs,
+    handles: Handles,
+    export: &ExportName,
+    path: &[u8],
+) -> mountres3<'static> {
+    let (comps, named) = export.volume_path(path);
     let mut cur = match nfs.inode("mnt", &nfs.root).await {
         Ok(i) => i,
         Err(_) => return mountres3::Err(mountstat3::MNT3ERR_IO),
     };
-    for comp in path.split(|b| *b == b'/').filter(|c| !c.is_empty()) {
+    for comp in comps {
         if cur.attr.kind != FileKind::Dir {
             return mountres3::Err(mountstat3::MNT3ERR_NOTDIR);
         }
@@ -310,7 +369,13 @@ async fn mnt(nfs: &MorrisNfs, handles: Handles, path: &[u8]) -> mountres3<'stati
         return mountres3::Err(mountstat3::MNT3ERR_NOTDIR);
     }
     let fh = handles.encode(&NfsHandle::new(cur.handle()));
-    tracing::info!(path = %String::from_utf8_lossy(path), uid = nfs.caller.uid, "nfs export mounted");
+    let export = if named {
+        crate::export::warn_if_shadowed(&nfs.client, export).await;
+        export.to_string()
+    } else {
+        "/".to_string()
+    };
+    tracing::info!(path = %String::from_utf8_lossy(path), %export, uid = nfs.caller.uid, "nfs export mounted");
     mountres3::Ok(mountres3_ok {
         fhandle: fhandle3(fh.data),
         auth_flavors: vec![auth_flavor::AUTH_UNIX as u32, auth_flavor::AUTH_NULL as u32],
@@ -395,6 +460,55 @@ async fn dir_wcc(nfs: &MorrisNfs, dir: &NfsHandle) -> wcc_data {
             Ok(i) => Nfs3Option::Some(nfs.fattr(&i)),
             Err(_) => Nfs3Option::None,
         },
+    }
+}
+
+/// Removes `what` as REMOVE (`dir: false`, a non-directory) or RMDIR
+/// (`dir: true`, an empty directory) asks; the other kind is refused
+/// (`NFS3ERR_ISDIR` / `NFS3ERR_NOTDIR`) and left alone. Returns the outcome
+/// and the directory's attributes before and after, as `nfs3_server`
+/// answers its own procedures.
+async fn remove_entry(
+    nfs: &MorrisNfs,
+    handles: Handles,
+    what: &diropargs3<'_>,
+    dir: bool,
+) -> (Result<(), nfsstat3>, wcc_data) {
+    let op = if dir { "rmdir" } else { "remove" };
+    let h = match handles.decode(&what.dir) {
+        Ok(h) => h,
+        Err(s) => return (Err(s), wcc_data::default()),
+    };
+    let before = match nfs.inode(op, &h).await {
+        Ok(i) => nfs.fattr(&i),
+        Err(s) => return (Err(s), wcc_data::default()),
+    };
+    let name = what.name.0.as_ref();
+    let r = if dir {
+        nfs.rmdir(h.id(), name).await
+    } else {
+        nfs.unlink(h.id(), name).await
+    };
+    let mut wcc = dir_wcc(nfs, &h).await;
+    wcc.before = pre_op_attr::Some(wcc_attr {
+        size: before.size,
+        mtime: before.mtime,
+        ctime: before.ctime,
+    });
+    (r, wcc)
+}
+
+async fn remove(nfs: &MorrisNfs, handles: Handles, a: REMOVE3args<'static>) -> REMOVE3res {
+    match remove_entry(nfs, handles, &a.object, false).await {
+        (Ok(()), dir_wcc) => REMOVE3res::Ok(REMOVE3resok { dir_wcc }),
+        (Err(s), dir_wcc) => REMOVE3res::Err((s, REMOVE3resfail { dir_wcc })),
+    }
+}
+
+async fn rmdir(nfs: &MorrisNfs, handles: Handles, a: RMDIR3args<'static>) -> RMDIR3res {
+    match remove_entry(nfs, handles, &a.object, true).await {
+        (Ok(()), dir_wcc) => RMDIR3res::Ok(RMDIR3resok { dir_wcc }),
+        (Err(s), dir_wcc) => RMDIR3res::Err((s, RMDIR3resfail { dir_wcc })),
     }
 }
 

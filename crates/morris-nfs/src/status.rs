@@ -56,6 +56,9 @@ mod tests {
         assert_eq!(nfsstat(ErrorCode::Stale), nfsstat3::NFS3ERR_STALE);
         assert_eq!(nfsstat(ErrorCode::Access), nfsstat3::NFS3ERR_ACCES);
         assert_eq!(nfsstat(ErrorCode::NotEmpty), nfsstat3::NFS3ERR_NOTEMPTY);
+        // RMDIR of a non-directory, REMOVE of a directory.
+        assert_eq!(nfsstat(ErrorCode::NotDir), nfsstat3::NFS3ERR_NOTDIR);
+        assert_eq!(nfsstat(ErrorCode::IsDir), nfsstat3::NFS3ERR_ISDIR);
         assert_eq!(nfsstat(ErrorCode::Grace), nfsstat3::NFS3ERR_JUKEBOX);
         assert_eq!(nfsstat(ErrorCode::Unavailable), nfsstat3::NFS3ERR_IO);
     }

@@ -121,8 +121,9 @@ impl Gateway {
         )
     }
 
-    /// The URL of a file in the export's root directory. libnfs sends the
-    /// export path "" for `nfs://host/file`; `//file` makes it "/".
+    /// The URL of a file in the volume's root directory through the export
+    /// `/`. (libnfs sends the export path "" for `nfs://host/file` and then
+    /// refuses it itself; `//file` makes it "/".)
     pub fn file_url(&self, name: &str) -> String {
         format!(
             "nfs://127.0.0.1//{name}?version=3&nfsport={p}&mountport={p}",
@@ -130,10 +131,24 @@ impl Gateway {
         )
     }
 
+    /// A URL below the named export (`nfs://127.0.0.1/<export><path>`):
+    /// libnfs mounts the export path up to the last `/` and opens the rest.
+    pub fn export_url(&self, export: &str, path: &str) -> String {
+        format!(
+            "nfs://127.0.0.1{export}{path}?version=3&nfsport={p}&mountport={p}",
+            p = self.port
+        )
+    }
+
     /// Runs `nfsop URL UID GID ARGS...`.
     pub fn op(&self, uid: u32, gid: u32, args: &[&str]) -> Output {
+        self.op_at(&self.url(), uid, gid, args)
+    }
+
+    /// Runs `nfsop` on the export directory `url` (its path is mounted).
+    pub fn op_at(&self, url: &str, uid: u32, gid: u32, args: &[&str]) -> Output {
         Command::new(nfsop_bin())
-            .arg(self.url())
+            .arg(url)
             .arg(uid.to_string())
             .arg(gid.to_string())
             .args(args)
@@ -284,11 +299,18 @@ impl Raw {
     }
 
     pub fn mount_root(&mut self) -> Vec<u8> {
+        self.mnt(b"/").expect("MNT / failed")
+    }
+
+    /// MOUNT MNT of `path`: the root handle, or the mountstat3 error.
+    pub fn mnt(&mut self, path: &[u8]) -> Result<Vec<u8>, u32> {
         let mut a = Vec::new();
-        xdr_opaque(&mut a, b"/");
+        xdr_opaque(&mut a, path);
         let r = self.call(100_005, 1, &a);
-        assert_eq!(&r[..4], &[0, 0, 0, 0], "MNT failed");
-        Raw::opaque_at(&r, 4)
+        match u32::from_be_bytes([r[0], r[1], r[2], r[3]]) {
+            0 => Ok(Raw::opaque_at(&r, 4)),
+            stat => Err(stat),
+        }
     }
 
     pub fn lookup(&mut self, dir: &[u8], name: &str) -> Vec<u8> {
