@@ -287,6 +287,10 @@ fn a_deleted_files_handle_is_stale() {
     out.read_line(&mut first).expect("read nfsop output");
     assert_eq!(first, "held data\n");
     gw.ok(&["unlink", "/held"]);
+    // A file with no name left stays a moment (an open racing the removal
+    // must still find it, docs/architecture.md "Files with no name left"),
+    // then goes: its handle is stale from then on.
+    std::thread::sleep(std::time::Duration::from_secs(4));
     holder
         .stdin
         .as_mut()

@@ -83,35 +83,29 @@ impl Client {
 
     /// Looks `name` up under a lease on the directory, using the entry cache.
     async fn entry_in(&self, g: &LeaseGuard, name: &[u8]) -> Result<Option<DirEntry>> {
-        for _ in 0..RETRIES {
-            let version = {
-                let st = g.entry.state.lock();
-                if let Some(hit) = st.names.get(name) {
-                    return Ok(hit.clone());
-                }
-                if st.complete {
-                    return Ok(None);
-                }
-                st.version
-            };
-            let e = self.server_entry(g, name).await?;
-            if let Some(e) = &e {
-                self.leases.learn(e.child);
+        {
+            let st = g.entry.state.lock();
+            if let Some(hit) = st.names.get(name) {
+                return Ok(hit.clone());
             }
-            {
-                let mut st = g.entry.state.lock();
-                if st.version == version {
-                    st.names.insert(name.to_vec(), e.clone());
-                    return Ok(e);
-                }
+            if st.complete {
+                return Ok(None);
             }
-            // This client changed the directory while the lookup was on
-            // its way: the answer may predate that change. Ask again.
         }
-        Err(Error::new(
-            ErrorCode::Unavailable,
-            "directory keeps changing",
-        ))
+        let e = self.server_entry(g, name).await?;
+        if let Some(e) = &e {
+            self.leases.learn(e.child);
+        }
+        let mut st = g.entry.state.lock();
+        // If the name was cached while the lookup was on its way, that is
+        // this client's own change to it (or a lookup answered no earlier):
+        // the answer may predate the change (a late "absent" over a name
+        // just created here), so it does not replace it.
+        Ok(st
+            .names
+            .entry(name.to_vec())
+            .or_insert_with(|| e.clone())
+            .clone())
     }
 
     /// The entry `name` of the directory under `g` as its server has it now
@@ -929,7 +923,6 @@ impl Client {
         max: u32,
     ) -> Result<(Vec<DirEntry>, bool)> {
         let g = self.dir_guard(dir, Mode::Read).await?;
-        let version = g.entry.state.lock().version;
         let r = self
             .call_owner(
                 g.entry.id,
@@ -947,12 +940,6 @@ impl Client {
             self.leases.learn(e.child);
         }
         let mut st = g.entry.state.lock();
-        if st.version != version {
-            // This client changed the directory while the page was on its
-            // way: the page may predate that change, so it is not cached.
-            st.listed_upto = None;
-            return Ok((entries, eof));
-        }
         // A listing that runs from cookie 0 to the end under this one lease
         // has seen every name: the cache becomes complete.
         let contiguous = cookie == 0 || st.listed_upto == Some(cookie);
@@ -967,8 +954,12 @@ impl Client {
             st.complete = false;
             st.listed_upto = None;
         } else {
+            // Names this client changed while the page was on its way are
+            // already cached as they are now; the page may predate that.
             for e in &entries {
-                st.names.insert(e.name.clone(), Some(e.clone()));
+                st.names
+                    .entry(e.name.clone())
+                    .or_insert_with(|| Some(e.clone()));
             }
             if contiguous && eof {
                 st.complete = true;

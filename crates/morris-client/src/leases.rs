@@ -51,10 +51,10 @@ pub(crate) struct EntryState {
     /// Bumped by every local write, so read-ahead data fetched before it is dropped.
     pub local_writes: u64,
     /// Bumped whenever this client applies a change to the state (an
-    /// answer to its own Link/Unlink/Rename/SetAttr, a local write). An
-    /// answer to a read sent before (Lookup, ReadDir, a refetch of the
-    /// inode) may describe the state before that change, so it is cached
-    /// only if the version is still the one it was sent under.
+    /// answer to its own Link/Unlink/Rename/SetAttr, a local write). A
+    /// refetch of the inode sent before may describe the state before that
+    /// change, so it is cached only if the version is still the one it was
+    /// sent under. (Names are guarded per name: `fs.rs` `entry_in`.)
     pub version: u64,
     recalled: bool,
     released: bool,

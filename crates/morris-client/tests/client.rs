@@ -186,6 +186,20 @@ fn me() -> Caller {
     Caller::root()
 }
 
+/// Waits until `id`, whose last name is gone, is removed: at once it has
+/// no link left, and it goes a moment later (an open racing the removal
+/// could still find it until then).
+async fn wait_gone(cl: &Client, id: u64, what: &str) {
+    for _ in 0..100 {
+        match cl.getattr(id).await {
+            Ok(i) => assert_eq!(i.attr.nlink, 0, "{what} still has a name"),
+            Err(_) => return,
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("{what} still exists after 10 s");
+}
+
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
@@ -380,10 +394,7 @@ async fn namespace_operations() {
         cl.lookup(d.id, b"f").await.unwrap_err().code,
         ErrorCode::NotFound
     );
-    assert!(
-        cl.getattr(g.id).await.is_err(),
-        "replaced file still exists"
-    );
+    wait_gone(&cl, g.id, "the replaced file").await;
     // Directory moves: into itself is refused; elsewhere updates '..'.
     let sub = cl.mkdir(d.id, b"sub", 0o755, &me()).await.unwrap();
     assert_eq!(
@@ -410,7 +421,7 @@ async fn namespace_operations() {
     cl.unlink(e.id, b"g", &me()).await.unwrap();
     assert_eq!(cl.getattr(f.id).await.unwrap().attr.nlink, 1);
     cl.unlink(e.id, b"f2", &me()).await.unwrap();
-    assert!(cl.getattr(f.id).await.is_err());
+    wait_gone(&cl, f.id, "a file whose last name was removed").await;
     // readdir pages with cookies.
     for i in 0..250 {
         cl.create(
