@@ -9,6 +9,7 @@ mod bench;
 mod daemon;
 mod format;
 mod fsck;
+mod hold;
 mod mount;
 mod mountinfo;
 mod nfs;

@@ -15,6 +15,7 @@ use tracing::{info, warn};
 
 use crate::admin::{self, Session};
 use crate::format::{describe, format_volume, new_descriptor};
+use crate::hold;
 use crate::mount::{self, MountTuning};
 use crate::mountinfo;
 use crate::runtime::{self, Terminate};
@@ -388,15 +389,15 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
     };
 
     let name = format!("up@{}:{}", mount::hostname(), mp.display());
-    let client = rt.block_on(mount::connect(
+    let client = rt.block_on(hold::connect(
         &mut term,
         &addrs[0],
         args.tuning.client_config(name),
     ))?;
-    let guard = match mount::start(&rt, client.clone(), &mp, &args.tuning.mount_options()) {
+    let guard = match hold::start(&rt, client.clone(), &mp, &args.tuning.mount_options()) {
         Ok(g) => g,
         Err(e) => {
-            mount::shutdown_client(&rt, &client);
+            hold::shutdown_client(&rt, &client, &mut term);
             return Err(e);
         }
     };
@@ -421,8 +422,8 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
     println!("mounted at {}", mp.display());
     println!("Ctrl-C (or SIGTERM) unmounts and stops the servers.");
 
-    let held = mount::hold(&rt, &mut term, guard, &mp, || servers.check_exits());
-    mount::shutdown_client(&rt, &client);
+    let held = hold::hold(&rt, &mut term, guard, || servers.check_exits());
+    hold::shutdown_client(&rt, &client, &mut term);
     drop(client);
     rt.shutdown_timeout(Duration::from_secs(5));
     servers.stop();
