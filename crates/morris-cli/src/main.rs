@@ -15,6 +15,7 @@ mod mountinfo;
 mod nfs;
 mod runtime;
 mod server;
+mod servers;
 mod size;
 mod status;
 mod umount;

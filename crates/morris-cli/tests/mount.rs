@@ -714,3 +714,100 @@ fn up_names_what_keeps_its_mount_busy_and_unmounts_once_free() {
     assert!(status.success(), "{status}\n{}", up.output());
     assert!(!is_mounted(&up.mnt));
 }
+
+/// The pids `morris up` logged for restarts of server `i`, in order.
+fn restarted_pids(log: &str, i: usize) -> Vec<u32> {
+    let what = format!("server {i} restarted");
+    log.lines()
+        .filter(|l| l.contains(&what))
+        .filter_map(|l| l.split(" pid=").nth(1))
+        .filter_map(|s| s.split_whitespace().next())
+        .filter_map(|s| s.parse().ok())
+        .collect()
+}
+
+/// Issue 13, 6b: `morris up` restarts a server that died (`kill -9`), with
+/// back-off, says what the loss means (with replicas 2 the volume stays
+/// available), keeps the volume usable, and restarts nothing while it shuts
+/// down on Ctrl-C.
+#[test]
+fn up_restarts_a_killed_server_with_back_off() {
+    require_fuse();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = dir.path().canonicalize().expect("canonical");
+    let port = free_ports(2);
+    let mut up = Up::start(
+        &dir,
+        port,
+        "1",
+        &["--servers", "2", "--replicas", "2"],
+        "info",
+    );
+    std::fs::write(up.mnt.join("before"), b"before").expect("write through up's mount");
+    let pids = server_pids(&contents(&up.out));
+    assert_eq!(pids.len(), 2, "{}", up.output());
+
+    signal(pids[1], libc::SIGKILL);
+    let log = wait_for_text(
+        &up.err,
+        "server 1 restarted",
+        Duration::from_secs(60),
+        "morris up to restart the killed server",
+    );
+    assert!(
+        log.contains("server 1 exited (signal: 9 (SIGKILL)); restarting it in 1 s"),
+        "{log}"
+    );
+    assert!(log.contains("the volume stays available"), "{log}");
+    assert!(!log.contains("until `morris up` is restarted"), "{log}");
+    let first = restarted_pids(&log, 1);
+    assert_eq!(first.len(), 1, "{log}");
+    assert!(alive(first[0]) && first[0] != pids[1], "{log}");
+    let addr = format!("127.0.0.1:{}", port + 1);
+    common::wait_for(
+        Duration::from_secs(30),
+        "the restarted server to listen",
+        || {
+            std::net::TcpStream::connect(&addr)
+                .map(drop)
+                .map_err(|e| e.to_string())
+        },
+    );
+    std::fs::write(up.mnt.join("after"), b"after").expect("write after the restart");
+    assert_eq!(
+        std::fs::read(up.mnt.join("before")).expect("read after the restart"),
+        b"before"
+    );
+
+    // Killed again at once: the next restart waits longer.
+    signal(first[0], libc::SIGKILL);
+    let log = common::wait_for(
+        Duration::from_secs(60),
+        "morris up to restart the server a second time",
+        || {
+            let log = contents(&up.err);
+            if restarted_pids(&log, 1).len() == 2 {
+                Ok(log)
+            } else {
+                Err(log)
+            }
+        },
+    );
+    assert!(log.contains("restarting it in 2 s"), "{log}");
+    let last = restarted_pids(&log, 1)[1];
+
+    signal(up.pid(), libc::SIGINT);
+    let status = up.wait_exit(Duration::from_secs(60), "after SIGINT");
+    assert!(status.success(), "{status}\n{}", up.output());
+    assert!(!is_mounted(&up.mnt));
+    let log = contents(&up.err);
+    assert_eq!(
+        restarted_pids(&log, 1).len(),
+        2,
+        "a server was restarted while shutting down:\n{log}"
+    );
+    assert!(!log.contains("server 0 exited"), "{log}");
+    for p in [pids[0], last] {
+        assert!(!alive(p), "server pid {p} survived:\n{log}");
+    }
+}
