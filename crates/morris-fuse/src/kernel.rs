@@ -321,7 +321,16 @@ fn unmount_helper(path: &Path, lazy: bool) -> Result<(), Failure> {
         let msg = String::from_utf8_lossy(&out.stderr).trim().to_string();
         return Err(if msg.contains("busy") {
             Failure::Busy
-        } else if msg.contains("not found") || msg.contains("not mounted") {
+        } else if [
+            "not found",
+            "not mounted",
+            "Invalid argument",
+            "No such file",
+        ]
+        .iter()
+        .any(|m| msg.contains(m))
+        {
+            // The caller looks at the mount table again.
             Failure::NotMounted
         } else {
             Failure::Other(UnmountError::Helper {
