@@ -1,23 +1,21 @@
-//! `morris mount`: a FUSE mount of a volume, in the foreground or as a daemon;
-//! and the mount lifecycle `morris up` shares.
+//! `morris mount`: a FUSE mount of a volume, in the foreground or as a daemon
+//! (its lifecycle, shared with `morris up`, is in `hold`).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
-use morris_client::{Client, ClientConfig};
-use morris_fuse::{MountGuard, MountOptions};
-use tokio::runtime::Runtime;
-use tracing::{info, warn};
+use morris_client::ClientConfig;
+use morris_fuse::MountOptions;
+use tracing::info;
 
 use crate::daemon::{self, Notifier};
+use crate::hold::{self, connect, shutdown_client};
 use crate::mountinfo;
 use crate::runtime::{self, Terminate};
 use crate::size::parse_size;
-use crate::umount::{self, UnmountError};
 
 /// Arguments of `morris mount`.
 #[derive(Debug, Args)]
@@ -149,123 +147,6 @@ pub fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-fn is_mounted(mp: &Path) -> bool {
-    matches!(mountinfo::find(mp), Ok(Some(_)))
-}
-
-/// Mounts `client` at `mp` and waits until the kernel lists the mount.
-pub fn start(
-    rt: &Runtime,
-    client: Arc<Client>,
-    mp: &Path,
-    opts: &MountOptions,
-) -> Result<MountGuard> {
-    let guard = morris_fuse::mount(client, rt.handle().clone(), mp, opts)
-        .with_context(|| format!("cannot mount on {}", mp.display()))?;
-    let start = Instant::now();
-    while !is_mounted(mp) {
-        if start.elapsed() > Duration::from_secs(10) {
-            let _ = guard.unmount();
-            bail!(
-                "the mount on {} did not appear in the mount table",
-                mp.display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(guard)
-}
-
-enum Event {
-    Signal(&'static str),
-    Tick,
-}
-
-/// Serves the mount until it is unmounted from outside or a signal arrives
-/// (then unmounts it: a busy mount is reported and detached lazily on the
-/// next signal). `tick` runs every half second.
-pub fn hold(
-    rt: &Runtime,
-    term: &mut Terminate,
-    guard: MountGuard,
-    mp: &Path,
-    mut tick: impl FnMut(),
-) -> Result<()> {
-    let mut lazy = false;
-    loop {
-        let ev = rt.block_on(async {
-            tokio::select! {
-                sig = term.recv() => Event::Signal(sig),
-                _ = tokio::time::sleep(Duration::from_millis(500)) => Event::Tick,
-            }
-        });
-        match ev {
-            Event::Tick => {
-                tick();
-                if !is_mounted(mp) {
-                    info!(mountpoint = %mp.display(), "unmounted from outside");
-                    break;
-                }
-            }
-            Event::Signal(sig) => {
-                info!(signal = sig, mountpoint = %mp.display(), lazy, "unmounting");
-                match umount::unmount(mp, lazy) {
-                    Ok(()) | Err(UnmountError::NotMounted) => break,
-                    Err(UnmountError::Busy) => {
-                        warn!(
-                            mountpoint = %mp.display(),
-                            "mount is busy (files are open); close them, or signal again \
-                             to detach it lazily"
-                        );
-                        lazy = true;
-                    }
-                    Err(UnmountError::Other(e)) => {
-                        warn!(error = %format!("{e:#}"), "unmount failed; stopping the FUSE session");
-                        return guard.unmount();
-                    }
-                }
-            }
-        }
-    }
-    // The kernel has let go (or will, once open files close, after a lazy
-    // unmount); wait for the FUSE session to end, unless told to stop now.
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("morris-unmount".into())
-        .spawn(move || {
-            let _ = tx.send(guard.join());
-        })
-        .context("cannot start a thread")?;
-    rt.block_on(async {
-        tokio::select! {
-            r = rx => r.unwrap_or_else(|_| Err(anyhow!("the FUSE session thread vanished"))),
-            sig = term.recv() => Err(anyhow!(
-                "{sig} while waiting for open files on {} to close; exiting anyway",
-                mp.display()
-            )),
-        }
-    })
-}
-
-/// Writes back and releases everything the client holds, within a bound.
-pub fn shutdown_client(rt: &Runtime, client: &Client) {
-    let done = rt
-        .block_on(async { tokio::time::timeout(Duration::from_secs(60), client.shutdown()).await });
-    if done.is_err() {
-        warn!("client shutdown did not finish within 60 s; exiting anyway");
-    }
-}
-
-/// Connects a client to the volume through `addr`, giving up on a signal.
-pub async fn connect(term: &mut Terminate, addr: &str, cfg: ClientConfig) -> Result<Arc<Client>> {
-    tokio::select! {
-        r = Client::connect(addr, cfg) => {
-            r.map_err(|e| anyhow!("cannot connect to the volume through {addr}: {e}"))
-        }
-        sig = term.recv() => Err(anyhow!("{sig} while connecting to {addr}")),
-    }
-}
-
 /// Connects, mounts, reports readiness, serves until stopped.
 fn serve(args: &MountArgs, mp: &Path, notifier: &mut Option<Notifier>) -> Result<()> {
     let rt = runtime::build()?;
@@ -276,10 +157,10 @@ fn serve(args: &MountArgs, mp: &Path, notifier: &mut Option<Notifier>) -> Result
     let name = format!("mount@{}:{}", hostname(), mp.display());
     let cfg = args.tuning.client_config(name);
     let client = rt.block_on(connect(&mut term, &args.addr, cfg))?;
-    let guard = match start(&rt, client.clone(), mp, &args.tuning.mount_options()) {
+    let guard = match hold::start(&rt, client.clone(), mp, &args.tuning.mount_options()) {
         Ok(g) => g,
         Err(e) => {
-            shutdown_client(&rt, &client);
+            shutdown_client(&rt, &client, &mut term);
             return Err(e);
         }
     };
@@ -295,8 +176,8 @@ fn serve(args: &MountArgs, mp: &Path, notifier: &mut Option<Notifier>) -> Result
         Some(n) => n.ready(&msg),
         None => println!("{msg}"),
     }
-    let held = hold(&rt, &mut term, guard, mp, || {});
-    shutdown_client(&rt, &client);
+    let held = hold::hold(&rt, &mut term, guard, || {});
+    shutdown_client(&rt, &client, &mut term);
     rt.shutdown_timeout(Duration::from_secs(5));
     held
 }

@@ -1,23 +1,22 @@
 //! `morris up`: a whole local cluster in one command — N servers on
-//! consecutive ports, formatted the first time, mounted — torn down on Ctrl-C.
+//! consecutive ports, formatted the first time, mounted, a server that dies
+//! restarted — torn down on Ctrl-C.
 
-use std::fs::File;
-use std::io::{BufRead, BufReader};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
-use std::time::{Duration, Instant};
+use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use morris_proto::{VolumeDescriptor, DEFAULT_STRIPE_UNIT};
-use tracing::{info, warn};
+use tracing::warn;
 
-use crate::admin::{self, Session};
 use crate::format::{describe, format_volume, new_descriptor};
+use crate::hold;
 use crate::mount::{self, MountTuning};
 use crate::mountinfo;
 use crate::runtime::{self, Terminate};
+use crate::servers::ServerSet;
 use crate::size::{human, parse_stripe_unit};
 
 /// Arguments of `morris up`.
@@ -126,188 +125,6 @@ pub fn classify(
     Ok(Found::Existing(d))
 }
 
-struct ServerProc {
-    addr: String,
-    data: PathBuf,
-    log: PathBuf,
-    child: Child,
-    done: bool,
-}
-
-/// The server processes `up` started; stopped when dropped.
-struct ServerSet {
-    procs: Vec<ServerProc>,
-}
-
-/// The last lines of a log file, for error messages.
-fn tail(path: &Path, lines: usize) -> String {
-    let Ok(f) = File::open(path) else {
-        return String::new();
-    };
-    let all: Vec<String> = BufReader::new(f).lines().map_while(Result::ok).collect();
-    let start = all.len().saturating_sub(lines);
-    all[start..].join("\n")
-}
-
-impl ServerSet {
-    /// Starts `n` servers on 127.0.0.1 ports `port..port+n`.
-    fn spawn(exe: &Path, dir: &Path, port: u16, n: u16, lease_ms: u32) -> Result<Self> {
-        let mut set = ServerSet { procs: Vec::new() };
-        for i in 0..n {
-            let p = port + i;
-            let addr = format!("127.0.0.1:{p}");
-            let data = dir.join(format!("server-{i}"));
-            let log = dir.join(format!("server-{i}.log"));
-            let out = File::options()
-                .create(true)
-                .append(true)
-                .open(&log)
-                .with_context(|| format!("cannot open {}", log.display()))?;
-            let err = out
-                .try_clone()
-                .context("cannot duplicate a log file handle")?;
-            let mut cmd = Command::new(exe);
-            cmd.arg("server")
-                .arg("--data")
-                .arg(&data)
-                .arg("--listen")
-                .arg(&addr)
-                .arg("--lease-ms")
-                .arg(lease_ms.to_string())
-                .stdin(Stdio::null())
-                .stdout(out)
-                .stderr(err)
-                // Own process group: a terminal Ctrl-C reaches `up` only, which
-                // unmounts first and then stops the servers.
-                .process_group(0);
-            let parent = std::process::id() as libc::pid_t;
-            // SAFETY: the closure only makes async-signal-safe syscalls.
-            unsafe {
-                cmd.pre_exec(move || {
-                    // Die with `up` even if it is killed without a chance to clean up.
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    if libc::getppid() != parent {
-                        return Err(std::io::Error::other("parent exited"));
-                    }
-                    Ok(())
-                });
-            }
-            let child = cmd
-                .spawn()
-                .with_context(|| format!("cannot start {} server", exe.display()))?;
-            info!(index = i, %addr, pid = child.id(), "server started");
-            set.procs.push(ServerProc {
-                addr,
-                data,
-                log,
-                child,
-                done: false,
-            });
-        }
-        Ok(set)
-    }
-
-    /// Waits until every server answers hello; returns their (descriptor, index).
-    async fn wait_ready(
-        &mut self,
-        term: &mut Terminate,
-    ) -> Result<Vec<(Option<VolumeDescriptor>, Option<u32>)>> {
-        let id = admin::random_client_id();
-        let mut out = Vec::new();
-        for (i, p) in self.procs.iter_mut().enumerate() {
-            let start = Instant::now();
-            loop {
-                if let Some(status) = p.child.try_wait().context("cannot check a server")? {
-                    p.done = true;
-                    bail!(
-                        "server {i} ({}) exited with {status} before answering; its log {} ends:\n{}",
-                        p.addr,
-                        p.log.display(),
-                        tail(&p.log, 15)
-                    );
-                }
-                let attempt = tokio::select! {
-                    r = Session::open(&p.addr, None, id, "morris-up", Duration::from_secs(2)) => r,
-                    sig = term.recv() => bail!("{sig} while starting the servers"),
-                };
-                match attempt {
-                    Ok(s) => {
-                        out.push((s.descriptor, s.index));
-                        break;
-                    }
-                    Err(e) if start.elapsed() > Duration::from_secs(30) => bail!(
-                        "server {i} did not answer on {} within 30 s ({e:#}); see {}",
-                        p.addr,
-                        p.log.display()
-                    ),
-                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// Warns (once per server) about servers that exited on their own.
-    fn check_exits(&mut self) {
-        for (i, p) in self.procs.iter_mut().enumerate() {
-            if p.done {
-                continue;
-            }
-            if let Ok(Some(status)) = p.child.try_wait() {
-                p.done = true;
-                warn!(
-                    index = i,
-                    addr = %p.addr,
-                    %status,
-                    log = %p.log.display(),
-                    "server exited; the volume is unavailable until `morris up` is restarted"
-                );
-            }
-        }
-    }
-
-    /// SIGTERM to every server, then SIGKILL to those still running after 10 s.
-    fn stop(&mut self) {
-        for p in self.procs.iter().filter(|p| !p.done) {
-            if let Ok(pid) = libc::pid_t::try_from(p.child.id()) {
-                // SAFETY: `pid` is our own child, not yet reaped.
-                unsafe { libc::kill(pid, libc::SIGTERM) };
-            }
-        }
-        let start = Instant::now();
-        loop {
-            let mut running = 0;
-            for p in self.procs.iter_mut().filter(|p| !p.done) {
-                match p.child.try_wait() {
-                    Ok(Some(_)) | Err(_) => p.done = true,
-                    Ok(None) => running += 1,
-                }
-            }
-            if running == 0 {
-                return;
-            }
-            if start.elapsed() > Duration::from_secs(10) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        for p in self.procs.iter_mut().filter(|p| !p.done) {
-            warn!(addr = %p.addr, "server ignored SIGTERM; killing it");
-            let _ = p.child.kill();
-            let _ = p.child.wait();
-            p.done = true;
-        }
-    }
-}
-
-impl Drop for ServerSet {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
 /// Fails with a clear message if a port is taken.
 fn check_ports(port: u16, n: u16) -> Result<()> {
     let last = u32::from(port) + u32::from(n) - 1;
@@ -357,7 +174,7 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
         Terminate::install()?
     };
     let mut servers = ServerSet::spawn(&exe, &dir, args.port, args.servers, args.lease_ms)?;
-    let addrs: Vec<String> = servers.procs.iter().map(|p| p.addr.clone()).collect();
+    let addrs = servers.addrs();
     let hellos = rt.block_on(servers.wait_ready(&mut term))?;
     let (d, fresh) = match classify(&addrs, &hellos, &dir)? {
         Found::Fresh => {
@@ -388,15 +205,15 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
     };
 
     let name = format!("up@{}:{}", mount::hostname(), mp.display());
-    let client = rt.block_on(mount::connect(
+    let client = rt.block_on(hold::connect(
         &mut term,
         &addrs[0],
         args.tuning.client_config(name),
     ))?;
-    let guard = match mount::start(&rt, client.clone(), &mp, &args.tuning.mount_options()) {
+    let guard = match hold::start(&rt, client.clone(), &mp, &args.tuning.mount_options()) {
         Ok(g) => g,
         Err(e) => {
-            mount::shutdown_client(&rt, &client);
+            hold::shutdown_client(&rt, &client, &mut term);
             return Err(e);
         }
     };
@@ -410,19 +227,20 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
         }
     );
     print!("{}", describe(&d));
-    for (i, p) in servers.procs.iter().enumerate() {
+    for (i, (pid, data, log)) in servers.describe().into_iter().enumerate() {
         println!(
-            "  server {i}  pid {}  data {}  log {}",
-            p.child.id(),
-            p.data.display(),
-            p.log.display()
+            "  server {i}  pid {pid}  data {}  log {}",
+            data.display(),
+            log.display()
         );
     }
     println!("mounted at {}", mp.display());
+    println!("A server that dies is restarted (after 1 s, doubling up to 30 s).");
     println!("Ctrl-C (or SIGTERM) unmounts and stops the servers.");
 
-    let held = mount::hold(&rt, &mut term, guard, &mp, || servers.check_exits());
-    mount::shutdown_client(&rt, &client);
+    let replicas = d.replicas;
+    let held = hold::hold(&rt, &mut term, guard, || servers.supervise(replicas));
+    hold::shutdown_client(&rt, &client, &mut term);
     drop(client);
     rt.shutdown_timeout(Duration::from_secs(5));
     servers.stop();

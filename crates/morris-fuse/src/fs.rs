@@ -13,6 +13,7 @@ use std::future::Future;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -91,11 +92,37 @@ impl Shared {
 pub(crate) struct MorrisFs {
     shared: Arc<Shared>,
     rt: Handle,
+    /// Requests handed to tasks and not answered yet.
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// Counts one request in flight until dropped (answered, or dropped with
+/// its task).
+pub(crate) struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    pub(crate) fn enter(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        InFlight(count.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl MorrisFs {
-    /// A file system answering from `client`, running its tasks on `rt`.
-    pub(crate) fn new(client: Arc<Client>, rt: Handle, ttl: Duration, blksize: u32) -> Self {
+    /// A file system answering from `client`, running its tasks on `rt`
+    /// and counting the requests they have not answered in `in_flight`.
+    pub(crate) fn new(
+        client: Arc<Client>,
+        rt: Handle,
+        ttl: Duration,
+        blksize: u32,
+        in_flight: Arc<AtomicUsize>,
+    ) -> Self {
         MorrisFs {
             shared: Arc::new(Shared {
                 client,
@@ -103,6 +130,7 @@ impl MorrisFs {
                 blksize,
             }),
             rt,
+            in_flight,
         }
     }
 
@@ -114,7 +142,12 @@ impl MorrisFs {
         F: FnOnce(Arc<Shared>) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        self.rt.spawn(work(self.shared.clone()));
+        let counted = InFlight::enter(&self.in_flight);
+        let fut = work(self.shared.clone());
+        self.rt.spawn(async move {
+            fut.await;
+            drop(counted);
+        });
     }
 }
 

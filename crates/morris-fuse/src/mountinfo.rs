@@ -7,7 +7,9 @@
 
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
-use std::path::{Path, PathBuf};
+#[cfg(test)]
+use std::path::Path;
+use std::path::PathBuf;
 
 /// A device number as `(major, minor)`.
 pub type Dev = (u32, u32);
@@ -15,6 +17,11 @@ pub type Dev = (u32, u32);
 /// One line of `/proc/self/mountinfo`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountEntry {
+    /// The mount's id (reused by later mounts once this one is gone).
+    pub id: u32,
+    /// The id of the mount this one sits on (for a mount stacked on another
+    /// at the same mount point: that one).
+    pub parent: u32,
     /// Where it is mounted (octal escapes undone, bytes kept exactly).
     pub mount_point: PathBuf,
     /// File system type (`fuse`, `fuse.morris`, `ext4`, ...).
@@ -44,10 +51,15 @@ pub fn parse(text: &str) -> Vec<MountEntry> {
         if sep < 6 || fields.len() < sep + 3 {
             continue;
         }
+        let (Ok(id), Ok(parent)) = (fields[0].parse(), fields[1].parse()) else {
+            continue;
+        };
         let dev = fields[2]
             .split_once(':')
             .and_then(|(major, minor)| Some((major.parse().ok()?, minor.parse().ok()?)));
         out.push(MountEntry {
+            id,
+            parent,
             mount_point: PathBuf::from(OsString::from_vec(unescape(fields[4]))),
             fs_type: fields[sep + 1].to_string(),
             source: String::from_utf8_lossy(&unescape(fields[sep + 2])).into_owned(),
@@ -59,11 +71,27 @@ pub fn parse(text: &str) -> Vec<MountEntry> {
 
 /// The devices of the file systems mounted on `mountpoint`, bottom first
 /// (the last one is the visible one), from the text of `/proc/self/mountinfo`.
+#[cfg(test)]
 pub(crate) fn devices_in(mountinfo: &str, mountpoint: &Path) -> Vec<Dev> {
     parse(mountinfo)
         .into_iter()
         .filter(|m| m.mount_point == mountpoint)
         .filter_map(|m| m.dev)
+        .collect()
+}
+
+/// The mounts of device `dev` (one file system can be mounted at several
+/// places, e.g. by bind mounts), each with whether another mount covers it.
+pub(crate) fn mounts_of(mountinfo: &str, dev: Dev) -> Vec<(MountEntry, bool)> {
+    let all = parse(mountinfo);
+    all.iter()
+        .filter(|m| m.dev == Some(dev))
+        .map(|m| {
+            let covered = all
+                .iter()
+                .any(|o| o.parent == m.id && o.mount_point == m.mount_point);
+            (m.clone(), covered)
+        })
         .collect()
 }
 
@@ -73,6 +101,7 @@ pub(crate) fn read() -> Option<String> {
 }
 
 /// The device of the file system visible on `mountpoint` now.
+#[cfg(test)]
 pub(crate) fn device(mountpoint: &Path) -> Option<Dev> {
     devices_in(&read()?, mountpoint).last().copied()
 }
@@ -145,6 +174,19 @@ garbage line
         assert!(devices_in(SAMPLE, Path::new("/mnt/bad")).is_empty());
         assert!(devices_in(SAMPLE, Path::new("/mnt")).is_empty());
         assert!(devices_in("", Path::new("/")).is_empty());
+    }
+
+    #[test]
+    fn mounts_of_a_device_and_what_covers_them() {
+        let a = mounts_of(SAMPLE, (0, 31));
+        assert_eq!(a.len(), 1);
+        assert_eq!(a[0].0.mount_point, Path::new("/mnt/a"));
+        assert_eq!((a[0].0.id, a[0].0.parent), (35, 22));
+        assert!(a[0].1, "mount 37 sits on 35 at the same path");
+        let top = mounts_of(SAMPLE, (0, 33));
+        assert_eq!(top.len(), 1);
+        assert!(!top[0].1);
+        assert!(mounts_of(SAMPLE, (0, 99)).is_empty());
     }
 
     #[test]

@@ -138,6 +138,13 @@ fn can_mount() -> bool {
 }
 
 fn mount_root_only(dir: &Path) -> (MountGuard, Arc<RootOnlyCounters>, Arc<KernelInvalidator>) {
+    mount_root_only_with(dir, Method::Direct)
+}
+
+fn mount_root_only_with(
+    dir: &Path,
+    method: Method,
+) -> (MountGuard, Arc<RootOnlyCounters>, Arc<KernelInvalidator>) {
     let counters = Arc::new(RootOnlyCounters::default());
     let slot = Mutex::new(None);
     let opts = MountOptions {
@@ -150,7 +157,7 @@ fn mount_root_only(dir: &Path) -> (MountGuard, Arc<RootOnlyCounters>, Arc<Kernel
         largest_read: counters.largest_read.clone(),
         largest_write: counters.largest_write.clone(),
     };
-    let guard = start(fs, dir, &opts, |inv| {
+    let guard = start(fs, dir, &opts, method, Arc::default(), |inv| {
         if let Ok(mut s) = slot.lock() {
             *s = Some(inv);
         }
@@ -188,14 +195,20 @@ fn mounted(dir: &Path) -> bool {
     !mountinfo::devices_in(&text, &dir).is_empty()
 }
 
-fn umount(path: &Path) -> io::Result<()> {
-    let c = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
+/// Unmounts whatever is on `path`, as an administrator would.
+fn umount_flags(path: &Path, flags: libc::c_int) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
     // SAFETY: c is NUL-terminated and outlives the call.
-    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+    if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
         Ok(())
     } else {
         Err(io::Error::last_os_error())
     }
+}
+
+fn umount(path: &Path) -> io::Result<()> {
+    umount_flags(path, 0)
 }
 
 #[test]
@@ -204,7 +217,7 @@ fn mount_options_invalidation_busy_unmount() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let (mut guard, counters, inv) = mount_root_only(dir.path());
+    let (guard, counters, inv) = mount_root_only(dir.path());
     let getattrs = &counters.getattrs;
     let mp = guard.mountpoint().to_path_buf();
 
@@ -219,7 +232,7 @@ fn mount_options_invalidation_busy_unmount() {
     assert!(line.contains("default_permissions"), "{line}");
     assert!(line.contains("allow_other"), "{line}");
     assert!(line.contains("nosuid") && line.contains("nodev"), "{line}");
-    let dev = guard.dev.expect("device");
+    let dev = guard.device();
     assert_eq!(
         mountinfo::readahead(dev).expect("read_ahead_kb"),
         u64::from(fs::MAX_IO)
@@ -269,14 +282,33 @@ fn mount_options_invalidation_busy_unmount() {
 
     // A busy mount is not unmounted, and keeps working.
     let open_dir = std::fs::File::open(&mp).expect("open root");
-    let err = guard.try_unmount().expect_err("busy mount unmounted");
-    assert!(format!("{err:#}").contains("busy"), "{err:#}");
+    let err = guard.unmount(false).expect_err("busy mount unmounted");
+    assert!(
+        matches!(err, UnmountError::Busy { in_flight: 0, .. }),
+        "{err:?}"
+    );
+    assert!(format!("{err}").contains("busy"), "{err}");
     assert!(mounted(&mp));
+    assert_eq!(guard.state(), MountState::Mounted);
+    let found = guard.holders();
+    assert!(
+        found
+            .holders
+            .iter()
+            .any(|h| h.pid == std::process::id() && h.uses.contains(&Use::OpenFile)),
+        "{found}"
+    );
     std::fs::metadata(&mp).expect("stat while busy");
     drop(open_dir);
 
-    guard.unmount().expect("unmount");
+    guard.unmount(false).expect("unmount");
     assert!(!mounted(&mp));
+    assert!(
+        guard.wait_ended(Duration::from_secs(10)),
+        "session still running"
+    );
+    assert_eq!(guard.state(), MountState::Ended);
+    guard.join().expect("session result");
     // Invalidations after unmount are dropped quietly.
     inv.inode(1);
 }
@@ -311,10 +343,27 @@ fn bad_options_are_refused_before_mounting() {
         fsname: "a,b".into(),
         ..MountOptions::default()
     };
-    assert!(start(fs, dir.path(), &opts, |_| {}).is_err());
+    let err = start(
+        fs,
+        dir.path(),
+        &opts,
+        Method::Direct,
+        Arc::default(),
+        |_| {},
+    )
+    .expect_err("bad name accepted");
+    assert!(matches!(err, MountError::BadName(_)), "{err:?}");
     let fs = RootOnly::unmounted();
     let missing = dir.path().join("missing");
-    let err = start(fs, &missing, &MountOptions::default(), |_| {}).expect_err("no mount point");
+    let err = start(
+        fs,
+        &missing,
+        &MountOptions::default(),
+        Method::Direct,
+        Arc::default(),
+        |_| {},
+    )
+    .expect_err("no mount point");
     assert!(format!("{err:#}").contains("missing"), "{err:#}");
 }
 
@@ -325,19 +374,119 @@ fn session_settings() {
         allow_other: false,
         ..MountOptions::default()
     };
-    let c = session_config(&opts, true);
+    let c = session_config(&opts);
     assert_eq!(c.n_threads, Some(1));
     assert!(c.clone_fd);
     assert_eq!(c.acl, SessionACL::Owner);
-    assert!(c.mount_options.contains(&MountOption::DefaultPermissions));
-    assert!(c
-        .mount_options
-        .contains(&MountOption::FSName("morris".into())));
-    assert!(!c.mount_options.contains(&MountOption::AutoUnmount));
-    let c = session_config(&MountOptions::default(), false);
+    assert!(c.mount_options.is_empty(), "fuser mounts nothing itself");
+    let c = session_config(&MountOptions::default());
     assert_eq!(c.n_threads, Some(4));
     assert_eq!(c.acl, SessionACL::All);
-    assert!(c
-        .mount_options
-        .contains(&MountOption::Subtype("morris".into())));
+}
+
+#[test]
+fn unmounting_after_an_outside_lazy_detach_is_success() {
+    if !can_mount() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (guard, _, _) = mount_root_only(dir.path());
+    let mp = guard.mountpoint().to_path_buf();
+    umount_flags(&mp, libc::MNT_DETACH).expect("umount -l");
+    // Nothing was open: the kernel ends the session at once.
+    assert!(
+        guard.wait_ended(Duration::from_secs(10)),
+        "session still running"
+    );
+    assert_eq!(guard.state(), MountState::Ended);
+    guard.unmount(false).expect("already gone is success");
+    guard
+        .unmount(true)
+        .expect("already gone is success, lazily too");
+    guard.join().expect("session result");
+}
+
+#[test]
+fn a_lazily_detached_mount_serves_its_open_files_until_they_close() {
+    if !can_mount() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (guard, _, _) = mount_root_only(dir.path());
+    let mp = guard.mountpoint().to_path_buf();
+    let open_dir = std::fs::File::open(&mp).expect("open root");
+    umount_flags(&mp, libc::MNT_DETACH).expect("umount -l");
+    assert!(!mounted(&mp));
+    assert_eq!(guard.state(), MountState::Detached);
+    let found = guard.holders();
+    assert!(
+        found.holders.iter().any(|h| h.pid == std::process::id()),
+        "{found}"
+    );
+    // Unmounting something already detached is success.
+    guard.unmount(false).expect("detached is unmounted");
+    assert!(!guard.has_ended());
+    drop(open_dir);
+    assert!(
+        guard.wait_ended(Duration::from_secs(10)),
+        "session outlived the last file"
+    );
+    guard.join().expect("session result");
+}
+
+#[test]
+fn a_newer_mount_on_the_same_directory_is_not_ours() {
+    if !can_mount() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (old, _, _) = mount_root_only(dir.path());
+    let mp = old.mountpoint().to_path_buf();
+    let old_dev = old.device();
+    umount(&mp).expect("umount from outside");
+    let (new, _, _) = mount_root_only(dir.path());
+    // The kernel hands the freed device number out again (usually at once):
+    // it does not identify a mount once its connection has ended.
+    eprintln!("old device {old_dev:?}, new device {:?}", new.device());
+    assert!(old.wait_ended(Duration::from_secs(10)));
+    assert_eq!(old.state(), MountState::Ended);
+    old.unmount(false).expect("nothing of ours to unmount");
+    old.unmount(true).expect("nothing of ours to unmount");
+    drop(old);
+    assert!(mounted(&mp), "the old guard unmounted the new mount");
+    assert_eq!(new.state(), MountState::Mounted);
+    assert!(std::fs::metadata(&mp).expect("stat the new mount").is_dir());
+    drop(new);
+    assert!(!mounted(&mp));
+}
+
+#[test]
+fn the_helper_mounts_and_unmounts() {
+    if !can_mount() {
+        return;
+    }
+    if std::process::Command::new("fusermount3")
+        .arg("-V")
+        .output()
+        .is_err()
+    {
+        panic!("fusermount3 is missing (install the fuse3 package)");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (guard, counters, _) = mount_root_only_with(dir.path(), Method::Helper);
+    let mp = guard.mountpoint().to_path_buf();
+    let text = mountinfo::read().expect("mountinfo");
+    let line = text
+        .lines()
+        .rfind(|l| l.split(' ').nth(4).map(OsStr::new) == Some(mp.as_os_str()))
+        .expect("mountinfo line")
+        .to_string();
+    assert!(line.contains(" - fuse.morris morris-test "), "{line}");
+    assert!(line.contains("nosuid") && line.contains("nodev"), "{line}");
+    std::fs::metadata(&mp).expect("stat");
+    assert!(counters.getattrs.load(Ordering::SeqCst) >= 1);
+    assert_eq!(guard.requests_in_flight(), 0);
+    guard.unmount(false).expect("unmount");
+    assert!(guard.wait_ended(Duration::from_secs(10)));
+    assert!(!mounted(&mp));
 }

@@ -449,13 +449,12 @@ pub struct Mount {
     /// The mount process's log (stdout and stderr).
     pub log: PathBuf,
     child: Option<Child>,
-    _dir: TempDir,
+    _dir: Option<TempDir>,
 }
 
 impl Mount {
     /// Runs `morris mount ADDR <tempdir> EXTRA...` and waits for the mount.
     pub fn start(addr: &str, extra: &[&str]) -> Mount {
-        require_fuse();
         let dir = tempfile::Builder::new()
             .prefix("morris-mount-")
             .tempdir()
@@ -467,10 +466,20 @@ impl Mount {
             .join("mnt");
         std::fs::create_dir(&path).expect("cannot create the mount point");
         let log = dir.path().join("mount.log");
-        let out = File::create(&log).expect("cannot create the mount log");
+        let mut m = Mount::start_at(addr, &path, &log, extra);
+        m._dir = Some(dir);
+        m
+    }
+
+    /// Runs `morris mount ADDR PATH EXTRA...` (an existing, absolute
+    /// directory), logging to `log`, and waits until it says it has mounted
+    /// and `path` is a mount point.
+    pub fn start_at(addr: &str, path: &Path, log: &Path, extra: &[&str]) -> Mount {
+        require_fuse();
+        let out = File::create(log).expect("cannot create the mount log");
         let err = out.try_clone().expect("cannot clone a file handle");
         let mut cmd = Command::new(MORRIS);
-        cmd.arg("mount").arg(addr).arg(&path).args(extra);
+        cmd.arg("mount").arg(addr).arg(path).args(extra);
         if !is_root() {
             cmd.arg("--no-allow-other");
         }
@@ -484,11 +493,11 @@ impl Mount {
         die_with_parent(&mut cmd);
         let mut child = cmd.spawn().expect("cannot start morris mount");
         let start = Instant::now();
-        while !is_mounted(&path) {
+        while !(is_mounted(path) && read_log(log).contains("mounted volume")) {
             if let Ok(Some(status)) = child.try_wait() {
                 panic!(
                     "morris mount exited with {status} before mounting; its log:\n{}",
-                    read_log(&log)
+                    read_log(log)
                 );
             }
             if start.elapsed() > Duration::from_secs(30) {
@@ -497,16 +506,16 @@ impl Mount {
                 panic!(
                     "{} not mounted after 30 s; morris mount log:\n{}",
                     path.display(),
-                    read_log(&log)
+                    read_log(log)
                 );
             }
             std::thread::sleep(Duration::from_millis(25));
         }
         Mount {
-            path,
-            log,
+            path: path.to_path_buf(),
+            log: log.to_path_buf(),
             child: Some(child),
-            _dir: dir,
+            _dir: None,
         }
     }
 
@@ -527,7 +536,13 @@ impl Mount {
 }
 
 impl Drop for Mount {
+    /// Unmounts (by path) and ends the process, if it still runs; a process
+    /// that has exited by itself is not asked about, nor is its path,
+    /// where something else may be mounted by now.
     fn drop(&mut self) {
+        if self.child.is_none() {
+            return;
+        }
         for attempt in 0..20 {
             if !is_mounted(&self.path) {
                 break;
