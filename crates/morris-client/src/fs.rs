@@ -379,6 +379,20 @@ impl Client {
                     )
                     .await;
                 self.leases.forget(inode.id);
+                if e.code == ErrorCode::Exists && !exclusive {
+                    // Made meanwhile by another request of this client (the
+                    // NFS gateway runs several at once): O_CREAT without
+                    // O_EXCL opens that one.
+                    if let Some(found) = self.server_entry(&g, name).await? {
+                        g.entry
+                            .state
+                            .lock()
+                            .names
+                            .insert(name.to_vec(), Some(found.clone()));
+                        drop(g);
+                        return self.do_getattr(found.child.id).await;
+                    }
+                }
                 return Err(e);
             }
         };
