@@ -275,9 +275,30 @@ pub fn verify_append(
     out
 }
 
-/// Checks the turn-taking file: exactly `count` lines, line `i` written
-/// through target `i % targets`, in order (`uncertain`: the last append
-/// failed, so `count + 1` lines are also accepted).
+/// Parses one turn line (without its newline): (i, target).
+fn parse_turn(run_seed: u64, line: &[u8]) -> Option<(u64, u32)> {
+    if line.len() != TURN_LEN - 1 {
+        return None;
+    }
+    let text = std::str::from_utf8(line).ok()?;
+    let mut f = text.split(' ');
+    if f.next()? != "T" {
+        return None;
+    }
+    let i: u64 = f.next()?.parse().ok()?;
+    let m: u32 = f.next()?.parse().ok()?;
+    let c = u64::from_str_radix(f.next()?, 16).ok()?;
+    let rest = f.next()?;
+    if f.next().is_some() || !rest.bytes().all(|b| b == b'.') {
+        return None;
+    }
+    (c == check(run_seed, &[2, i, u64::from(m)])).then_some((i, m))
+}
+
+/// Checks the turn-taking file: line `i` (appended through target
+/// `i % targets`) is there exactly once for every append that succeeded
+/// (`count` of them, one at a time), in order, intact, and nothing else;
+/// `uncertain`: the append after them failed, so it may be there too.
 pub fn verify_turns(
     run_seed: u64,
     data: &[u8],
@@ -287,24 +308,50 @@ pub fn verify_turns(
 ) -> Vec<Finding> {
     let mut out = Vec::new();
     let (ls, tail) = lines(data);
-    let n = ls.len() as u64;
-    for (i, (off, line)) in ls.iter().enumerate() {
-        let i = i as u64;
-        let want = turn_line(run_seed, i, (i % u64::from(targets.max(1))) as u32);
-        if line.len() + 1 != want.len() || **line != want[..want.len() - 1] {
+    let targets = u64::from(targets.max(1));
+    let mut seen: BTreeMap<u64, u32> = BTreeMap::new();
+    let mut prev: Option<(u64, u64)> = None;
+    let mut corrupt = 0usize;
+    for (off, line) in &ls {
+        let Some((i, m)) = parse_turn(run_seed, line) else {
+            corrupt += 1;
+            if corrupt <= 20 {
+                out.push(Finding {
+                    kind: "corrupt-line",
+                    offset: Some(*off),
+                    detail: format!(
+                        "expected a {TURN_LEN}-byte line, got {}",
+                        describe_line(line)
+                    ),
+                });
+            }
+            continue;
+        };
+        if u64::from(m) != i % targets {
             out.push(Finding {
                 kind: "wrong-line",
                 offset: Some(*off),
-                detail: format!(
-                    "line {i}: expected {:?}, got {}",
-                    String::from_utf8_lossy(&want[..want.len() - 1]),
-                    describe_line(line)
-                ),
+                detail: format!("line {i} says it went through target {m}, but it was appended through target {}", i % targets),
             });
-            if out.len() >= 20 {
-                break;
+        }
+        *seen.entry(i).or_default() += 1;
+        if let Some((p, p_off)) = prev {
+            if i < p {
+                out.push(Finding {
+                    kind: "out-of-order",
+                    offset: Some(*off),
+                    detail: format!("line {i} comes after line {p} (at offset {p_off}); the appends were one at a time"),
+                });
             }
         }
+        prev = Some((i, *off));
+    }
+    if corrupt > 20 {
+        out.push(Finding {
+            kind: "corrupt-line",
+            offset: None,
+            detail: format!("{} more corrupt lines", corrupt - 20),
+        });
     }
     if let Some((off, t)) = tail {
         out.push(Finding {
@@ -313,6 +360,53 @@ pub fn verify_turns(
             detail: format!("the file ends inside a line: {}", describe_line(t)),
         });
     }
+    let missing: Vec<u64> = (0..count).filter(|i| !seen.contains_key(i)).collect();
+    if !missing.is_empty() {
+        let mut by_target: BTreeMap<u64, usize> = BTreeMap::new();
+        for i in &missing {
+            *by_target.entry(i % targets).or_default() += 1;
+        }
+        let per: Vec<String> = by_target
+            .iter()
+            .map(|(t, n)| format!("{n} appended through target {t}"))
+            .collect();
+        out.push(Finding {
+            kind: "lost-append",
+            offset: None,
+            detail: format!(
+                "{} of the {count} appends that succeeded are not in the file ({}): lines {}",
+                missing.len(),
+                per.join(", "),
+                ranges(&missing)
+            ),
+        });
+    }
+    let dups: Vec<u64> = seen
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(i, _)| *i)
+        .collect();
+    if !dups.is_empty() {
+        out.push(Finding {
+            kind: "duplicate",
+            offset: None,
+            detail: format!(
+                "{} lines appear more than once: {}",
+                dups.len(),
+                ranges(&dups)
+            ),
+        });
+    }
+    let limit = count + u64::from(uncertain);
+    let phantom: Vec<u64> = seen.keys().copied().filter(|i| *i >= limit).collect();
+    if !phantom.is_empty() {
+        out.push(Finding {
+            kind: "phantom",
+            offset: None,
+            detail: format!("lines never appended: {}", ranges(&phantom)),
+        });
+    }
+    let n = ls.len() as u64;
     if n != count && !(uncertain && n == count + 1) {
         out.push(Finding {
             kind: "line-count",
@@ -427,8 +521,19 @@ mod tests {
             .flat_map(|i| turn_line(3, i, (i % 2) as u32))
             .collect();
         let f = verify_turns(3, &lost, 6, 2, false);
-        assert!(f.iter().any(|x| x.kind == "line-count"), "{f:?}");
-        assert!(f.iter().any(|x| x.kind == "wrong-line"), "{f:?}");
+        let kinds: Vec<_> = f.iter().map(|x| x.kind).collect();
+        assert_eq!(kinds, ["lost-append", "line-count"], "{f:?}");
+        assert!(f[0].detail.contains("1 appended through target 1"), "{f:?}");
+        assert!(f[0].detail.contains("lines 3"), "{f:?}");
+        // A line written over by another (two mounts appending at one offset).
+        let mut clobbered = good.clone();
+        clobbered[TURN_LEN..2 * TURN_LEN].copy_from_slice(&turn_line(3, 2, 0));
+        let f = verify_turns(3, &clobbered, 6, 2, false);
+        let kinds: BTreeSet<_> = f.iter().map(|x| x.kind).collect();
+        assert!(
+            kinds.contains("lost-append") && kinds.contains("duplicate"),
+            "{f:?}"
+        );
         // The last append failed: one more line is accepted.
         assert!(verify_turns(3, &good, 5, 2, true).is_empty());
     }

@@ -149,7 +149,8 @@ pub struct Summary {
     pub violations: u64,
     /// Violations by kind.
     pub violations_by_kind: BTreeMap<String, u64>,
-    /// The first violations, in time order, as text.
+    /// Up to 20 violations as text, in time order: the first of each kind,
+    /// then the earliest others.
     pub first_violations: Vec<String>,
     /// Cleaning the run directory up failed (not a violation).
     pub cleanup_error: Option<String>,
@@ -173,11 +174,25 @@ impl Summary {
             all.extend(r.violations.iter());
         }
         all.sort_by(|a, b| a.t.total_cmp(&b.t));
-        self.first_violations = all
-            .iter()
-            .take(PRINT_VIOLATIONS)
-            .map(|v| v.to_string())
-            .collect();
+        // The earliest of each kind first (so that every kind has an
+        // example), then the earliest others; printed in time order.
+        let mut pick: Vec<usize> = Vec::new();
+        let mut kinds = std::collections::BTreeSet::new();
+        for (i, v) in all.iter().enumerate() {
+            if pick.len() < PRINT_VIOLATIONS && kinds.insert(v.kind.as_str()) {
+                pick.push(i);
+            }
+        }
+        for i in 0..all.len() {
+            if pick.len() >= PRINT_VIOLATIONS {
+                break;
+            }
+            if !pick.contains(&i) {
+                pick.push(i);
+            }
+        }
+        pick.sort_unstable();
+        self.first_violations = pick.iter().map(|i| all[*i].to_string()).collect();
         self.ops = counters.total_ops();
         self.ops_by_kind = counters.ops;
         self.errors = counters.errors;
@@ -198,6 +213,14 @@ mod tests {
             detail: "d".into(),
             t,
         }
+    }
+
+    fn s_reports() -> WorkerReport {
+        let mut a = WorkerReport::default();
+        for i in 0..50 {
+            a.violation(v("zero-read", i as f64));
+        }
+        a
     }
 
     #[test]
@@ -224,5 +247,15 @@ mod tests {
         assert_eq!(s.first_violations.len(), PRINT_VIOLATIONS);
         assert!(s.first_violations[0].starts_with("[stale-read]"));
         assert!(s.first_violations[1].starts_with("[rename-failed]"));
+        // A late kind still gets its example.
+        let mut d = WorkerReport::default();
+        d.violation(v("late-kind", 1000.0));
+        let mut s2 = Summary::default();
+        s2.absorb(&[s_reports(), d]);
+        assert!(s2
+            .first_violations
+            .iter()
+            .any(|x| x.starts_with("[late-kind]")));
+        assert_eq!(s2.first_violations.len(), PRINT_VIOLATIONS);
     }
 }
