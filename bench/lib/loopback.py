@@ -2,9 +2,10 @@
 
 K `morris server` processes on 127.0.0.1 (own data dir and log each, under
 `base`), `morris format`, FUSE mounts (`morris mount ADDR MNT` in the
-foreground, a child process) through one server, and `status` / `fsck`
-through the same server. Servers can be killed (-9) and restarted with the
-same --data/--listen/--lease-ms. Used by metadata.py and resync.py.
+foreground, a child process) through one server, NFS gateways (`morris nfs`)
+through it, and `status` / `fsck` through the same server. Servers can be
+killed (-9) and restarted with the same --data/--listen/--lease-ms. Used by
+metadata.py, resync.py and consistency.py.
 """
 
 import json
@@ -104,7 +105,7 @@ class Volume:
         self.exe, self.base, self.k, self.lease_ms, self.via = exe, base, k, lease_ms, via
         self.own_session, self.quiet_umount = own_session, quiet_umount
         self.procs = [None] * k
-        self.addrs, self.mounts = [], []
+        self.addrs, self.mounts, self.gateways = [], [], []
         os.makedirs(base, exist_ok=True)
         for i in range(k):
             self.addrs.append(f"127.0.0.1:{free_port()}")
@@ -169,6 +170,26 @@ class Volume:
         self.mounts.append((path, p))
         return wait_mounted(path, p, self.mount_log, BenchError)
 
+    def start_nfs(self, timeout=30):
+        """Starts `morris nfs` through the `via` server on a free loopback port
+        (no rpcbind registration); returns the port once its log says it serves."""
+        port = free_port()
+        log_path = os.path.join(self.base, f"nfs-{len(self.gateways)}.log")
+        with open(log_path, "ab") as lf:
+            p = subprocess.Popen([self.exe, "nfs", self.live, "--listen", f"127.0.0.1:{port}", "--no-rpcbind"],
+                                 stdout=lf, stderr=lf, stdin=subprocess.DEVNULL,
+                                 start_new_session=self.own_session)
+        self.gateways.append(p)
+        end = time.time() + timeout
+        while time.time() < end:
+            with open(log_path, errors="replace") as f:
+                if "nfs gateway serving" in f.read():
+                    return port
+            if p.poll() is not None:
+                raise BenchError(f"morris nfs exited with {p.returncode}; see {log_path}")
+            time.sleep(0.05)
+        raise BenchError(f"morris nfs not serving within {timeout} s; see {log_path}")
+
     def umount(self, path):
         for i, (m, p) in enumerate(self.mounts):
             if m == path:
@@ -231,6 +252,12 @@ class Volume:
         return out.returncode, out.stdout + out.stderr
 
     def stop(self):
+        for p in self.gateways:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGTERM)
+        for p in self.gateways:
+            wait_or_kill(p, 20)
+        self.gateways = []
         for m, _ in list(self.mounts):
             self.umount(m)
         for p in self.procs:
