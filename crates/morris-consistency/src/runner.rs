@@ -405,9 +405,29 @@ fn cleanup(home: &mut dyn Access, parent: &mut dyn Access, run_name: &str) -> Re
     }
 }
 
+/// What the coordinator is doing now, for the report if it hangs.
+type Phase = std::sync::Arc<std::sync::Mutex<String>>;
+
+fn set_phase(p: &Phase, what: &str) {
+    if let Ok(mut g) = p.lock() {
+        *g = what.to_string();
+    }
+}
+
+/// Longest a workload may take in all: its run time, the workers' grace
+/// time, and twice the grace time plus a minute for the coordinator's own
+/// set-up, final checks and clean-up.
+fn workload_limit(cfg: &RunConfig) -> Duration {
+    Duration::from_secs_f64(cfg.seconds + 3.0 * cfg.grace + 60.0)
+}
+
 /// Runs every workload of `cfg`; returns one summary each. `Err` only for
 /// failures of the checker's own set-up (no target reachable, no scratch
-/// directory), never for what the file system does.
+/// directory), never for what the file system does. The coordinator's own
+/// file-system calls are bounded too: if set-up, the final checks or the
+/// clean-up of a workload do not return in time ([`workload_limit`]), that
+/// is reported as a violation (`checker-hung`, with the phase) and no
+/// further workload is run.
 pub fn run(cfg: &RunConfig) -> anyhow::Result<Vec<Summary>> {
     let scratch = tempfile::Builder::new()
         .prefix("morris-consistency-")
@@ -415,7 +435,52 @@ pub fn run(cfg: &RunConfig) -> anyhow::Result<Vec<Summary>> {
         .context("cannot create a local scratch directory")?;
     let mut out = Vec::new();
     for w in &cfg.workloads {
-        out.push(run_one(cfg, *w, scratch.path())?);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let phase: Phase = Default::default();
+        let (c, dir, ph, w) = (cfg.clone(), scratch.path().to_path_buf(), phase.clone(), *w);
+        std::thread::spawn(move || {
+            let _ = tx.send(run_one(&c, w, &dir, &ph));
+        });
+        let limit = workload_limit(cfg);
+        match rx.recv_timeout(limit) {
+            Ok(r) => out.push(r?),
+            Err(_) => {
+                let what = phase.lock().map(|g| g.clone()).unwrap_or_default();
+                let mut rep = WorkerReport {
+                    worker: "coordinator".into(),
+                    ..WorkerReport::default()
+                };
+                rep.violation(Violation {
+                    kind: "checker-hung".into(),
+                    worker: "coordinator".into(),
+                    target: cfg.targets.first().map(|t| t.label(0)).unwrap_or_default(),
+                    op: what.clone(),
+                    detail: format!(
+                        "the coordinator's own file-system calls did not return within {limit:?} ({what}); \
+                         no further workload is run"
+                    ),
+                    t: limit.as_secs_f64(),
+                });
+                let mut s = Summary {
+                    workload: w.name().into(),
+                    seed: cfg.seed,
+                    seconds: cfg.seconds,
+                    procs: cfg.params.procs,
+                    replay: cfg.replay(w),
+                    elapsed_s: limit.as_secs_f64(),
+                    targets: cfg
+                        .targets
+                        .iter()
+                        .enumerate()
+                        .map(|(i, t)| t.label(i))
+                        .collect(),
+                    ..Summary::default()
+                };
+                s.absorb(&[rep]);
+                out.push(s);
+                break;
+            }
+        }
     }
     if cfg.keep {
         let kept = scratch.keep();
@@ -427,7 +492,7 @@ pub fn run(cfg: &RunConfig) -> anyhow::Result<Vec<Summary>> {
     Ok(out)
 }
 
-fn run_one(cfg: &RunConfig, w: Workload, scratch: &Path) -> anyhow::Result<Summary> {
+fn run_one(cfg: &RunConfig, w: Workload, scratch: &Path, phase: &Phase) -> anyhow::Result<Summary> {
     let t0 = std::time::Instant::now();
     let mut summary = Summary {
         workload: w.name().into(),
@@ -458,6 +523,7 @@ fn run_one(cfg: &RunConfig, w: Workload, scratch: &Path) -> anyhow::Result<Summa
         return Ok(summary);
     }
     let home_i = applicable[0];
+    set_phase(phase, "make the run directory");
     let run_name = format!("mc-{}-{}-{}", w.name(), cfg.seed, std::process::id());
     let mut parent = cfg.targets[home_i]
         .open(home_i)
@@ -497,6 +563,7 @@ fn run_one(cfg: &RunConfig, w: Workload, scratch: &Path) -> anyhow::Result<Summa
             ..WorkerReport::default()
         },
     };
+    set_phase(phase, "wait until every target sees the run directory");
     for (k, t) in targets.iter().enumerate().skip(1) {
         if let Err(e) = wait_visible(t, k) {
             ctx.violation(
@@ -510,6 +577,7 @@ fn run_one(cfg: &RunConfig, w: Workload, scratch: &Path) -> anyhow::Result<Summa
     let mut home = targets[0]
         .open(0)
         .map_err(|e| anyhow::anyhow!("cannot open the run directory: {e}"))?;
+    set_phase(phase, "set-up (the files the workers start from)");
     match w.setup(&mut ctx, home.as_mut()) {
         Ok(v) => ctx.setup = v,
         Err(e) => ctx.violation("setup-failed", &labels[0], "set-up", e.to_string()),
@@ -553,6 +621,7 @@ fn run_one(cfg: &RunConfig, w: Workload, scratch: &Path) -> anyhow::Result<Summa
     }
 
     // Wait for them: until the deadline plus the grace time.
+    set_phase(phase, "workers running");
     let hard_end = deadline_ns + (cfg.grace * 1e9) as u64;
     loop {
         let mut running = 0;
@@ -623,10 +692,12 @@ fn run_one(cfg: &RunConfig, w: Workload, scratch: &Path) -> anyhow::Result<Summa
     }
 
     // The workload's own final checks.
+    set_phase(phase, "final checks (reading the results back)");
     w.verify(&mut ctx, &reports, home.as_mut());
     reports.push(ctx.report);
     summary.absorb(&reports);
     if !cfg.keep {
+        set_phase(phase, "clean-up (removing the run directory)");
         if let Err(e) = cleanup(home.as_mut(), parent.as_mut(), &run_name) {
             summary.cleanup_error = Some(e);
         }
