@@ -12,8 +12,10 @@
 //! nobody made); its verifiers are unit-tested in the crate itself.
 //!
 //! The volume tests are `#[ignore]`d while today's morris still breaks the
-//! promises they check (each says which); run them with
-//! `cargo test -p morris-cli --test consistency -- --ignored`. The checker
+//! promises they check (each says which: `sqlite` only now and then, the
+//! others every run); run them with
+//! `cargo test -p morris-cli --test consistency -- --ignored`, and drop the
+//! attribute of each once the fix for it has landed. The checker
 //! binary is built here with cargo (same profile and target directory) when
 //! the test binary is built without it.
 
@@ -458,37 +460,37 @@ fn on_volume(workload: &str, replicas: u8, chaos: Chaos, nfs: bool) {
 }
 
 #[test]
-#[ignore = "fails on today's morris: O_APPEND through two mounts loses lines, O_CREAT races answer EEXIST"]
+#[ignore = "fails on today's morris: appends through two mounts in turn lose lines; racing O_CREAT (no O_EXCL) answers EEXIST"]
 fn append_replicas_1() {
     on_volume("append", 1, Chaos::None, false);
 }
 
 #[test]
-#[ignore = "fails on today's morris: O_APPEND through two mounts loses lines, O_CREAT races answer EEXIST"]
+#[ignore = "fails on today's morris: appends through two mounts in turn lose lines; racing O_CREAT (no O_EXCL) answers EEXIST"]
 fn append_replicas_2_with_a_server_killed() {
     on_volume("append", 2, Chaos::KillAndRestart, false);
 }
 
 #[test]
-#[ignore = "fails on today's morris: ESTALE on reads of an open descriptor of a renamed-over file"]
+#[ignore = "fails on today's morris: ESTALE and zero-filled reads of target through open descriptors, even on one mount"]
 fn rename_replace_replicas_1() {
     on_volume("rename-replace", 1, Chaos::None, true);
 }
 
 #[test]
-#[ignore = "fails on today's morris: ESTALE on reads of an open descriptor of a renamed-over file"]
+#[ignore = "fails on today's morris: ESTALE and zero-filled reads of target through open descriptors, even on one mount"]
 fn rename_replace_replicas_2_with_a_server_killed() {
     on_volume("rename-replace", 2, Chaos::KillAndRestart, true);
 }
 
 #[test]
-#[ignore = "fails on today's morris: ESTALE on reads, zero-filled reads, unlink answering ENOENT"]
+#[ignore = "fails on today's morris: ESTALE through open descriptors, zero-filled and short reads, unlink answering ENOENT"]
 fn create_unlink_replicas_1() {
     on_volume("create-unlink", 1, Chaos::None, true);
 }
 
 #[test]
-#[ignore = "fails on today's morris: ESTALE on reads, zero-filled reads, unlink answering ENOENT"]
+#[ignore = "fails on today's morris: ESTALE through open descriptors, zero-filled and short reads, unlink answering ENOENT"]
 fn create_unlink_replicas_2_with_a_server_killed() {
     on_volume("create-unlink", 2, Chaos::KillAndRestart, true);
 }
@@ -518,11 +520,13 @@ fn listing_replicas_2_with_a_server_killed() {
 }
 
 #[test]
+#[ignore = "fails intermittently on today's morris: SQLite COMMIT answers \"disk I/O error\" (seen in 1 of 6 short runs)"]
 fn sqlite_replicas_1() {
     on_volume("sqlite", 1, Chaos::None, false);
 }
 
 #[test]
+#[ignore = "fails intermittently on today's morris: SQLite COMMIT answers \"disk I/O error\" (seen in 1 of 6 short runs)"]
 fn sqlite_replicas_2_with_a_server_killed() {
     on_volume("sqlite", 2, Chaos::KillAndRestart, false);
 }
