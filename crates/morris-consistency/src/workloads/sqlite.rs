@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use rusqlite::{Connection, ErrorCode, TransactionBehavior};
+use rusqlite::{Connection, ErrorCode};
 use serde::{Deserialize, Serialize};
 
 use super::{from_ranges, spread, to_ranges};
@@ -122,6 +122,68 @@ struct Facts {
     uncertain: Vec<(u64, u64)>,
 }
 
+/// Names of SQLITE_IOERR's extended codes (`SQLITE_IOERR | n << 8`).
+const IOERR_NAMES: [&str; 27] = [
+    "",
+    "READ",
+    "SHORT_READ",
+    "WRITE",
+    "FSYNC",
+    "DIR_FSYNC",
+    "TRUNCATE",
+    "FSTAT",
+    "UNLOCK",
+    "RDLOCK",
+    "DELETE",
+    "BLOCKED",
+    "NOMEM",
+    "ACCESS",
+    "CHECKRESERVEDLOCK",
+    "LOCK",
+    "CLOSE",
+    "DIR_CLOSE",
+    "SHMOPEN",
+    "SHMSIZE",
+    "SHMLOCK",
+    "SHMMAP",
+    "SEEK",
+    "DELETE_NOENT",
+    "MMAP",
+    "GETTEMPPATH",
+    "CONVPATH",
+];
+
+/// An extended result code in words (`SQLITE_IOERR_FSTAT, extended code 1802`).
+fn extended(ext: i32) -> String {
+    if ext & 0xff == 10 {
+        let name = usize::try_from(ext >> 8)
+            .ok()
+            .and_then(|i| IOERR_NAMES.get(i))
+            .copied()
+            .unwrap_or("?");
+        format!("SQLITE_IOERR_{name}, extended code {ext}")
+    } else {
+        format!("extended code {ext}")
+    }
+}
+
+/// A SQLite error with its extended code and the errno of the system call
+/// that failed (what a file-system engineer needs to find the cause).
+fn describe(e: &rusqlite::Error, c: &Connection) -> String {
+    let rusqlite::Error::SqliteFailure(f, _) = e else {
+        return e.to_string();
+    };
+    let code = extended(f.extended_code);
+    // SAFETY: sqlite3_system_errno only reads a field of the connection,
+    // which is open and used by this thread alone.
+    let errno = unsafe { rusqlite::ffi::sqlite3_system_errno(c.handle()) };
+    if errno != 0 {
+        format!("{e} ({code}; errno {})", crate::access::errno_name(errno))
+    } else {
+        format!("{e} ({code})")
+    }
+}
+
 /// `Some(allowed?)`: how a SQLite error counts.
 fn classify(e: &rusqlite::Error) -> (&'static str, bool) {
     match e.sqlite_error_code() {
@@ -141,7 +203,7 @@ pub fn work(w: &mut WorkerCtx) -> anyhow::Result<()> {
         anyhow::bail!("sqlite needs a POSIX target");
     };
     let me = w.spec.index as u64;
-    let mut c = match Connection::open(&path) {
+    let c = match Connection::open(&path) {
         Ok(c) => c,
         Err(e) => {
             w.violation(classify(&e).0, &label, "open the database", e.to_string());
@@ -163,7 +225,7 @@ pub fn work(w: &mut WorkerCtx) -> anyhow::Result<()> {
     let mut uncertain = BTreeSet::new();
     let mut pacer = Pacer::per_sec(TX_PER_SEC);
     let mut seq = 0u64;
-    let err = |w: &mut WorkerCtx, what: &str, e: &rusqlite::Error| {
+    let err = |w: &mut WorkerCtx, what: &str, e: &rusqlite::Error, c: &Connection| {
         let (kind, allowed) = classify(e);
         *w.report
             .counters
@@ -174,44 +236,43 @@ pub fn work(w: &mut WorkerCtx) -> anyhow::Result<()> {
             w.report
                 .allowed("SQLITE_BUSY after the busy timeout (rolled back)");
         } else {
-            w.violation(kind, &label, what, e.to_string());
+            w.violation(kind, &label, what, describe(e, c));
         }
     };
     while w.running() {
         pacer.wait();
         let counter = w.rng.range(1, COUNTERS);
-        let tx = match c.transaction_with_behavior(TransactionBehavior::Immediate) {
-            Ok(tx) => tx,
-            Err(e) => {
-                err(w, "BEGIN IMMEDIATE", &e);
-                seq += 1;
-                continue;
-            }
-        };
-        let body = tx
+        if let Err(e) = c.execute_batch("BEGIN IMMEDIATE") {
+            err(w, "BEGIN IMMEDIATE", &e, &c);
+            seq += 1;
+            continue;
+        }
+        let body = c
             .execute(
                 "UPDATE counters SET n = n + 1 WHERE id = ?1",
                 [counter as i64],
             )
             .and_then(|_| {
-                tx.execute(
+                c.execute(
                     "INSERT INTO log(proc, seq, counter) VALUES (?1, ?2, ?3)",
                     [me as i64, seq as i64, counter as i64],
                 )
             });
         match body {
             Err(e) => {
-                err(w, &format!("UPDATE/INSERT of transaction {seq}"), &e);
-                drop(tx);
+                err(w, &format!("UPDATE/INSERT of transaction {seq}"), &e, &c);
+                let _ = c.execute_batch("ROLLBACK");
             }
-            Ok(_) => match tx.commit() {
+            Ok(_) => match c.execute_batch("COMMIT") {
                 Ok(()) => {
                     committed.insert(seq);
                     w.report.op("commit");
                 }
                 Err(e) => {
                     uncertain.insert(seq);
-                    err(w, &format!("COMMIT of transaction {seq}"), &e);
+                    err(w, &format!("COMMIT of transaction {seq}"), &e, &c);
+                    // A COMMIT that failed may leave the transaction open.
+                    let _ = c.execute_batch("ROLLBACK");
                 }
             },
         }
@@ -233,7 +294,7 @@ pub fn work(w: &mut WorkerCtx) -> anyhow::Result<()> {
                     ),
                 ),
                 Ok(_) => w.report.op("read"),
-                Err(e) => err(w, "SELECT count(*)", &e),
+                Err(e) => err(w, "SELECT count(*)", &e, &c),
             }
         }
     }
@@ -356,5 +417,30 @@ pub fn verify(ctx: &mut CoordCtx, reports: &[WorkerReport], _home: &mut dyn Acce
                 format!("{} rows of process {p}, which never ran", s.len()),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_errors_are_named() {
+        assert_eq!(
+            extended(10 | 7 << 8),
+            "SQLITE_IOERR_FSTAT, extended code 1802"
+        );
+        assert_eq!(
+            extended(10 | 10 << 8),
+            "SQLITE_IOERR_DELETE, extended code 2570"
+        );
+        assert_eq!(extended(5), "extended code 5");
+        let busy = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+            None,
+        );
+        assert_eq!(classify(&busy), ("SQLITE_BUSY", true));
+        let io = rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(10 | 7 << 8), None);
+        assert_eq!(classify(&io), ("sqlite-ioerr", false));
     }
 }
