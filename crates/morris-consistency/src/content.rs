@@ -291,7 +291,8 @@ pub fn verify(run_seed: u64, stream: Option<u32>, data: &[u8]) -> Result<BlobInf
         // explain a short read better than its length alone.
         let upto = data
             .len()
-            .min(usize::try_from(info.len).unwrap_or(usize::MAX));
+            .min(usize::try_from(info.len).unwrap_or(usize::MAX))
+            .max(HEADER_LEN);
         check_body(run_seed, info, &data[..upto])?;
         return Err(BlobError::Length {
             version: info.version,
