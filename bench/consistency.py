@@ -88,12 +88,14 @@ class Killer(threading.Thread):
                 self.vol.wait_port(i)
 
 
-def one_config(a, base, replicas, config, workloads):
-    """A fresh volume, the checker over `config`; returns the run's record."""
+def one_config(a, base, replicas, config, workloads, runs):
+    """A fresh volume, the checker over `config`; its record is appended to runs at once
+    (a failed run keeps what it got)."""
     tag = f"r{replicas}-{config}"
+    rec = {"config": config, "replicas": replicas, "workloads": list(workloads), "summaries": []}
+    runs.append(rec)
     vol = Volume(a.exe, os.path.join(base, tag), a.servers, replicas, stripe_unit="64K",
                  lease_ms=a.lease_ms, via=VIA, own_session=True, format_timeout=60, quiet_umount=True)
-    rec = {"config": config, "replicas": replicas, "workloads": list(workloads)}
     killer = None
     try:
         m1 = vol.mount(os.path.join(base, tag, "m1"))
@@ -120,6 +122,10 @@ def one_config(a, base, replicas, config, workloads):
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
         except subprocess.TimeoutExpired as e:
+            def text(b):
+                return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+            rec["summaries"] = [json.loads(ln) for ln in text(e.stdout).splitlines() if ln.startswith("{")]
+            rec["stderr_tail"] = text(e.stderr)[-4000:]
             raise BenchError(f"{tag}: the checker did not finish within {limit:.0f} s") from e
         rec["elapsed_s"] = round(time.time() - t0, 1)
         rec["checker_rc"] = out.returncode
@@ -138,12 +144,13 @@ def one_config(a, base, replicas, config, workloads):
         if killer and killer.is_alive():
             killer.finish()
         vol.stop()
-    return rec
 
 
 def table(runs):
     print(f"\n{'replicas':>8}  {'config':<11} {'workload':<15} {'ops':>9} {'violations':>10}  kinds")
     for r in runs:
+        if r.get("error"):
+            print(f"{r['replicas']:>8}  {r['config']:<11} FAILED: {r['error'][:120]}")
         for s in r.get("summaries", []):
             kinds = ", ".join(f"{k} {n}" for k, n in sorted(s["violations_by_kind"].items(), key=lambda x: -x[1]))
             if s.get("skipped"):
@@ -187,12 +194,20 @@ def main():
     t_all = time.time()
 
     def body():
+        errors = []
         for rep in reps:
             for c in configs:
-                runs.append(one_config(a, base, rep, c, workloads))
+                try:
+                    one_config(a, base, rep, c, workloads, runs)
+                except BenchError as e:
+                    # Recorded; the other configurations still run.
+                    runs[-1]["error"] = str(e)
+                    errors.append(str(e))
+                    log(f"    r{rep}-{c}: {e}")
         bad = sum(s["violations"] for r in runs for s in r["summaries"])
-        if bad:
-            raise BenchError(f"{bad} violations (see the table and {a.out})")
+        if bad or errors:
+            raise BenchError(f"{bad} violations, {len(errors)} failed configurations "
+                             f"(see the table and {a.out})")
 
     failure = run_bench(body, base, lambda d: remove_tree(d, log), log, a.dir, "morris-consistency-logs-")
     summary = {"date": time.strftime("%Y-%m-%d"), "command": " ".join([sys.executable] + sys.argv),

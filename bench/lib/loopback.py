@@ -76,13 +76,19 @@ def run_bench(body, base, remove, log, keep_in, keep_prefix):
     return failure
 
 
-def wait_or_kill(p, timeout):
-    """Waits up to timeout s for process p to exit, else kill -9s it; reaps it either way."""
+def wait_or_kill(p, timeout, reap_timeout=120):
+    """Waits up to timeout s for process p to exit, else kill -9s it and reaps it; a process
+    that even SIGKILL does not end within reap_timeout s (a thread stuck in the kernel, e.g.
+    a FUSE daemon blocked in a notify) is left behind with a message instead of hanging here."""
     try:
         p.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.kill(p.pid, signal.SIGKILL)
-        p.wait()
+        try:
+            p.wait(timeout=reap_timeout)
+        except subprocess.TimeoutExpired:
+            print(f"process {p.pid} ({' '.join(map(str, p.args))[:80]}) not reaped {reap_timeout} s "
+                  f"after SIGKILL: stuck in the kernel; left behind", file=sys.stderr, flush=True)
 
 
 class Volume:

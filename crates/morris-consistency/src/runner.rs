@@ -319,19 +319,31 @@ fn blocked_where(pid: u32) -> String {
         Ok(libc::SYS_fcntl) => "fcntl",
         _ => "",
     };
-    format!(
-        "kernel wchan {:?}, syscall {} {}",
-        wchan.trim(),
-        nr,
-        if name.is_empty() {
-            String::new()
-        } else {
-            format!("({name})")
-        }
-    )
+    // The kernel stack (readable by root) says which request it waits for.
+    let stack: Vec<String> = std::fs::read_to_string(format!("/proc/{pid}/stack"))
+        .unwrap_or_default()
+        .lines()
+        .take(4)
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .map(|f| f.split('+').next().unwrap_or(f).to_string())
+        .collect();
+    let name = if name.is_empty() {
+        String::new()
+    } else {
+        format!(" ({name})")
+    };
+    let stack = if stack.is_empty() {
+        String::new()
+    } else {
+        format!(", kernel stack {}", stack.join(" < "))
+    };
+    format!("kernel wchan {:?}, syscall {nr}{name}{stack}", wchan.trim())
 }
 
-fn spawn_worker(exe: &Path, spec_path: &Path) -> std::io::Result<Child> {
+/// Starts a worker. Its stderr goes to `stderr` (a file in the scratch
+/// directory): a worker stuck in the kernel must not hold the checker's
+/// own output open.
+fn spawn_worker(exe: &Path, spec_path: &Path, stderr: &Path) -> std::io::Result<Child> {
     use std::os::unix::process::CommandExt;
     let mut cmd = Command::new(exe);
     cmd.arg("worker")
@@ -339,7 +351,7 @@ fn spawn_worker(exe: &Path, spec_path: &Path) -> std::io::Result<Child> {
         .arg(spec_path)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
+        .stderr(std::fs::File::create(stderr)?);
     // SAFETY: prctl is async-signal-safe; the closure touches nothing else.
     unsafe {
         cmd.pre_exec(|| {
@@ -378,6 +390,44 @@ fn wait_visible(spec: &TargetSpec, i: usize) -> Result<(), String> {
     }
 }
 
+/// Calls `f` until it succeeds, for at most 30 s; the last error otherwise.
+fn retry_30s<T>(mut f: impl FnMut() -> Result<T, FsError>) -> Result<T, FsError> {
+    let end = now_ns() + 30_000_000_000;
+    loop {
+        match f() {
+            Ok(v) => return Ok(v),
+            Err(e) if now_ns() > end => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+}
+
+/// The summary of a workload whose set-up failed in the file system.
+fn setup_failed(
+    mut summary: Summary,
+    cfg: &RunConfig,
+    what: &str,
+    e: &FsError,
+    t0: std::time::Instant,
+) -> Summary {
+    let mut rep = WorkerReport {
+        worker: "coordinator".into(),
+        ..WorkerReport::default()
+    };
+    rep.error(e);
+    rep.violation(Violation {
+        kind: "setup-failed".into(),
+        worker: "coordinator".into(),
+        target: cfg.targets.first().map(|t| t.label(0)).unwrap_or_default(),
+        op: what.into(),
+        detail: format!("{e} (still failing after 30 s)"),
+        t: 0.0,
+    });
+    summary.absorb(&[rep]);
+    summary.elapsed_s = t0.elapsed().as_secs_f64();
+    summary
+}
+
 /// Removes everything in the run directory and the directory itself.
 fn cleanup(home: &mut dyn Access, parent: &mut dyn Access, run_name: &str) -> Result<(), String> {
     let mut first_err = None;
@@ -405,12 +455,20 @@ fn cleanup(home: &mut dyn Access, parent: &mut dyn Access, run_name: &str) -> Re
     }
 }
 
-/// What the coordinator is doing now, for the report if it hangs.
-type Phase = std::sync::Arc<std::sync::Mutex<String>>;
+/// What the coordinator is doing now, and what it knows so far: for the
+/// report if its own file-system calls hang.
+#[derive(Default)]
+struct Progress {
+    phase: String,
+    /// The summary and reports once the workers are done.
+    partial: Option<(Summary, Vec<WorkerReport>)>,
+}
+
+type Phase = std::sync::Arc<std::sync::Mutex<Progress>>;
 
 fn set_phase(p: &Phase, what: &str) {
     if let Ok(mut g) = p.lock() {
-        *g = what.to_string();
+        g.phase = what.to_string();
     }
 }
 
@@ -445,7 +503,10 @@ pub fn run(cfg: &RunConfig) -> anyhow::Result<Vec<Summary>> {
         match rx.recv_timeout(limit) {
             Ok(r) => out.push(r?),
             Err(_) => {
-                let what = phase.lock().map(|g| g.clone()).unwrap_or_default();
+                let (what, partial) = match phase.lock() {
+                    Ok(mut g) => (g.phase.clone(), g.partial.take()),
+                    Err(_) => (String::new(), None),
+                };
                 let mut rep = WorkerReport {
                     worker: "coordinator".into(),
                     ..WorkerReport::default()
@@ -461,22 +522,28 @@ pub fn run(cfg: &RunConfig) -> anyhow::Result<Vec<Summary>> {
                     ),
                     t: limit.as_secs_f64(),
                 });
-                let mut s = Summary {
-                    workload: w.name().into(),
-                    seed: cfg.seed,
-                    seconds: cfg.seconds,
-                    procs: cfg.params.procs,
-                    replay: cfg.replay(w),
-                    elapsed_s: limit.as_secs_f64(),
-                    targets: cfg
-                        .targets
-                        .iter()
-                        .enumerate()
-                        .map(|(i, t)| t.label(i))
-                        .collect(),
-                    ..Summary::default()
-                };
-                s.absorb(&[rep]);
+                let (mut s, mut reports) = partial.unwrap_or_else(|| {
+                    (
+                        Summary {
+                            workload: w.name().into(),
+                            seed: cfg.seed,
+                            seconds: cfg.seconds,
+                            procs: cfg.params.procs,
+                            replay: cfg.replay(w),
+                            targets: cfg
+                                .targets
+                                .iter()
+                                .enumerate()
+                                .map(|(i, t)| t.label(i))
+                                .collect(),
+                            ..Summary::default()
+                        },
+                        Vec::new(),
+                    )
+                });
+                reports.push(rep);
+                s.elapsed_s = limit.as_secs_f64();
+                s.absorb(&reports);
                 out.push(s);
                 break;
             }
@@ -534,9 +601,15 @@ fn run_one(cfg: &RunConfig, w: Workload, scratch: &Path, phase: &Phase) -> anyho
             let _ = cleanup(old.as_mut(), parent.as_mut(), &run_name);
         }
     }
-    parent
-        .mkdir(&run_name)
-        .map_err(|e| anyhow::anyhow!("cannot make the run directory: {e}"))?;
+    // The checker's own mkdir goes through the file system under test: a
+    // failure (retried for 30 s) is a violation, not a checker error.
+    let made = retry_30s(|| match parent.mkdir(&run_name) {
+        Err(e) if e.is(libc::EEXIST) => Ok(()),
+        r => r,
+    });
+    if let Err(e) = made {
+        return Ok(setup_failed(summary, cfg, "make the run directory", &e, t0));
+    }
     let targets: Vec<TargetSpec> = applicable
         .iter()
         .map(|i| cfg.targets[*i].child(&run_name))
@@ -574,9 +647,10 @@ fn run_one(cfg: &RunConfig, w: Workload, scratch: &Path, phase: &Phase) -> anyho
             );
         }
     }
-    let mut home = targets[0]
-        .open(0)
-        .map_err(|e| anyhow::anyhow!("cannot open the run directory: {e}"))?;
+    let mut home = match retry_30s(|| targets[0].open(0)) {
+        Ok(h) => h,
+        Err(e) => return Ok(setup_failed(summary, cfg, "open the run directory", &e, t0)),
+    };
     set_phase(phase, "set-up (the files the workers start from)");
     match w.setup(&mut ctx, home.as_mut()) {
         Ok(v) => ctx.setup = v,
@@ -615,7 +689,8 @@ fn run_one(cfg: &RunConfig, w: Workload, scratch: &Path, phase: &Phase) -> anyho
         let spec_path = scratch.join(format!("{}-{id}.spec.json", w.name()));
         std::fs::write(&spec_path, serde_json::to_vec(&spec)?)
             .with_context(|| format!("cannot write {}", spec_path.display()))?;
-        let child = spawn_worker(&cfg.exe, &spec_path)
+        let err_path = scratch.join(format!("{}-{id}.stderr", w.name()));
+        let child = spawn_worker(&cfg.exe, &spec_path, &err_path)
             .with_context(|| format!("cannot start worker {}", cfg.exe.display()))?;
         children.push((spec, Some(child)));
     }
@@ -647,19 +722,47 @@ fn run_one(cfg: &RunConfig, w: Workload, scratch: &Path, phase: &Phase) -> anyho
             Ok(Some(s)) => Some(s),
             _ => {
                 let at = blocked_where(child.id());
+                let _ = child.kill();
+                let reaped = reap(&mut child, Duration::from_secs(10));
+                let end = if reaped.is_some() {
+                    "killed".to_string()
+                } else {
+                    format!(
+                        "SIGKILL did not end it within 10 s: it is in an uninterruptible wait \
+                         (a file-system request that is never answered); {}",
+                        blocked_where(child.id())
+                    )
+                };
                 ctx.report.violation(Violation {
                     kind: "worker-hung".into(),
                     worker: who.clone(),
                     target: label.clone(),
                     op: "finish".into(),
                     detail: format!(
-                        "still running {:.0} s after the deadline ({at}); killed",
+                        "still running {:.0} s after the deadline ({at}); {end}",
                         cfg.grace
                     ),
                     t: secs_since(start_ns, now_ns()),
                 });
-                let _ = child.kill();
-                reap(&mut child, Duration::from_secs(10))
+                reaped
+            }
+        };
+        let stderr_tail = || {
+            let text =
+                std::fs::read_to_string(scratch.join(format!("{}-{}.stderr", w.name(), spec.id)))
+                    .unwrap_or_default();
+            let tail: String = text
+                .chars()
+                .rev()
+                .take(1500)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            if tail.trim().is_empty() {
+                String::new()
+            } else {
+                format!("; its stderr ends with: {}", tail.trim())
             }
         };
         match std::fs::read(&spec.result) {
@@ -676,7 +779,7 @@ fn run_one(cfg: &RunConfig, w: Workload, scratch: &Path, phase: &Phase) -> anyho
                 "worker-failed",
                 &label,
                 "read report",
-                format!("{who} exited without a report"),
+                format!("{who} exited without a report{}", stderr_tail()),
             ),
             Err(_) => {
                 if !ctx.report.violations.iter().any(|v| v.worker == who) {
@@ -684,13 +787,22 @@ fn run_one(cfg: &RunConfig, w: Workload, scratch: &Path, phase: &Phase) -> anyho
                         "worker-failed",
                         &label,
                         "finish",
-                        format!("{who} exited with {status:?} and no report"),
+                        format!(
+                            "{who} exited with {status:?} and no report{}",
+                            stderr_tail()
+                        ),
                     );
                 }
             }
         }
     }
 
+    // What is known so far, in case the final checks hang.
+    if let Ok(mut g) = phase.lock() {
+        let mut so_far = reports.clone();
+        so_far.push(ctx.report.clone());
+        g.partial = Some((summary.clone(), so_far));
+    }
     // The workload's own final checks.
     set_phase(phase, "final checks (reading the results back)");
     w.verify(&mut ctx, &reports, home.as_mut());
