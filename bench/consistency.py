@@ -3,11 +3,13 @@
 
 For each replicas value (--replicas, default 1,2) and configuration (--configs):
 
-  one-mount   one FUSE mount                        --dir M1/t
-  two-mounts  two FUSE mounts (two `morris mount`)  --dir M1/t --dir M2/t
-  nfs         one FUSE mount and the NFS gateway    --dir M1/t --nfs GW/t
-              (workloads with an NFS meaning spread their workers over both;
-              append and sqlite are POSIX-only and use the mount alone)
+  one-mount      one FUSE mount                        --dir M1/t
+  two-mounts     two FUSE mounts (two `morris mount`)  --dir M1/t --dir M2/t
+  nfs            the NFS gateway alone                 --nfs GW/t
+                 (append, sqlite and open-unlinked need a POSIX target: skipped)
+  mount-and-nfs  one FUSE mount and the NFS gateway    --dir M1/t --nfs GW/t
+                 (workloads with an NFS meaning spread their workers over both;
+                 append and sqlite are POSIX-only and use the mount alone)
 
 a fresh volume (K `morris server` processes under a temp dir, `format --replicas
 R`, mounts and gateway through server 1, which is never killed) runs every
@@ -20,7 +22,8 @@ them to --out. Exit 1 if any violation was found (the logs of the volume are
 then kept next to the temp dir), 0 otherwise. Needs root (FUSE).
 
 Usage:
-  python3 bench/consistency.py [--minutes 10] [--replicas 1,2] [--configs one-mount,two-mounts,nfs]
+  python3 bench/consistency.py [--minutes 10] [--replicas 1,2]
+      [--configs one-mount,two-mounts,nfs,mount-and-nfs]
       [--workloads all] [--seed 1] [--procs 4] [--kill-every 60] [--down 15]
       [--exe target/release/morris] [--checker target/release/morris-consistency]
 """
@@ -40,9 +43,10 @@ sys.path.insert(0, BENCH)
 from lib.loopback import BenchError, Volume, interrupt_on_signals, require_root_fuse, run_bench  # noqa: E402
 from lib.util import finish, remove_tree  # noqa: E402
 
-CONFIGS = ("one-mount", "two-mounts", "nfs")
+CONFIGS = ("one-mount", "two-mounts", "nfs", "mount-and-nfs")
 WORKLOADS = ("append", "rename-replace", "create-unlink", "open-unlinked", "listing", "sqlite")
 VIA = 1  # the server mounts and the gateway go through; never killed
+NEEDS_POSIX = ("append", "open-unlinked", "sqlite")  # not run on the gateway alone
 
 
 def log(*a):
@@ -92,7 +96,11 @@ def one_config(a, base, replicas, config, workloads, runs):
     """A fresh volume, the checker over `config`; its record is appended to runs at once
     (a failed run keeps what it got)."""
     tag = f"r{replicas}-{config}"
+    if config == "nfs":
+        workloads = [w for w in workloads if w not in NEEDS_POSIX]
     rec = {"config": config, "replicas": replicas, "workloads": list(workloads), "summaries": []}
+    if not workloads:
+        return
     runs.append(rec)
     vol = Volume(a.exe, os.path.join(base, tag), a.servers, replicas, stripe_unit="64K",
                  lease_ms=a.lease_ms, via=VIA, own_session=True, format_timeout=60, quiet_umount=True)
@@ -100,11 +108,11 @@ def one_config(a, base, replicas, config, workloads, runs):
     try:
         m1 = vol.mount(os.path.join(base, tag, "m1"))
         os.mkdir(os.path.join(m1, "t"))
-        args = ["--dir", os.path.join(m1, "t")]
+        args = [] if config == "nfs" else ["--dir", os.path.join(m1, "t")]
         if config == "two-mounts":
             m2 = vol.mount(os.path.join(base, tag, "m2"))
             args += ["--dir", os.path.join(m2, "t")]
-        elif config == "nfs":
+        elif config in ("nfs", "mount-and-nfs"):
             port = vol.start_nfs()
             args += ["--nfs", f"127.0.0.1:{port}/t"]
         seconds = max(1.0, a.minutes * 60 / len(workloads))
@@ -147,15 +155,15 @@ def one_config(a, base, replicas, config, workloads, runs):
 
 
 def table(runs):
-    print(f"\n{'replicas':>8}  {'config':<11} {'workload':<15} {'ops':>9} {'violations':>10}  kinds")
+    print(f"\n{'replicas':>8}  {'config':<13} {'workload':<15} {'ops':>9} {'violations':>10}  kinds")
     for r in runs:
         if r.get("error"):
-            print(f"{r['replicas']:>8}  {r['config']:<11} FAILED: {r['error'][:120]}")
+            print(f"{r['replicas']:>8}  {r['config']:<13} FAILED: {r['error'][:120]}")
         for s in r.get("summaries", []):
             kinds = ", ".join(f"{k} {n}" for k, n in sorted(s["violations_by_kind"].items(), key=lambda x: -x[1]))
             if s.get("skipped"):
                 kinds = f"skipped: {s['skipped']}"
-            print(f"{r['replicas']:>8}  {r['config']:<11} {s['workload']:<15} {s['ops']:>9} "
+            print(f"{r['replicas']:>8}  {r['config']:<13} {s['workload']:<15} {s['ops']:>9} "
                   f"{s['violations']:>10}  {kinds[:110]}")
 
 
