@@ -51,7 +51,6 @@ import argparse
 import errno
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -63,6 +62,7 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
 from lib import loopback  # noqa: E402
 from lib.loopback import BenchError, interrupt_on_signals, require_root_fuse, run_bench  # noqa: E402
+from lib import util  # noqa: E402
 from lib.util import drop_caches, finish, log_times, log_warnings, med  # noqa: E402
 
 ROOT_ID = 1  # the root directory's inode id (owner of range ROOT_ID mod k)
@@ -460,21 +460,9 @@ def takeover_run(a, base, lease_ms, run):
 
 # ---------------------------------------------------------------- main
 
-def mounts_under(d):
-    d = os.path.realpath(d) + "/"
-    with open("/proc/self/mountinfo") as f:
-        return [ln.split()[4] for ln in f if ln.split()[4].startswith(d)]
-
-
 def remove_tree(d):
     """rmtree, but never through a mount that is still there (that would delete inside it)."""
-    for m in mounts_under(d):
-        subprocess.run(["fusermount3", "-uz", m], check=False)
-    left = mounts_under(d)
-    if left:
-        log(f"NOT removing {d}: still mounted: {left}")
-        return
-    shutil.rmtree(d, ignore_errors=True)
+    util.remove_tree(d, log)
 
 
 def trim_ops(r, keep_before=20):

@@ -2,9 +2,10 @@
 
 K `morris server` processes on 127.0.0.1 (own data dir and log each, under
 `base`), `morris format`, FUSE mounts (`morris mount ADDR MNT` in the
-foreground, a child process) through one server, and `status` / `fsck`
-through the same server. Servers can be killed (-9) and restarted with the
-same --data/--listen/--lease-ms. Used by metadata.py and resync.py.
+foreground, a child process) through one server, NFS gateways (`morris nfs`)
+through it, and `status` / `fsck` through the same server. Servers can be
+killed (-9) and restarted with the same --data/--listen/--lease-ms. Used by
+metadata.py, resync.py and consistency.py.
 """
 
 import json
@@ -75,13 +76,19 @@ def run_bench(body, base, remove, log, keep_in, keep_prefix):
     return failure
 
 
-def wait_or_kill(p, timeout):
-    """Waits up to timeout s for process p to exit, else kill -9s it; reaps it either way."""
+def wait_or_kill(p, timeout, reap_timeout=120):
+    """Waits up to timeout s for process p to exit, else kill -9s it and reaps it; a process
+    that even SIGKILL does not end within reap_timeout s (a thread stuck in the kernel, e.g.
+    a FUSE daemon blocked in a notify) is left behind with a message instead of hanging here."""
     try:
         p.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.kill(p.pid, signal.SIGKILL)
-        p.wait()
+        try:
+            p.wait(timeout=reap_timeout)
+        except subprocess.TimeoutExpired:
+            print(f"process {p.pid} ({' '.join(map(str, p.args))[:80]}) not reaped {reap_timeout} s "
+                  f"after SIGKILL: stuck in the kernel; left behind", file=sys.stderr, flush=True)
 
 
 class Volume:
@@ -104,7 +111,7 @@ class Volume:
         self.exe, self.base, self.k, self.lease_ms, self.via = exe, base, k, lease_ms, via
         self.own_session, self.quiet_umount = own_session, quiet_umount
         self.procs = [None] * k
-        self.addrs, self.mounts = [], []
+        self.addrs, self.mounts, self.gateways = [], [], []
         os.makedirs(base, exist_ok=True)
         for i in range(k):
             self.addrs.append(f"127.0.0.1:{free_port()}")
@@ -169,6 +176,26 @@ class Volume:
         self.mounts.append((path, p))
         return wait_mounted(path, p, self.mount_log, BenchError)
 
+    def start_nfs(self, timeout=30):
+        """Starts `morris nfs` through the `via` server on a free loopback port
+        (no rpcbind registration); returns the port once its log says it serves."""
+        port = free_port()
+        log_path = os.path.join(self.base, f"nfs-{len(self.gateways)}.log")
+        with open(log_path, "ab") as lf:
+            p = subprocess.Popen([self.exe, "nfs", self.live, "--listen", f"127.0.0.1:{port}", "--no-rpcbind"],
+                                 stdout=lf, stderr=lf, stdin=subprocess.DEVNULL,
+                                 start_new_session=self.own_session)
+        self.gateways.append(p)
+        end = time.time() + timeout
+        while time.time() < end:
+            with open(log_path, errors="replace") as f:
+                if "nfs gateway serving" in f.read():
+                    return port
+            if p.poll() is not None:
+                raise BenchError(f"morris nfs exited with {p.returncode}; see {log_path}")
+            time.sleep(0.05)
+        raise BenchError(f"morris nfs not serving within {timeout} s; see {log_path}")
+
     def umount(self, path):
         for i, (m, p) in enumerate(self.mounts):
             if m == path:
@@ -231,6 +258,12 @@ class Volume:
         return out.returncode, out.stdout + out.stderr
 
     def stop(self):
+        for p in self.gateways:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGTERM)
+        for p in self.gateways:
+            wait_or_kill(p, 20)
+        self.gateways = []
         for m, _ in list(self.mounts):
             self.umount(m)
         for p in self.procs:

@@ -2,6 +2,7 @@
 
 import datetime
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -49,6 +50,24 @@ def wait_mounted(path, proc, log_path, error=RuntimeError, limit_s=30):
             raise error(f"mount exited with {proc.returncode}; see {log_path}")
         time.sleep(0.05)
     raise error(f"mount did not come up within {limit_s} s")
+
+
+def mounts_under(d):
+    """Mount points of this mount namespace below directory d."""
+    d = os.path.realpath(d) + "/"
+    with open("/proc/self/mountinfo") as f:
+        return [ln.split()[4] for ln in f if ln.split()[4].startswith(d)]
+
+
+def remove_tree(d, log=print):
+    """rmtree, but never through a mount that is still there (that would delete inside it)."""
+    for m in mounts_under(d):
+        subprocess.run(["fusermount3", "-uz", m], check=False)
+    left = mounts_under(d)
+    if left:
+        log(f"NOT removing {d}: still mounted: {left}")
+        return
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def log_warnings(d, limit=40):
