@@ -11,11 +11,8 @@
 //! checker can fail (a file replaced by zeros behind its back, a name
 //! nobody made); its verifiers are unit-tested in the crate itself.
 //!
-//! The volume tests are `#[ignore]`d while today's morris still breaks the
-//! promises they check (each says which: `sqlite` only now and then, the
-//! others every run); run them with
-//! `cargo test -p morris-cli --test consistency -- --ignored`, and drop the
-//! attribute of each once the fix for it has landed. The checker
+//! On 28353db (issue 13) every volume test failed in every run but sqlite,
+//! which failed now and then. The checker
 //! binary is built here with cargo (same profile and target directory) when
 //! the test binary is built without it.
 
@@ -460,73 +457,61 @@ fn on_volume(workload: &str, replicas: u8, chaos: Chaos, nfs: bool) {
 }
 
 #[test]
-#[ignore = "fails on today's morris: appends through two mounts in turn lose lines; racing O_CREAT (no O_EXCL) answers EEXIST"]
 fn append_replicas_1() {
     on_volume("append", 1, Chaos::None, false);
 }
 
 #[test]
-#[ignore = "fails on today's morris: appends through two mounts in turn lose lines; racing O_CREAT (no O_EXCL) answers EEXIST"]
 fn append_replicas_2_with_a_server_killed() {
     on_volume("append", 2, Chaos::KillAndRestart, false);
 }
 
 #[test]
-#[ignore = "fails on today's morris: ESTALE and zero-filled reads of target through open descriptors, even on one mount"]
 fn rename_replace_replicas_1() {
     on_volume("rename-replace", 1, Chaos::None, true);
 }
 
 #[test]
-#[ignore = "fails on today's morris: ESTALE and zero-filled reads of target through open descriptors, even on one mount"]
 fn rename_replace_replicas_2_with_a_server_killed() {
     on_volume("rename-replace", 2, Chaos::KillAndRestart, true);
 }
 
 #[test]
-#[ignore = "fails on today's morris: ESTALE through open descriptors, zero-filled and short reads, unlink answering ENOENT"]
 fn create_unlink_replicas_1() {
     on_volume("create-unlink", 1, Chaos::None, true);
 }
 
 #[test]
-#[ignore = "fails on today's morris: ESTALE through open descriptors, zero-filled and short reads, unlink answering ENOENT"]
 fn create_unlink_replicas_2_with_a_server_killed() {
     on_volume("create-unlink", 2, Chaos::KillAndRestart, true);
 }
 
 #[test]
-#[ignore = "fails on today's morris: a file unlinked on another mount loses its data at once (no cross-client silly rename)"]
 fn open_unlinked_replicas_1() {
     on_volume("open-unlinked", 1, Chaos::None, true);
 }
 
 #[test]
-#[ignore = "fails on today's morris: a file unlinked on another mount loses its data at once (no cross-client silly rename)"]
 fn open_unlinked_replicas_2_with_a_server_killed() {
     on_volume("open-unlinked", 2, Chaos::KillAndRestart, true);
 }
 
 #[test]
-#[ignore = "fails on today's morris: a name renamed over during a listing is listed twice"]
 fn listing_replicas_1() {
     on_volume("listing", 1, Chaos::None, true);
 }
 
 #[test]
-#[ignore = "fails on today's morris: a name renamed over during a listing is listed twice"]
 fn listing_replicas_2_with_a_server_killed() {
     on_volume("listing", 2, Chaos::KillAndRestart, true);
 }
 
 #[test]
-#[ignore = "fails intermittently on today's morris: SQLite COMMIT answers \"disk I/O error\" (seen in 1 of 6 short runs)"]
 fn sqlite_replicas_1() {
     on_volume("sqlite", 1, Chaos::None, false);
 }
 
 #[test]
-#[ignore = "fails intermittently on today's morris: SQLite COMMIT answers \"disk I/O error\" (seen in 1 of 6 short runs)"]
 fn sqlite_replicas_2_with_a_server_killed() {
     on_volume("sqlite", 2, Chaos::KillAndRestart, false);
 }
