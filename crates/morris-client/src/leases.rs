@@ -79,13 +79,22 @@ pub(crate) struct LeaseEntry {
     pub state: Mutex<EntryState>,
     /// Becomes true once the lease has been given back (or dropped).
     gone: tokio::sync::watch::Sender<bool>,
+    /// Requests of this client waiting for the give-back to finish, and a
+    /// wake-up when one starts waiting (`give_back` then stops waiting for
+    /// the kernel: that request may hold the very lock the kernel's
+    /// invalidation needs).
+    waiting: std::sync::atomic::AtomicUsize,
+    waited: tokio::sync::Notify,
 }
 
 impl LeaseEntry {
     /// Waits until a recall or discard of this entry has finished.
     async fn wait_gone(&self) {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        self.waited.notify_waiters();
         let mut rx = self.gone.subscribe();
         let _ = rx.wait_for(|g| *g).await;
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -115,6 +124,16 @@ impl LeaseGuard {
 }
 
 const ACQUIRE_SHARDS: usize = 256;
+
+/// Longest wait for the front end's caches to be invalidated before a lease
+/// is given back (`Invalidator::flush`). Usually they are in microseconds;
+/// but a kernel invalidation waits for the directory or page locks that a
+/// request of this very mount holds, and that request may be waiting for
+/// a lease being given back (this one: the wait stops at once, see
+/// `give_back`; or another one: the wait runs out). The kernel may then
+/// show the old name a moment longer; the client answers `ESTALE` for a
+/// file with no name left, and the kernel looks the name up again.
+const INVALIDATION_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Size and times changed locally under a write lease and not yet stored at
 /// the owner. Kept outside the lease entries, so that losing a lease (owner
@@ -348,11 +367,17 @@ impl Leases {
                     self.discard(&e);
                 }
             }
-            return self.acquire(h, want).await;
+            match self.acquire(h, want).await? {
+                Some(g) => return Ok(g),
+                // Given back before it could be used: ask again.
+                None => continue,
+            }
         }
     }
 
-    async fn acquire(self: &Arc<Self>, h: Handle, want: Mode) -> Result<LeaseGuard> {
+    /// Takes the lease from its owner and returns a use of it; `None` if a
+    /// recall gave it back before the use could be taken (ask again).
+    async fn acquire(self: &Arc<Self>, h: Handle, want: Mode) -> Result<Option<LeaseGuard>> {
         let _serial = self.acquiring[(h.id as usize) % ACQUIRE_SHARDS]
             .lock()
             .await;
@@ -362,7 +387,7 @@ impl Leases {
             if self.usable(&e, want) {
                 let g = e.uses.clone().read_owned().await;
                 if self.usable(&e, want) {
-                    return Ok(LeaseGuard { entry: e, _use: g });
+                    return Ok(Some(LeaseGuard { entry: e, _use: g }));
                 }
             }
             let recalled = e.state.lock().recalled;
@@ -415,6 +440,12 @@ impl Leases {
             self.drop_caches(&old);
         }
         let g = entry.uses.clone().read_owned().await;
+        if entry.state.lock().released {
+            // A recall that arrived between the grant and this use took the
+            // entry first and gave it back (the server no longer counts it):
+            // using it now would write under a lease someone else may hold.
+            return Ok(None);
+        }
         if recalled {
             // Granted and recalled at once: use it for this operation, then give it back.
             let me = self.clone();
@@ -422,7 +453,7 @@ impl Leases {
             tokio::spawn(async move { me.process_recall(e2).await });
         }
         self.maybe_evict();
-        Ok(LeaseGuard { entry, _use: g })
+        Ok(Some(LeaseGuard { entry, _use: g }))
     }
 
     /// Records a lease granted by a request other than Acquire* (e.g.
@@ -468,6 +499,8 @@ impl Leases {
                 released: false,
             }),
             gone: tokio::sync::watch::channel(false).0,
+            waiting: std::sync::atomic::AtomicUsize::new(0),
+            waited: tokio::sync::Notify::new(),
         });
         if mode == Mode::Write {
             if let Some(u) = self.unstored.lock().get(&id).copied() {
@@ -589,6 +622,23 @@ impl Leases {
         // sure of a write lease that another client is granted too.
         entry.state.lock().released = true;
         self.drop_caches(&entry);
+        // The kernel's copies first: once the server hears Release, another
+        // client's change may complete, and a stat here must not then find
+        // the old name or attributes in the kernel's caches.
+        if let Some(inv) = self.invalidator() {
+            // Not while a request of this client waits for this lease: it
+            // may hold the kernel lock an invalidation needs, and is itself
+            // answered afresh once the lease is back at the server.
+            let arrived = entry.waited.notified();
+            tokio::pin!(arrived);
+            arrived.as_mut().enable();
+            if entry.waiting.load(Ordering::SeqCst) == 0 {
+                tokio::select! {
+                    () = inv.flush(INVALIDATION_WAIT) => {}
+                    () = &mut arrived => {}
+                }
+            }
+        }
         if release {
             // One try, bounded: an owner that is down or cut off needs no
             // Release (the lease expires there), and waiting out its
@@ -634,9 +684,12 @@ impl Leases {
                 self.unstored_seq(entry.id),
             )
         };
-        let (reply, _) = self
+        // To whoever serves the inode's range now: after a takeover that
+        // is the copy, not the server that granted the lease.
+        let range = self.layout.inode_server(entry.id);
+        let (_, reply, _) = self
             .pool
-            .call(entry.owner, Request::SetAttr { ino: h, set }, Bytes::new())
+            .call_range(range, Request::SetAttr { ino: h, set }, Bytes::new())
             .await?;
         let Reply::Inode(inode) = reply else {
             return Err(unexpected(&reply));

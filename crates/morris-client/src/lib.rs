@@ -96,6 +96,14 @@ pub trait Invalidator: Send + Sync + 'static {
     fn inode(&self, id: FileId);
     /// The entry `name` of directory `dir` may have changed.
     fn entry(&self, dir: FileId, name: &[u8]);
+    /// Resolves once everything asked for so far has taken effect, or after
+    /// `limit` (an invalidation may wait for a lock that a request of this
+    /// very client holds). A lease is given back only after this, so that
+    /// no cache still shows what another client is about to change.
+    fn flush(&self, limit: std::time::Duration) -> futures::future::BoxFuture<'static, ()> {
+        let _ = limit;
+        Box::pin(std::future::ready(()))
+    }
 }
 
 /// Tunables of a client.
@@ -281,9 +289,27 @@ impl Client {
         self.leases.learn_if_unknown(h);
     }
 
-    /// Attributes of `id` (cached while the read lease is held).
+    /// Attributes of `id` (cached while the read lease is held). A file
+    /// whose last name is gone answers `Stale` unless it is open here (or
+    /// this client removed that name a moment ago): only an open
+    /// descriptor reaches it, and a kernel that asks by a cached name has
+    /// a stale entry to drop and look up again (`stat` then says ENOENT).
     pub async fn getattr(&self, id: FileId) -> Result<Inode> {
-        self.do_getattr(id).await
+        let i = self.do_getattr(id).await?;
+        if i.attr.nlink == 0 && !self.orphan_reachable(i.handle()) {
+            return Err(Error::new(
+                ErrorCode::Stale,
+                format!("file {id} has no name left and is not open here"),
+            ));
+        }
+        Ok(i)
+    }
+
+    /// Whether the orphan `h` may still be used here: it is open on this
+    /// client, or this client removed its last name a moment ago (an
+    /// `open()` that looked the name up just before arrives now).
+    pub(crate) fn orphan_reachable(&self, h: Handle) -> bool {
+        self.opens.is_open(h.id) || self.reaps.lock().contains(&h)
     }
 
     /// A snapshot of `h`'s attributes for a listing, without taking a

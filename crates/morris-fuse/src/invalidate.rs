@@ -10,9 +10,14 @@
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
+use std::time::Duration;
+
 use std::thread::JoinHandle;
+
+use futures::future::BoxFuture;
 
 use fuser::{INodeNo, Notifier};
 use morris_client::{FileId, Invalidator};
@@ -44,20 +49,52 @@ enum Msg {
     Stop,
 }
 
+/// How far the queue has been delivered: messages are numbered as they are
+/// queued, and the thread publishes the number of the last one it handed
+/// to the kernel.
+#[derive(Debug)]
+struct Progress {
+    queued: AtomicU64,
+    delivered: tokio::sync::watch::Sender<u64>,
+}
+
 /// The client library's invalidation sink for one mount. Never blocks.
 #[derive(Debug)]
 pub(crate) struct KernelInvalidator {
     tx: Sender<Msg>,
+    progress: Arc<Progress>,
+}
+
+impl KernelInvalidator {
+    fn send(&self, msg: Msg) {
+        // Numbered under the same order as the channel: a flush waits for
+        // at least every message queued before it.
+        self.progress.queued.fetch_add(1, Ordering::SeqCst);
+        // A send fails only once the mount is gone; nothing is cached then.
+        if self.tx.send(msg).is_err() {
+            self.progress.queued.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
 }
 
 impl Invalidator for KernelInvalidator {
     fn inode(&self, id: FileId) {
-        // A send fails only once the mount is gone; nothing is cached then.
-        let _ = self.tx.send(Msg::Inode(id));
+        self.send(Msg::Inode(id));
     }
 
     fn entry(&self, dir: FileId, name: &[u8]) {
-        let _ = self.tx.send(Msg::Entry(dir, name.to_vec()));
+        self.send(Msg::Entry(dir, name.to_vec()));
+    }
+
+    fn flush(&self, limit: Duration) -> BoxFuture<'static, ()> {
+        let target = self.progress.queued.load(Ordering::SeqCst);
+        let mut rx = self.progress.delivered.subscribe();
+        Box::pin(async move {
+            let reached = tokio::time::timeout(limit, rx.wait_for(|d| *d >= target)).await;
+            if reached.is_err() {
+                tracing::debug!(target, "kernel invalidations still queued; going on");
+            }
+        })
     }
 }
 
@@ -72,11 +109,19 @@ impl Worker {
     /// Starts the thread; returns the sink to register with the client.
     pub(crate) fn start<K: KernelCache>(cache: K) -> io::Result<(Arc<KernelInvalidator>, Worker)> {
         let (tx, rx) = channel();
+        let progress = Arc::new(Progress {
+            queued: AtomicU64::new(0),
+            delivered: tokio::sync::watch::channel(0).0,
+        });
+        let p2 = progress.clone();
         let thread = std::thread::Builder::new()
             .name("morris-inval".into())
-            .spawn(move || run(&cache, &rx))?;
+            .spawn(move || run(&cache, &rx, &p2))?;
         Ok((
-            Arc::new(KernelInvalidator { tx: tx.clone() }),
+            Arc::new(KernelInvalidator {
+                tx: tx.clone(),
+                progress,
+            }),
             Worker {
                 tx,
                 thread: Some(thread),
@@ -104,13 +149,14 @@ impl Drop for Worker {
     }
 }
 
-fn run<K: KernelCache>(cache: &K, rx: &Receiver<Msg>) {
+fn run<K: KernelCache>(cache: &K, rx: &Receiver<Msg>, progress: &Progress) {
     while let Ok(msg) = rx.recv() {
         let (what, id, res) = match &msg {
             Msg::Inode(id) => ("inode", *id, cache.inval_inode(*id)),
             Msg::Entry(dir, name) => ("entry", *dir, cache.inval_entry(*dir, name)),
             Msg::Stop => return,
         };
+        progress.delivered.send_modify(|d| *d += 1);
         match res {
             Ok(()) => tracing::trace!(what, id, "invalidated"),
             // The kernel had nothing cached (fuser already hides ENOENT).
@@ -181,6 +227,43 @@ mod tests {
                 Msg::Entry(7, b"b".to_vec()),
             ]
         );
+    }
+
+    /// A kernel that holds every invalidation of inode 9 until told.
+    struct Gated(Arc<Mutex<std::sync::mpsc::Receiver<()>>>);
+
+    impl KernelCache for Gated {
+        fn inval_inode(&self, id: FileId) -> io::Result<()> {
+            if id == 9 {
+                let rx = self.0.lock().map_err(|_| io::Error::other("poisoned"))?;
+                let _ = rx.recv();
+            }
+            Ok(())
+        }
+
+        fn inval_entry(&self, _dir: FileId, _name: &[u8]) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn flush_waits_for_what_was_queued_before_it_and_no_longer_than_asked() {
+        let (open, gate) = std::sync::mpsc::channel();
+        let (inv, worker) = Worker::start(Gated(Arc::new(Mutex::new(gate)))).expect("thread");
+        // Nothing queued: at once.
+        inv.flush(Duration::from_secs(60)).await;
+        inv.inode(1);
+        inv.flush(Duration::from_secs(60)).await;
+        // Held in the kernel: the flush gives up after its limit.
+        inv.inode(9);
+        let start = std::time::Instant::now();
+        inv.flush(Duration::from_millis(100)).await;
+        assert!(start.elapsed() >= Duration::from_millis(100));
+        // Let go: a flush now returns once it is delivered.
+        let waiting = inv.flush(Duration::from_secs(60));
+        open.send(()).expect("gate");
+        waiting.await;
+        worker.stop();
     }
 
     #[test]
