@@ -47,8 +47,10 @@ pub struct MountTuning {
     /// File system name shown by mount(8) and df(1) (default: the FUSE adapter's).
     #[arg(long, value_name = "NAME")]
     pub fsname: Option<String>,
-    /// How long the kernel may cache attributes and names, in milliseconds
-    /// (default: the volume's lease time; other clients' changes invalidate sooner).
+    /// How long the kernel may cache attributes, in milliseconds (default:
+    /// the volume's lease time; other clients' changes invalidate sooner).
+    /// Names are not cached by the kernel: the client answers them from its
+    /// lease-protected cache.
     #[arg(long, value_name = "MS")]
     pub attr_ttl_ms: Option<u64>,
     /// Largest readahead window per open file (e.g. 64M).

@@ -16,6 +16,7 @@ mod copies;
 mod fs;
 mod io;
 mod leases;
+pub mod listing;
 mod opens;
 pub mod perm;
 mod pool;

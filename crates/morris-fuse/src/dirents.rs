@@ -3,21 +3,11 @@
 //! # Offset scheme
 //!
 //! The kernel starts a listing at offset 0 and, to continue, passes back the
-//! offset stored with the last entry it consumed. morris entries carry a
-//! cookie (never 0, stable for the life of the entry, increasing in listing
-//! order) meaning "list again from here to continue after this entry". The
-//! listing is stateless on our side; every offset decodes on its own:
-//!
-//! | FUSE offset | meaning                         | continues with            |
-//! |-------------|---------------------------------|---------------------------|
-//! | 0           | start                           | `.`, `..`, cookie 0       |
-//! | 1           | after `.`                       | `..`, cookie 0            |
-//! | 2           | after `..`                      | entries from cookie 0     |
-//! | c + 2       | after the entry with cookie c   | entries after cookie c    |
-//!
-//! Since cookies are never 0, `c + 2 >= 3` never collides with the offsets of
-//! `.` and `..`. A cookie above `u64::MAX - 2` cannot be represented and fails
-//! the listing with `EIO` (the server allocates cookies upwards from 1).
+//! offset stored with the last entry it consumed. Offsets are the positions
+//! of `morris_client::listing` (shared with the NFS gateway's cookies):
+//! 1 after `.`, 2 after `..`, `c + 2` after the entry with cookie `c`; every
+//! offset decodes on its own, so the listing is stateless here. A cookie
+//! that cannot be encoded fails the listing with `EIO`.
 //! Entries with names the kernel would reject (empty, `.`, `..`, longer than
 //! 255 bytes, containing `/` or NUL) are skipped with a warning instead of
 //! failing the whole directory.
@@ -31,61 +21,13 @@ use morris_proto::MAX_NAME_LEN;
 use crate::attr::file_type;
 use crate::errno::fail;
 
-/// FUSE offset of the entry after `.`.
-const AFTER_DOT: u64 = 1;
-/// FUSE offset of the entry after `..`.
-const AFTER_DOTDOT: u64 = 2;
+pub(crate) use morris_client::listing::{
+    entry_position as entry_offset, resume, AFTER_DOT, AFTER_DOTDOT,
+};
 
 /// How many entries to ask the client for per round trip. A kernel readdir
 /// buffer (one or a few pages) holds roughly this many typical entries.
 pub(crate) const BATCH: u32 = 128;
-
-/// Where a listing resumes for a FUSE offset.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Resume {
-    /// `.` is still to be listed.
-    pub(crate) dot: bool,
-    /// `..` is still to be listed.
-    pub(crate) dotdot: bool,
-    /// Continue with the client's entries after this cookie.
-    pub(crate) cookie: u64,
-}
-
-/// Decodes a FUSE readdir offset.
-pub(crate) fn resume(offset: u64) -> Resume {
-    match offset {
-        0 => Resume {
-            dot: true,
-            dotdot: true,
-            cookie: 0,
-        },
-        AFTER_DOT => Resume {
-            dot: false,
-            dotdot: true,
-            cookie: 0,
-        },
-        AFTER_DOTDOT => Resume {
-            dot: false,
-            dotdot: false,
-            cookie: 0,
-        },
-        n => Resume {
-            dot: false,
-            dotdot: false,
-            cookie: n - 2,
-        },
-    }
-}
-
-/// The FUSE offset stored with the entry whose cookie is `cookie`: passing it
-/// back to [`resume`] continues after that entry. `None` if the cookie is
-/// invalid (0) or too large to encode.
-pub(crate) fn entry_offset(cookie: u64) -> Option<u64> {
-    if cookie == 0 {
-        return None;
-    }
-    cookie.checked_add(2)
-}
 
 /// Whether the kernel accepts `name` as a directory entry name.
 pub(crate) fn valid_name(name: &[u8]) -> bool {
@@ -289,49 +231,6 @@ mod tests {
         .enumerate()
         .map(|(i, (c, n))| entry(n, 20 + i as u64, *c))
         .collect()
-    }
-
-    #[test]
-    fn offsets_decode() {
-        assert_eq!(
-            resume(0),
-            Resume {
-                dot: true,
-                dotdot: true,
-                cookie: 0
-            }
-        );
-        assert_eq!(
-            resume(1),
-            Resume {
-                dot: false,
-                dotdot: true,
-                cookie: 0
-            }
-        );
-        assert_eq!(
-            resume(2),
-            Resume {
-                dot: false,
-                dotdot: false,
-                cookie: 0
-            }
-        );
-        for c in [1, 2, 3, 1000, u64::MAX - 2] {
-            let off = entry_offset(c).expect("encodable");
-            assert!(off > AFTER_DOTDOT);
-            assert_eq!(
-                resume(off),
-                Resume {
-                    dot: false,
-                    dotdot: false,
-                    cookie: c
-                }
-            );
-        }
-        assert_eq!(entry_offset(0), None);
-        assert_eq!(entry_offset(u64::MAX - 1), None);
-        assert_eq!(entry_offset(u64::MAX), None);
     }
 
     #[test]

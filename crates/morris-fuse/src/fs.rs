@@ -66,9 +66,21 @@ struct Shared {
 }
 
 impl Shared {
+    /// Answers a lookup. The kernel may keep the attributes for the TTL
+    /// but not the name: it asks again for every path it resolves, and the
+    /// client answers from the entries it caches under its directory leases
+    /// (no round trip to a server while it holds them). A name the kernel
+    /// kept would go stale the moment another mount changed the directory
+    /// if its invalidation were late (`Invalidator::flush`); one it does
+    /// not keep cannot (MooseFS mounts default to the same: entry cache 0).
     fn reply_entry(&self, reply: ReplyEntry, inode: &Inode) {
         let attr = file_attr(inode, self.blksize);
-        reply.entry(&self.ttl, &attr, Generation(u64::from(inode.gen)));
+        reply.entry_with_ttls(
+            &self.ttl,
+            &Duration::ZERO,
+            &attr,
+            Generation(u64::from(inode.gen)),
+        );
     }
 
     fn reply_attr(&self, reply: ReplyAttr, inode: &Inode) {
@@ -720,7 +732,14 @@ impl Filesystem for MorrisFs {
                 Ok(fh) => {
                     let attr = file_attr(&inode, s.blksize);
                     let gen = Generation(u64::from(inode.gen));
-                    reply.created(&s.ttl, &attr, gen, FileHandle(fh), open_flags(flags));
+                    // The reply's one TTL covers the name too (see `reply_entry`).
+                    reply.created(
+                        &Duration::ZERO,
+                        &attr,
+                        gen,
+                        FileHandle(fh),
+                        open_flags(flags),
+                    );
                 }
                 Err(e) => reply.error(fail("create", parent.0, &e)),
             }

@@ -7,9 +7,11 @@
 //! (`default_permissions`).
 //!
 //! * FUSE inode numbers are morris file ids (the root is 1 in both).
-//! * The kernel caches attributes and entries for [`MountOptions::attr_ttl`];
-//!   changes by other clients reach it sooner, as invalidations the client
-//!   library reports through [`morris_client::Invalidator`].
+//! * The kernel caches attributes for [`MountOptions::attr_ttl`]; changes
+//!   by other clients reach it sooner, as invalidations the client library
+//!   reports through [`morris_client::Invalidator`]. It keeps no names: it
+//!   asks for each one it resolves, and the client answers from the entries
+//!   it caches under its directory leases.
 //! * Requests are decoded by [`MountOptions::threads`] FUSE threads and
 //!   answered from tasks on the given tokio runtime, so many are in flight.
 //!   The runtime must make progress while the caller blocks in
@@ -65,10 +67,11 @@ pub struct MountOptions {
     pub threads: usize,
     /// The mount's source name, shown by `mount` and `df`.
     pub fsname: String,
-    /// How long the kernel caches attributes and directory entries without
-    /// asking again; `None` (the default): the volume's lease time, as long as
-    /// the client itself may trust them. Coherence with other clients comes
-    /// from invalidations when leases are recalled, not from a short TTL.
+    /// How long the kernel caches attributes without asking again; `None`
+    /// (the default): the volume's lease time, as long as the client itself
+    /// may trust them. Coherence with other clients comes from
+    /// invalidations when leases are recalled, not from a short TTL. Names
+    /// are never cached by the kernel (see `fs.rs` `reply_entry`).
     pub attr_ttl: Option<Duration>,
 }
 
