@@ -23,7 +23,9 @@
 //!
 //! Over NFSv3 (no open state) a READ may answer NFS3ERR_STALE once the file
 //! was removed: allowed only if the creator's unlink of that very file (same
-//! file id) had started by then.
+//! file id) had started by then. A stat or open by path is a LOOKUP and then
+//! requests on the handle it returned: STALE there is allowed only if an
+//! unlink of that name ran while the stat or open did.
 
 use serde::{Deserialize, Serialize};
 
@@ -59,12 +61,16 @@ struct Gen {
     t_closed: Option<u64>,
     /// When its unlink was called.
     t_unlink: Option<u64>,
+    /// When its unlink returned.
+    #[serde(default)]
+    t_unlinked: Option<u64>,
 }
 
 /// Something an observer saw that only the creator's times can judge.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Event {
-    /// `short` (an incomplete version) or `stale` (NFS READ answered STALE).
+    /// `short` (an incomplete version), `stale` (NFS READ answered STALE) or
+    /// `lookup-stale` (NFS stat or open by path answered STALE).
     what: String,
     stream: u32,
     version: Option<u64>,
@@ -125,10 +131,12 @@ fn creator(w: &mut WorkerCtx, a: &mut dyn Access) -> anyhow::Result<()> {
             let t = now_ns();
             match a.remove(&n) {
                 Ok(()) => {
+                    let done = now_ns();
                     w.report.op("unlink");
                     present[i] = false;
                     if let Some(g) = last_gen[i].and_then(|g| gens.get_mut(g)) {
                         g.t_unlink = Some(t);
+                        g.t_unlinked = Some(done);
                     }
                 }
                 Err(e) => {
@@ -137,6 +145,7 @@ fn creator(w: &mut WorkerCtx, a: &mut dyn Access) -> anyhow::Result<()> {
                         present[i] = false;
                         if let Some(g) = last_gen[i].and_then(|g| gens.get_mut(g)) {
                             g.t_unlink = Some(t);
+                            g.t_unlinked = Some(now_ns());
                         }
                     }
                     w.report.error(&e);
@@ -213,6 +222,7 @@ fn creator(w: &mut WorkerCtx, a: &mut dyn Access) -> anyhow::Result<()> {
             t_create,
             t_closed: ok.then(now_ns),
             t_unlink: None,
+            t_unlinked: None,
         });
         v += 1;
     }
@@ -228,6 +238,26 @@ fn observer(w: &mut WorkerCtx, a: &mut dyn Access) -> anyhow::Result<()> {
         pacer.wait();
         let i = w.rng.index(NAMES);
         let n = name(i);
+        let t_open = now_ns();
+        // Over NFSv3 a path is a LOOKUP, then requests on the handle it
+        // gave: a removal in between answers STALE. Judged later, against
+        // the creator's unlink times.
+        let lookup_stale =
+            |events: &mut Vec<Event>, w: &mut WorkerCtx, e: &crate::access::FsError| {
+                w.report.error(e);
+                if events.len() < MAX_EVENTS {
+                    events.push(Event {
+                        what: "lookup-stale".into(),
+                        stream: i as u32,
+                        version: None,
+                        ino: None,
+                        t_open,
+                        t_end: now_ns(),
+                        len: 0,
+                        target: label.clone(),
+                    });
+                }
+            };
         if w.rng.chance(1, 3) {
             match a.stat(&n) {
                 Ok(_) => w.report.op("stat"),
@@ -235,16 +265,20 @@ fn observer(w: &mut WorkerCtx, a: &mut dyn Access) -> anyhow::Result<()> {
                     w.report.error(&e);
                     w.report.allowed("stat ENOENT (the name may be absent)");
                 }
+                Err(e) if a.is_nfs() && e.is(libc::ESTALE) => lookup_stale(&mut events, w, &e),
                 Err(e) => w.fs_violation("stat-failed", &label, &format!("stat {n}"), &e),
             }
             continue;
         }
-        let t_open = now_ns();
         let mut h = match a.open_read(&n) {
             Ok(h) => h,
             Err(e) if e.is(libc::ENOENT) => {
                 w.report.error(&e);
                 w.report.allowed("open ENOENT (the name may be absent)");
+                continue;
+            }
+            Err(e) if a.is_nfs() && e.is(libc::ESTALE) => {
+                lookup_stale(&mut events, w, &e);
                 continue;
             }
             Err(e) => {
@@ -354,6 +388,33 @@ pub fn verify(ctx: &mut CoordCtx, reports: &[WorkerReport]) {
         };
         for e in events {
             let n = name(e.stream as usize);
+            if e.what == "lookup-stale" {
+                // Some creation of this name was removed while the lookup ran.
+                let removed_meanwhile = gens.iter().any(|g| {
+                    g.stream == e.stream
+                        && g.t_unlink.is_some_and(|tu| tu <= e.t_end)
+                        && g.t_unlinked.is_none_or(|td| td >= e.t_open)
+                });
+                if removed_meanwhile {
+                    ctx.report.allowed(
+                        "NFS ESTALE: the name was removed between LOOKUP and the next request",
+                    );
+                } else {
+                    ctx.report.violation(Violation {
+                        kind: "stale-handle".into(),
+                        worker: r.worker.clone(),
+                        target: e.target.clone(),
+                        op: format!("stat or open {n}"),
+                        detail: format!(
+                            "ESTALE between t={:.3}s and t={:.3}s, but no unlink of {n} ran then",
+                            secs_since(start, e.t_open),
+                            secs_since(start, e.t_end)
+                        ),
+                        t: secs_since(start, e.t_end),
+                    });
+                }
+                continue;
+            }
             let Some(g) = find_gen(&gens, &e) else {
                 ctx.report
                     .allowed("partial read or STALE not attributable to a creation");
