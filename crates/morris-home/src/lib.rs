@@ -266,7 +266,9 @@ pub trait Home: Send + Sync + std::fmt::Debug {
 /// Opens the home `url` names.
 pub async fn open(url: &HomeUrl, options: HomeOptions) -> Result<Arc<dyn Home>> {
     match url {
-        HomeUrl::Local { .. } => Ok(Arc::new(local::LocalHome::open(url.clone(), options)?)),
+        HomeUrl::Local { .. } => Ok(Arc::new(
+            local::LocalHome::open(url.clone(), options).await?,
+        )),
         HomeUrl::Nfs { .. } => Ok(Arc::new(nfs::NfsHome::open(url.clone(), options).await?)),
     }
 }
