@@ -61,8 +61,9 @@ impl LocalHome {
         Ok(LocalHome { url, root, pool })
     }
 
-    /// Runs `f` on the object `h` names, on a blocking thread.
-    async fn on<T, F>(&self, h: &HomeHandle, f: F) -> Result<T>
+    /// Runs `f` on the object `h` names (or on its entry `name`), on a
+    /// blocking thread.
+    async fn on<T, F>(&self, h: &HomeHandle, name: Option<&[u8]>, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&std::path::Path, &Decoded) -> Result<T> + Send + 'static,
@@ -72,7 +73,10 @@ impl LocalHome {
             return Err(HomeError::Stale);
         };
         let root = self.root.clone();
-        let shown = Shown(&self.root, &d.path).to_string();
+        let shown = match name {
+            Some(n) => Shown(&self.root, &d.child_path(n)).to_string(),
+            None => Shown(&self.root, &d.path).to_string(),
+        };
         self.pool.run(move || shown, move || f(&root, &d)).await
     }
 }
@@ -97,15 +101,15 @@ impl Home for LocalHome {
                 String::from_utf8_lossy(name)
             )));
         }
-        let name = name.to_vec();
-        tracing::trace!(?dir, name = %String::from_utf8_lossy(&name), "lookup");
-        self.on(dir, move |root, d| ops::lookup(root, d, &name))
+        tracing::trace!(?dir, name = %String::from_utf8_lossy(name), "lookup");
+        let owned = name.to_vec();
+        self.on(dir, Some(name), move |root, d| ops::lookup(root, d, &owned))
             .await
     }
 
     async fn getattr(&self, handle: &HomeHandle) -> Result<HomeAttr> {
         tracing::trace!(?handle, "getattr");
-        self.on(handle, ops::getattr).await
+        self.on(handle, None, ops::getattr).await
     }
 
     async fn read_dir(
@@ -117,7 +121,7 @@ impl Home for LocalHome {
         plus: bool,
     ) -> Result<DirPage> {
         tracing::trace!(?dir, cookie, max_entries, plus, "read_dir");
-        self.on(dir, move |root, d| {
+        self.on(dir, None, move |root, d| {
             ops::read_dir(root, d, cookie, max_entries, plus)
         })
         .await
@@ -126,13 +130,13 @@ impl Home for LocalHome {
     async fn read(&self, handle: &HomeHandle, offset: u64, len: u32) -> Result<ReadReply> {
         tracing::trace!(?handle, offset, len, "read");
         let len = len.min(MAX_READ);
-        self.on(handle, move |root, d| ops::read(root, d, offset, len))
+        self.on(handle, None, move |root, d| ops::read(root, d, offset, len))
             .await
     }
 
     async fn read_link(&self, handle: &HomeHandle) -> Result<Vec<u8>> {
         tracing::trace!(?handle, "read_link");
-        self.on(handle, ops::read_link).await
+        self.on(handle, None, ops::read_link).await
     }
 
     fn max_read(&self) -> u32 {
