@@ -10,12 +10,15 @@
 //! * [`local::LocalHome`]: a local directory, which may be any mounted file
 //!   system (`file:///path`).
 //!
-//! Both pass one conformance suite (`tests/conformance.rs`). What a home
-//! promises, whatever the protocol:
+//! Both pass one conformance suite (`tests/common/mod.rs`, run for each
+//! backend by its own test). What a home promises, whatever the protocol:
 //!
-//! * a [`HomeHandle`] names one object for as long as it exists, across
-//!   renames at home; once the object is gone (or its name now leads to
-//!   another object) a request on the handle answers [`HomeError::Stale`];
+//! * a [`HomeHandle`] names one object and never another: once the object
+//!   is gone, or the handle no longer leads to it, a request on the handle
+//!   answers [`HomeError::Stale`] (then look the name up again). Whether a
+//!   handle outlives a rename at home depends on the home: an NFS server's
+//!   handles do; a local directory's, which find their object by its path,
+//!   answer `Stale`;
 //! * a [`HomeAttr::fileid`] is the same for every hard link of one object;
 //! * a listing is paged by home's own cookies, and a page can be asked for
 //!   again from any cookie it returned (with the verifier that came with it);
@@ -35,8 +38,8 @@ use serde::{Deserialize, Serialize};
 pub use url::HomeUrl;
 
 /// How a home names one of its objects: opaque bytes (an NFSv3 file handle,
-/// at most 64 bytes; for a local directory, the object's inode number and
-/// its path below the root).
+/// at most 64 bytes; for a local directory, the object's inode number,
+/// birth time and path below the root).
 #[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct HomeHandle(pub Vec<u8>);
 
