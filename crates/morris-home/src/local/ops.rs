@@ -152,8 +152,8 @@ fn kind(stx: &Statx) -> HomeKind {
         FileType::CharacterDevice => HomeKind::CharDev,
         FileType::Fifo => HomeKind::Fifo,
         FileType::Socket => HomeKind::Socket,
-        // statx always reports a type; an unknown one reads as a file that
-        // `read` will find is not one.
+        // statx always reports one of the above; should a file system ever
+        // report another, it is shown as the kind nothing reads or lists.
         FileType::Unknown => HomeKind::Socket,
     }
 }
