@@ -32,7 +32,7 @@ Transports TCP, SecType sys, MaxRead/MaxWrite/PrefRead/PrefWrite 1 MiB.
 MOUNT port: self.mount_port: with netns given, 20048 (or port+1 if port is 20048); with
 netns=None a free TCP port on bind_addr picked at start().
 
-Manual test:  python3 bench/lib/ganesha.py DIR [--netns NS --bind ADDR] [--port P]
+Manual test:  python3 bench/lib/ganesha.py DIR [--netns NS --bind ADDR] [--port P] [--mount-port M]
   serves DIR until Ctrl-C and prints the libnfs URL (try: nfs-ls URL, nfs-cat URL/FILE).
 """
 
@@ -115,7 +115,10 @@ def _free_port(addr):
 
 
 def _port_free(addr, port):
+    # SO_REUSEADDR, as ganesha binds: only a listener makes the port busy, not the
+    # TIME_WAIT left by connections of a server just stopped (so it can start again at once).
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((addr, port))
             return True
@@ -341,11 +344,16 @@ def _main():
     ap.add_argument("--netns", default=None)
     ap.add_argument("--bind", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=2049)
+    ap.add_argument("--mount-port", type=int, default=None,
+                    help="MOUNT port (default: 20048 with --netns, else a free port)")
     a = ap.parse_args()
     import tempfile
     wd = a.workdir or tempfile.mkdtemp(prefix="ganesha-", dir="/var/tmp")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-    with Ganesha(a.dir, wd, netns=a.netns, bind_addr=a.bind, port=a.port) as g:
+    g = Ganesha(a.dir, wd, netns=a.netns, bind_addr=a.bind, port=a.port)
+    if a.mount_port is not None:
+        g.mount_port = a.mount_port
+    with g:
         print(g.url(), "pids", g.pids, "workdir", wd, flush=True)
         try:
             signal.pause()
