@@ -116,7 +116,7 @@ impl FromStr for HomeUrl {
             }
         }
         let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
-        if parts.iter().any(|p| *p == "..") {
+        if parts.contains(&"..") {
             return Err(bad(s, "the path may not contain .."));
         }
         let (export, subdir) = match export_q {
