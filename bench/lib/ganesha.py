@@ -28,11 +28,13 @@ How it runs (ganesha exits unless a portmapper answers, and port 111 may be take
 
 Export: Export_Id 1, Path = export_dir, Pseudo "/export" (NFSv3 mounts use the pseudo path,
 mount_path_pseudo = true), Access_Type RW, Squash None (root stays root), Protocols 3,
-Transports TCP, SecType sys, MaxRead/MaxWrite/PrefRead/PrefWrite 1 MiB.
+Transports TCP, SecType sys, MaxRead/MaxWrite/PrefRead/PrefWrite 1 MiB; Attr_Expiration_Time if
+attr_expiration is given (ganesha trusts cached attributes 60 s by default, so a file removed or
+changed in export_dir is not seen through NFS for up to a minute; 0 makes it look each time).
 MOUNT port: self.mount_port: with netns given, 20048 (or port+1 if port is 20048); with
 netns=None a free TCP port on bind_addr picked at start().
 
-Manual test:  python3 bench/lib/ganesha.py DIR [--netns NS --bind ADDR] [--port P]
+Manual test:  python3 bench/lib/ganesha.py DIR [--netns NS --bind ADDR] [--port P] [--mount-port M]
   serves DIR until Ctrl-C and prints the libnfs URL (try: nfs-ls URL, nfs-cat URL/FILE).
 """
 
@@ -115,7 +117,10 @@ def _free_port(addr):
 
 
 def _port_free(addr, port):
+    # SO_REUSEADDR, as ganesha binds: only a listener makes the port busy, not the
+    # TIME_WAIT left by connections of a server just stopped (so it can start again at once).
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((addr, port))
             return True
@@ -136,13 +141,14 @@ class Ganesha:
     """One nfs-ganesha NFSv3 server (FSAL VFS) exporting export_dir; see the module docstring."""
 
     def __init__(self, export_dir: str, workdir: str, netns: str | None = None,
-                 bind_addr: str = "127.0.0.1", port: int = 2049):
+                 bind_addr: str = "127.0.0.1", port: int = 2049, attr_expiration: int | None = None):
         self.export_dir = os.path.realpath(export_dir)
         self.workdir = os.path.realpath(workdir)
         self.netns = netns
         self.bind_addr = bind_addr
         self.port = port
         self.mount_port = None if netns is None else (20048 if port != 20048 else port + 1)
+        self.attr_expiration = attr_expiration
         self.start_timeout = 60.0
         self.conf = os.path.join(self.workdir, "ganesha.conf")
         self.log = os.path.join(self.workdir, "ganesha.log")
@@ -251,7 +257,7 @@ EXPORT {{
     Squash = None;
     Protocols = 3;
     Transports = TCP;
-    SecType = sys;
+    SecType = sys;{self._attr_expiration_line()}
     MaxRead = 1048576;
     MaxWrite = 1048576;
     PrefRead = 1048576;
@@ -261,6 +267,11 @@ EXPORT {{
     }}
 }}
 """
+
+    def _attr_expiration_line(self):
+        if self.attr_expiration is None:
+            return ""
+        return f"\n    Attr_Expiration_Time = {int(self.attr_expiration)};"
 
     def _open_log(self, path):
         f = open(path, "ab")
@@ -341,11 +352,20 @@ def _main():
     ap.add_argument("--netns", default=None)
     ap.add_argument("--bind", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=2049)
+    ap.add_argument("--mount-port", type=int, default=None,
+                    help="MOUNT port (default: 20048 with --netns, else a free port)")
+    ap.add_argument("--attr-expiration", type=int, default=None,
+                    help="seconds ganesha trusts cached attributes (default: ganesha's, 60); "
+                         "0: changes made in DIR are seen at once, as with a kernel server")
     a = ap.parse_args()
     import tempfile
     wd = a.workdir or tempfile.mkdtemp(prefix="ganesha-", dir="/var/tmp")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-    with Ganesha(a.dir, wd, netns=a.netns, bind_addr=a.bind, port=a.port) as g:
+    g = Ganesha(a.dir, wd, netns=a.netns, bind_addr=a.bind, port=a.port,
+                attr_expiration=a.attr_expiration)
+    if a.mount_port is not None:
+        g.mount_port = a.mount_port
+    with g:
         print(g.url(), "pids", g.pids, "workdir", wd, flush=True)
         try:
             signal.pause()

@@ -1,9 +1,9 @@
 //! Home URLs: `file:///path` and `nfs://host[:port]/export/path[?mountport=N]`.
 //!
 //! The NFS form follows libnfs's URL syntax (so the same URL works with
-//! `nfs-ls`): `port` is the NFS port (default: ask the portmapper on port
-//! 111, as libnfs does), `mountport` the MOUNT port (default: ask the
-//! portmapper). The export is the path's first component unless the URL
+//! `nfs-ls`): `port` (or the query's `nfsport`) is the NFS port (default:
+//! ask the portmapper on port 111, as libnfs does), `mountport` the MOUNT
+//! port (default: ask the portmapper). The export is the path's first component unless the URL
 //! says otherwise: `nfs://host/export/sub/dir` mounts `/export` and caches
 //! `sub/dir` below it; `?export=/a/b` names an export with several
 //! components.
@@ -87,7 +87,7 @@ impl FromStr for HomeUrl {
         if authority.is_empty() {
             return Err(bad(s, "no host"));
         }
-        let (host, port) = split_host_port(authority).map_err(|why| bad(s, why))?;
+        let (host, mut port) = split_host_port(authority).map_err(|why| bad(s, why))?;
         let mut mount_port = None;
         let mut export_q = None;
         for kv in query.unwrap_or("").split('&').filter(|kv| !kv.is_empty()) {
@@ -98,6 +98,15 @@ impl FromStr for HomeUrl {
                         v.parse::<u16>()
                             .map_err(|_| bad(s, format!("mountport {v:?} is not a port")))?,
                     )
+                }
+                "nfsport" => {
+                    let p = v
+                        .parse::<u16>()
+                        .map_err(|_| bad(s, format!("nfsport {v:?} is not a port")))?;
+                    if port.is_some_and(|q| q != p) {
+                        return Err(bad(s, "nfsport differs from the port after the host"));
+                    }
+                    port = Some(p);
                 }
                 "export" => export_q = Some(v.to_string()),
                 // libnfs options that do not change what is read.
@@ -246,6 +255,17 @@ mod tests {
                 subdir: "b".into(),
             }
         );
+        // As bench/lib/ganesha.py prints it.
+        assert_eq!(
+            p("nfs://127.0.0.1/export?version=3&nfsport=22049&mountport=22050"),
+            HomeUrl::Nfs {
+                host: "127.0.0.1".into(),
+                port: Some(22049),
+                mount_port: Some(22050),
+                export: "/export".into(),
+                subdir: "".into(),
+            }
+        );
         assert_eq!(
             p("nfs://[::1]:2050/e"),
             HomeUrl::Nfs {
@@ -261,6 +281,8 @@ mod tests {
             "nfs://h",
             "nfs://h:x/e",
             "nfs://h/e?mountport=99999",
+            "nfs://h/e?nfsport=x",
+            "nfs://h:1/e?nfsport=2",
             "nfs://h/e?frob=1",
             "nfs://h/e/../x",
             "nfs://h/a/b?export=/c",
