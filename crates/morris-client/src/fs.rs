@@ -790,7 +790,20 @@ impl Client {
                             op: 0,
                         },
                     )
-                    .await?;
+                    .await;
+                let reply = match reply {
+                    Err(e) if e.code == ErrorCode::Exists => {
+                        // Another request of this client (the NFS gateway
+                        // runs them at once under one lease) replaced the
+                        // target after our check, and its answer may not be
+                        // in the cache yet: the server is right (we hold
+                        // the write lease), so take its entry and look again.
+                        let now = self.server_entry(sg, dname).await?;
+                        sg.entry.state.lock().names.insert(dname.to_vec(), now);
+                        continue;
+                    }
+                    r => r?,
+                };
                 Self::dir_changed(sg, reply, dname, Some(moved))?;
                 sg.entry.state.lock().names.insert(sname.to_vec(), None);
             } else {
@@ -807,7 +820,15 @@ impl Client {
                             op: 0,
                         },
                     )
-                    .await?;
+                    .await;
+                let reply = match reply {
+                    Err(e) if e.code == ErrorCode::Exists => {
+                        let now = self.server_entry(dg, dname).await?;
+                        dg.entry.state.lock().names.insert(dname.to_vec(), now);
+                        continue;
+                    }
+                    r => r?,
+                };
                 Self::dir_changed(dg, reply, dname, Some(moved))?;
                 let reply = self
                     .dir_call(
