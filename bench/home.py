@@ -195,7 +195,8 @@ def plot(res, out):
     ax.set_xticks(range(len(cfgs)))
     ax.set_xticklabels([res["config_labels"][c] for c in cfgs], fontsize=8)
     ax.set_ylabel("MiB/s (median)")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.set_ylim(0, max(res["link_goodput_mib_s"], *(max(v.values()) for v in res["median"].values())) * 1.22)
+    ax.legend(fontsize=8, loc="upper center", ncol=3)
     ax.set_title(f"Reading a {res['args']['size'] // MiB} MiB file from home (nfs-ganesha), {res['date']}, "
                  f"medians of {res['args']['runs']} runs", fontsize=10)
     fig.tight_layout()
@@ -208,7 +209,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", type=parse_size, default=parse_size("500M"))
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--rate", default="800mbit", help="the home's and the reader's link rate")
+    ap.add_argument("--rate", default="800mbit", help="the home's link rate (and the reader's, by default)")
+    ap.add_argument("--reader-rate", default=None, help="the reader's link rate (e.g. 200mbit: one stripe server's)")
     ap.add_argument("--delay-ms", type=float, default=15.0, help="relay delay each way (15: +30 ms RTT)")
     ap.add_argument("--parallel", default="1,4,8,16", help="home_read reads in flight (= connections)")
     ap.add_argument("--nfs-depth", default="1,4,16", help="libnfs nfsread 1 MiB READs in flight")
@@ -235,9 +237,9 @@ def main():
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     cmd = "python3 bench/home.py " + " ".join(sys.argv[1:])
     raw = {p: {c: [] for c in configs} for p in paths}
-    with Cluster(2, a.rate, prefix=a.prefix, subnet=a.subnet) as cl:
+    with Cluster(2, a.rate, rates={1: a.reader_rate or a.rate}, prefix=a.prefix, subnet=a.subnet) as cl:
         home, client = cl.hosts
-        goodput = home.rate * PAYLOAD_EFF / 8 / MiB
+        goodput = min(home.rate, client.rate) * PAYLOAD_EFF / 8 / MiB
         try:
             ver_before = cl.verify(log=log)
         except ShapingError as e:
@@ -315,7 +317,7 @@ def main():
     hdr = f"{'reader':<22}" + "".join(f"{'MiB/s ' + p:>14}{'vs libnfs':>10}{'of link':>9}" for p in paths)
     print(f"\n{a.size // MiB} MiB from home over {a.rate} links; medians of {a.runs} runs; "
           f"'vs libnfs' = / libnfs with {depths[-1] if depths else '-'} in flight on the same path; "
-          f"link goodput {goodput:.1f} MiB/s")
+          f"link goodput {goodput:.1f} MiB/s (reader link {client.rate / 1e6:g} Mbit/s)")
     print(hdr)
     for c in configs:
         line = f"{labels[c].replace(chr(10), ' '):<22}"
@@ -324,6 +326,11 @@ def main():
             line += f"{m:>14.1f}{m / ref[p] if ref[p] else float('nan'):>10.2f}{m / goodput:>9.0%}"
         print(line)
     print("RTT (NFS NULL, median): " + ", ".join(f"{p} {r['median_ms']:.2f} ms" for p, r in rtt.items()))
+    # A pipeline of N requests of S bytes keeps a link of goodput G busy only if N*S/G >= RTT + S/G.
+    for p, r in rtt.items():
+        need = 1 + r["median_ms"] / 1e3 * goodput
+        print(f"{p}: a request stream fills the link only with N >= 1 + RTT x G / S = {need:.1f} "
+              f"1 MiB requests in flight (no slack for jitter or server time)")
 
 
 if __name__ == "__main__":
