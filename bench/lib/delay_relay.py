@@ -206,19 +206,21 @@ def run(pairs, delay, max_queue):
 
 # ------------------------------------------------------------------------------------ self-test
 
-def _start_relay(listen_port_pairs, delay_ms):
-    """Start the relay as a child process; returns (Popen, [bound ports])."""
+def _start_relay(listen_port_pairs, delay_ms, started):
+    """Start the relay as a child process (appended to `started` at once, so that it is stopped
+    whatever happens next); returns its bound ports."""
     argv = [sys.executable, os.path.abspath(__file__), "--delay-ms", str(delay_ms)]
     for lp, tp in listen_port_pairs:
         argv += ["--listen", f"127.0.0.1:{lp}", "--to", f"127.0.0.1:{tp}"]
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    started.append(p)
     ports = []
     while True:
         line = p.stdout.readline()
         if not line:
             raise RuntimeError("relay exited before it was ready")
         if line.strip() == "ready":
-            return p, ports
+            return ports
         ports.append(int(line.split()[1].rsplit(":", 1)[1]))
 
 
@@ -346,10 +348,8 @@ def selftest(mbit=800.0):
     sport = sink.getsockname()[1]
     relays = []
     try:
-        r15, (re15, rs15) = _start_relay([(0, eport), (0, sport)], delay_ms)
-        relays.append(r15)
-        r0, (rs0,) = _start_relay([(0, sport)], 0)
-        relays.append(r0)
+        re15, rs15 = _start_relay([(0, eport), (0, sport)], delay_ms, relays)
+        (rs0,) = _start_relay([(0, sport)], 0, relays)
 
         direct = _rtts(eport)
         relayed = _rtts(re15)
