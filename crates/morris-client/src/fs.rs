@@ -331,6 +331,7 @@ impl Client {
         caller: &Caller,
     ) -> Result<Inode> {
         check_name(name)?;
+        let _changing = self.dir_locks.lock(&[dir]).await;
         let g = self.dir_guard(dir, Mode::Write).await?;
         let dir_inode = g.inode();
         check_access(&dir_inode, caller, W_OK | X_OK)?;
@@ -380,9 +381,10 @@ impl Client {
                     .await;
                 self.leases.forget(inode.id);
                 if e.code == ErrorCode::Exists && !exclusive {
-                    // Made meanwhile by another request of this client (the
-                    // NFS gateway runs several at once): O_CREAT without
-                    // O_EXCL opens that one.
+                    // Made by another client after this one's write lease
+                    // was lost on the way (requests of this client wait for
+                    // each other: `dir_locks`): O_CREAT without O_EXCL opens
+                    // that one.
                     if let Some(found) = self.server_entry(&g, name).await? {
                         g.entry
                             .state
@@ -490,6 +492,7 @@ impl Client {
         check_name(new_name)?;
         let child = self.leases.handle(id)?;
         let dir = self.leases.handle(new_dir)?;
+        let _changing = self.dir_locks.lock(&[new_dir]).await;
         let gs = self.leases.lock_many(&[dir, child]).await?;
         let dg = pick(&gs, new_dir)?;
         let cg = pick(&gs, id)?;
@@ -640,6 +643,7 @@ impl Client {
         }
         check_name(name)?;
         let dh = self.leases.handle(dir)?;
+        let _changing = self.dir_locks.lock(&[dir]).await;
         for _ in 0..RETRIES {
             let Some(e) = self.peek(dir, name).await? else {
                 return Err(Error::new(ErrorCode::NotFound, "no such entry"));
@@ -708,6 +712,7 @@ impl Client {
         }
         let sh = self.leases.handle(sdir)?;
         let dh = self.leases.handle(ddir)?;
+        let _changing = self.dir_locks.lock(&[sdir, ddir]).await;
         for _ in 0..RETRIES {
             let Some(s) = self.peek(sdir, sname).await? else {
                 return Err(Error::new(ErrorCode::NotFound, "no such entry"));
@@ -790,20 +795,7 @@ impl Client {
                             op: 0,
                         },
                     )
-                    .await;
-                let reply = match reply {
-                    Err(e) if e.code == ErrorCode::Exists => {
-                        // Another request of this client (the NFS gateway
-                        // runs them at once under one lease) replaced the
-                        // target after our check, and its answer may not be
-                        // in the cache yet: the server is right (we hold
-                        // the write lease), so take its entry and look again.
-                        let now = self.server_entry(sg, dname).await?;
-                        sg.entry.state.lock().names.insert(dname.to_vec(), now);
-                        continue;
-                    }
-                    r => r?,
-                };
+                    .await?;
                 Self::dir_changed(sg, reply, dname, Some(moved))?;
                 sg.entry.state.lock().names.insert(sname.to_vec(), None);
             } else {
@@ -820,15 +812,7 @@ impl Client {
                             op: 0,
                         },
                     )
-                    .await;
-                let reply = match reply {
-                    Err(e) if e.code == ErrorCode::Exists => {
-                        let now = self.server_entry(dg, dname).await?;
-                        dg.entry.state.lock().names.insert(dname.to_vec(), now);
-                        continue;
-                    }
-                    r => r?,
-                };
+                    .await?;
                 Self::dir_changed(dg, reply, dname, Some(moved))?;
                 let reply = self
                     .dir_call(

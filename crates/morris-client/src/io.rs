@@ -158,10 +158,11 @@ impl Client {
             // Counted while the lease is in use, so a recall of it (another
             // client about to remove the last name) sees this open.
             let orphan = g.inode().attr.nlink == 0;
-            if orphan && !self.orphan_reachable(h) {
-                // Reached through a name another client removed (a kernel
-                // entry not yet invalidated): the kernel looks the name up
-                // again on ESTALE and opens what it names now.
+            if orphan && !self.orphan_reachable(h) && !self.opened_by_name(h) {
+                // Reached through a name another client removed, and not
+                // by a lookup of this client a moment ago (a kernel entry
+                // not yet invalidated, a handle kept): the kernel looks
+                // the name up again on ESTALE and opens what it names now.
                 return Err(Error::new(
                     ErrorCode::Stale,
                     format!("file {id} has no name left"),

@@ -13,6 +13,7 @@
 //! * `perm`: POSIX permission checks for front ends that need them.
 
 mod copies;
+mod dirlock;
 mod fs;
 mod io;
 mod leases;
@@ -161,6 +162,14 @@ pub struct ClientStats {
     pub recalls: u64,
 }
 
+/// How long after a lookup an `open()` of the file it found counts as
+/// following it (`Client::opened_by_name`): a FUSE open comes right after
+/// its lookup; the reaper removes a nameless file a second after its
+/// last name, so this rarely matters beyond that.
+const LOOKED_UP_FOR: std::time::Duration = std::time::Duration::from_secs(5);
+/// Recent lookups kept before old ones are pruned.
+const LOOKED_UP_KEEP: usize = 4096;
+
 /// A connection to a volume; one per mount or gateway. Cheap to share (`Arc`).
 pub struct Client {
     pub(crate) pool: Arc<pool::Pool>,
@@ -174,8 +183,14 @@ pub struct Client {
     pub(crate) opens: Arc<opens::Opens>,
     /// Orphans waiting for their reap (`reaper.rs`).
     pub(crate) reaps: Mutex<HashSet<Handle>>,
+    /// Files a front end looked up a moment ago, and when: an `open()`
+    /// that follows such a lookup may open the file even if another
+    /// mount has removed its name since (`Client::opened_by_name`).
+    pub(crate) looked_up: Mutex<HashMap<Handle, std::time::Instant>>,
     /// This client, for the tasks it starts.
     pub(crate) me: OnceLock<Weak<Client>>,
+    /// One namespace change at a time per directory (`dirlock.rs`).
+    pub(crate) dir_locks: dirlock::DirLocks,
     /// One append at a time per inode (sharded).
     pub(crate) appending: Vec<tokio::sync::Mutex<()>>,
     pub(crate) next_server: AtomicU32,
@@ -225,7 +240,9 @@ impl Client {
             next_fh: AtomicU64::new(1),
             opens,
             reaps: Mutex::new(HashSet::new()),
+            looked_up: Mutex::new(HashMap::new()),
             me: OnceLock::new(),
+            dir_locks: dirlock::DirLocks::new(),
             appending: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
             next_server: AtomicU32::new(rand::random::<u32>()),
             loads: Arc::new(replicas::Loads::new(layout.servers)),
@@ -333,7 +350,31 @@ impl Client {
 
     /// Looks `name` up in `dir` (`.` and `..` included).
     pub async fn lookup(&self, dir: FileId, name: &[u8]) -> Result<Inode> {
-        self.do_lookup(dir, name).await
+        let i = self.do_lookup(dir, name).await?;
+        if i.attr.kind == morris_proto::FileKind::File {
+            let now = std::time::Instant::now();
+            let mut seen = self.looked_up.lock();
+            if seen.len() >= LOOKED_UP_KEEP {
+                seen.retain(|_, t| now.duration_since(*t) < LOOKED_UP_FOR);
+            }
+            seen.insert(i.handle(), now);
+        }
+        Ok(i)
+    }
+
+    /// Whether an `open()` of the orphan `h` continues a lookup of its
+    /// name: this client found the file by name a moment ago. Another
+    /// mount removed or replaced the name between that lookup and the
+    /// open; the open is then ordered before the removal and opens the
+    /// file it named (as on a local file system, where the lookup and
+    /// the open are one step), instead of failing with `ESTALE` — which
+    /// the kernel retries only once, so a name removed and made again in
+    /// a loop could make `open()` fail.
+    pub(crate) fn opened_by_name(&self, h: Handle) -> bool {
+        self.looked_up
+            .lock()
+            .get(&h)
+            .is_some_and(|t| t.elapsed() < LOOKED_UP_FOR)
     }
 
     /// Checks `mask` (R_OK=4, W_OK=2, X_OK=1) for `caller` on `id`.

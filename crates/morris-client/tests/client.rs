@@ -612,3 +612,183 @@ async fn a_listing_never_meets_a_replaced_name_twice() {
         assert_eq!(seen.len(), 50, "round {round}: every name once");
     }
 }
+
+/// One client running many namespace changes on one directory at once (as
+/// the NFS gateway does for its clients) never sees the effect of its own
+/// concurrent requests as an error: renames onto one name all succeed,
+/// links of one name give exactly one winner and `Exists` for the rest,
+/// `O_CREAT` without `O_EXCL` always succeeds and all open one file, with
+/// `O_EXCL` exactly one succeeds, and unlinks of one name give exactly one
+/// success. Before the per-directory lock, renames answered `Exists` (the
+/// server saw a target our check had not) and creates could link twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_changes_of_one_client_in_one_directory() {
+    let c = cluster(4, 1 << 20).await;
+    let cl = connect(&c).await;
+    let d = cl.mkdir(ROOT_ID, b"d", 0o755, &me()).await.unwrap();
+    for round in 0..5 {
+        // Renames of 16 temp files onto one target, all at once.
+        let mut temps = Vec::new();
+        for i in 0..16 {
+            let name = format!("tmp-{round}-{i}");
+            cl.create(d.id, name.as_bytes(), FileKind::File, 0o644, 0, true, &me())
+                .await
+                .unwrap();
+            temps.push(name);
+        }
+        let renames = temps.iter().map(|t| {
+            let cl = cl.clone();
+            let t = t.clone();
+            async move {
+                cl.rename(
+                    d.id,
+                    t.as_bytes(),
+                    d.id,
+                    b"target",
+                    RenameFlags::default(),
+                    &me(),
+                )
+                .await
+            }
+        });
+        for r in futures::future::join_all(renames).await {
+            r.unwrap();
+        }
+        let listed = cl.readdir(d.id, 0, 1000).await.unwrap();
+        let names: Vec<_> = listed.0.iter().map(|e| e.name.clone()).collect();
+        assert_eq!(names, vec![b"target".to_vec()], "round {round}");
+
+        // O_CREAT without O_EXCL: all succeed, one file.
+        let name = format!("c-{round}");
+        let creates = (0..16).map(|_| {
+            let cl = cl.clone();
+            let name = name.clone();
+            async move {
+                cl.create(
+                    d.id,
+                    name.as_bytes(),
+                    FileKind::File,
+                    0o644,
+                    0,
+                    false,
+                    &me(),
+                )
+                .await
+            }
+        });
+        let ids: Vec<u64> = futures::future::join_all(creates)
+            .await
+            .into_iter()
+            .map(|r| r.unwrap().id)
+            .collect();
+        assert!(
+            ids.iter().all(|&i| i == ids[0]),
+            "creates opened different files: {ids:?}"
+        );
+
+        // O_EXCL: exactly one.
+        let name = format!("x-{round}");
+        let creates = (0..16).map(|_| {
+            let cl = cl.clone();
+            let name = name.clone();
+            async move {
+                cl.create(d.id, name.as_bytes(), FileKind::File, 0o644, 0, true, &me())
+                    .await
+            }
+        });
+        let results = futures::future::join_all(creates).await;
+        let won = results.iter().filter(|r| r.is_ok()).count();
+        assert_eq!(won, 1, "exclusive creates that succeeded");
+        for r in &results {
+            if let Err(e) = r {
+                assert_eq!(e.code, ErrorCode::Exists);
+            }
+        }
+
+        // Hard links onto one name: exactly one.
+        let links = (0..16).map(|_| {
+            let cl = cl.clone();
+            let name = format!("l-{round}");
+            let src = ids[0];
+            async move { cl.link(src, d.id, name.as_bytes(), &me()).await }
+        });
+        let results = futures::future::join_all(links).await;
+        assert_eq!(
+            results.iter().filter(|r| r.is_ok()).count(),
+            1,
+            "links that succeeded"
+        );
+        assert_eq!(cl.getattr(ids[0]).await.unwrap().attr.nlink, 2);
+
+        // Unlinks of one name: exactly one.
+        let unlinks = (0..16).map(|_| {
+            let cl = cl.clone();
+            let name = format!("l-{round}");
+            async move { cl.unlink(d.id, name.as_bytes(), &me()).await }
+        });
+        let results = futures::future::join_all(unlinks).await;
+        assert_eq!(
+            results.iter().filter(|r| r.is_ok()).count(),
+            1,
+            "unlinks that succeeded"
+        );
+        for r in &results {
+            if let Err(e) = r {
+                assert_eq!(e.code, ErrorCode::NotFound);
+            }
+        }
+        assert_eq!(cl.getattr(ids[0]).await.unwrap().attr.nlink, 1);
+        for n in [
+            format!("c-{round}"),
+            format!("x-{round}"),
+            "target".to_string(),
+        ] {
+            cl.unlink(d.id, n.as_bytes(), &me()).await.unwrap();
+        }
+    }
+}
+
+/// An `open()` that follows this client's lookup of a name opens the file
+/// that lookup found, even if another client removed the name in between
+/// (the open is ordered before the removal, as a local file system's
+/// lookup-and-open is one step); a file reached by its id alone, with no
+/// lookup of its name here, answers `Stale` once its name is gone, so
+/// that the kernel looks the name up again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_open_after_a_lookup_opens_the_file_whose_name_went_meanwhile() {
+    let c = cluster(4, 1 << 20).await;
+    let a = connect(&c).await;
+    let b = connect(&c).await;
+    let f = b
+        .create(ROOT_ID, b"f", FileKind::File, 0o644, 0, true, &me())
+        .await
+        .unwrap();
+    let fh = b.open(f.id, true, false).await.unwrap();
+    b.write(fh, 0, Bytes::from_static(b"old bytes"))
+        .await
+        .unwrap();
+    b.release(fh).await.unwrap();
+    let g = b
+        .create(ROOT_ID, b"g", FileKind::File, 0o644, 0, true, &me())
+        .await
+        .unwrap();
+
+    let found = a.lookup(ROOT_ID, b"f").await.unwrap();
+    assert_eq!(found.id, f.id);
+    a.learn(g.handle()); // known to `a` by its handle only (an NFS handle kept)
+    a.getattr(g.id).await.unwrap();
+    b.unlink(ROOT_ID, b"f", &me()).await.unwrap();
+    b.unlink(ROOT_ID, b"g", &me()).await.unwrap();
+
+    let fh = a.open(f.id, false, false).await.unwrap();
+    assert_eq!(&a.read(fh, 0, 100).await.unwrap()[..], b"old bytes");
+    assert_eq!(
+        a.open(g.id, false, false).await.unwrap_err().code,
+        ErrorCode::Stale
+    );
+    // Held open, it outlives the reaper.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert_eq!(&a.read(fh, 0, 100).await.unwrap()[..], b"old bytes");
+    a.release(fh).await.unwrap();
+    wait_gone(&a, f.id, "the removed file").await;
+}
