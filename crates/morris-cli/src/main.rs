@@ -6,6 +6,7 @@
 
 mod admin;
 mod bench;
+mod cache;
 mod daemon;
 mod format;
 mod fsck;
@@ -55,6 +56,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Serve a volume over NFSv3 (with MOUNT v3 on the same port).
     Nfs(nfs::NfsArgs),
+    /// Cache mode: bind a directory to a home file system, and look after
+    /// the cache (status, prefetch, evict).
+    Cache(cache::CacheArgs),
 }
 
 /// How verbose logging is when `RUST_LOG` is not set.
@@ -103,6 +107,7 @@ fn main() -> ExitCode {
         Command::Fsck(a) => fsck::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Nfs(a) => nfs::run(a),
+        Command::Cache(a) => cache::run(a),
     };
     match result {
         Ok(code) => code,

@@ -75,14 +75,18 @@ impl MountTuning {
         c
     }
 
-    /// The FUSE mount options these options ask for.
-    pub fn mount_options(&self) -> MountOptions {
+    /// The FUSE mount options these options ask for, for a volume reached
+    /// through `addr` (the default file system name is `morris@ADDR`, which
+    /// `morris cache` reads back from the mount table).
+    pub fn mount_options(&self, addr: &str) -> MountOptions {
         let mut o = MountOptions::default();
         if let Some(t) = self.threads {
             o.threads = t as usize;
         }
-        if let Some(n) = &self.fsname {
-            o.fsname = n.clone();
+        match &self.fsname {
+            Some(n) => o.fsname = n.clone(),
+            None if !addr.contains([',', '\0']) => o.fsname = format!("morris@{addr}"),
+            None => {}
         }
         if let Some(ms) = self.attr_ttl_ms {
             o.attr_ttl = Some(Duration::from_millis(ms));
@@ -159,7 +163,12 @@ fn serve(args: &MountArgs, mp: &Path, notifier: &mut Option<Notifier>) -> Result
     let name = format!("mount@{}:{}", hostname(), mp.display());
     let cfg = args.tuning.client_config(name);
     let client = rt.block_on(connect(&mut term, &args.addr, cfg))?;
-    let guard = match hold::start(&rt, client.clone(), mp, &args.tuning.mount_options()) {
+    let guard = match hold::start(
+        &rt,
+        client.clone(),
+        mp,
+        &args.tuning.mount_options(&args.addr),
+    ) {
         Ok(g) => g,
         Err(e) => {
             shutdown_client(&rt, &client, &mut term);

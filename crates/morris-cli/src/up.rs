@@ -47,6 +47,19 @@ pub struct UpArgs {
     #[arg(long, default_value_t = 10_000, value_name = "MS",
           value_parser = clap::value_parser!(u32).range(100..=3_600_000))]
     pub lease_ms: u32,
+    /// Make the whole mount a read-only cache of this home file system
+    /// (nfs://HOST[:PORT]/EXPORT[/DIR] or file:///PATH): its root is bound
+    /// to it (the volume must be new or empty, or already bound to it).
+    #[arg(long, value_name = "URL")]
+    pub home: Option<String>,
+    /// With --home: how long what was checked against home is trusted.
+    #[arg(long, default_value = "15s", value_name = "DURATION",
+          value_parser = humantime::parse_duration)]
+    pub validity: std::time::Duration,
+    /// With --home: most bytes of home's data to keep (0: no limit).
+    #[arg(long, default_value = "0", value_name = "SIZE",
+          value_parser = crate::size::parse_size)]
+    pub cache_max_bytes: u64,
     #[command(flatten)]
     pub tuning: MountTuning,
 }
@@ -210,7 +223,18 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
         &addrs[0],
         args.tuning.client_config(name),
     ))?;
-    let guard = match hold::start(&rt, client.clone(), &mp, &args.tuning.mount_options()) {
+    if let Some(url) = &args.home {
+        if let Err(e) = rt.block_on(bind_root(&client, url, &args)) {
+            hold::shutdown_client(&rt, &client, &mut term);
+            return Err(e);
+        }
+    }
+    let guard = match hold::start(
+        &rt,
+        client.clone(),
+        &mp,
+        &args.tuning.mount_options(&addrs[0]),
+    ) {
         Ok(g) => g,
         Err(e) => {
             hold::shutdown_client(&rt, &client, &mut term);
@@ -251,6 +275,37 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
         addrs.len()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Binds the volume's root to `url` (`--home`), unless it is already.
+async fn bind_root(client: &morris_client::Client, url: &str, args: &UpArgs) -> Result<()> {
+    let root = client
+        .getattr(morris_client::ROOT_ID)
+        .await
+        .map_err(|e| anyhow::anyhow!("reading the root: {e}"))?;
+    if let Some(b) = root.home.as_ref().and_then(|l| l.bound.as_ref()) {
+        if b.url != url {
+            bail!(
+                "the volume's root already caches {} (not {url}); use another --dir for another home",
+                b.url
+            );
+        }
+        println!("morris up: the root caches {url}");
+        return Ok(());
+    }
+    let binding = morris_proto::home::Binding {
+        url: url.to_string(),
+        mode: morris_proto::home::CacheMode::Ro,
+        validity_ms: u64::try_from(args.validity.as_millis()).unwrap_or(u64::MAX),
+        timeout_ms: 10_000,
+        max_bytes: args.cache_max_bytes,
+    };
+    client
+        .bind(morris_client::ROOT_ID, binding)
+        .await
+        .map_err(|e| anyhow::anyhow!("binding the root to {url}: {e}"))?;
+    println!("morris up: the root now caches {url} (read-only)");
+    Ok(())
 }
 
 #[cfg(test)]

@@ -49,6 +49,18 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Refuses a change to an object of a read-only cache of a home (cache
+/// mode `ro`, the only mode built).
+pub(crate) fn refuse_cached(i: &Inode) -> Result<()> {
+    match &i.home {
+        Some(_) => Err(Error::new(
+            ErrorCode::ReadOnly,
+            format!("{} lies in a read-only cache of a home", i.id),
+        )),
+        None => Ok(()),
+    }
+}
+
 fn inode_reply(r: Reply) -> Result<Inode> {
     match r {
         Reply::Inode(i) => Ok(i),
@@ -161,7 +173,7 @@ impl Client {
     }
 
     /// The inode under `g`, refetched if the server changed it behind our copy.
-    async fn fresh(&self, g: &LeaseGuard) -> Result<Inode> {
+    pub(crate) async fn fresh(&self, g: &LeaseGuard) -> Result<Inode> {
         for _ in 0..RETRIES {
             let (valid, h, version) = {
                 let st = g.entry.state.lock();
@@ -235,6 +247,11 @@ impl Client {
                 Ok(g) => return self.fresh(&g).await,
                 // The entry changed under us (removed, replaced): look again.
                 Err(err) if err.code == ErrorCode::Stale || err.code == ErrorCode::NotFound => {
+                    // Or it names a cached object whose inode is not made
+                    // yet (a placeholder): make it from its seed.
+                    if self.materialize(dir, name, e.child).await? {
+                        continue;
+                    }
                     self.leases.attr_changed(dir);
                     continue;
                 }
@@ -334,6 +351,7 @@ impl Client {
         let _changing = self.dir_locks.lock(&[dir]).await;
         let g = self.dir_guard(dir, Mode::Write).await?;
         let dir_inode = g.inode();
+        refuse_cached(&dir_inode)?;
         check_access(&dir_inode, caller, W_OK | X_OK)?;
         if let Some(e) = self.entry_in(&g, name).await? {
             if exclusive {
@@ -500,7 +518,9 @@ impl Client {
         if d.attr.kind != FileKind::Dir {
             return Err(Error::new(ErrorCode::NotDir, "target is not a directory"));
         }
+        refuse_cached(&d)?;
         let c = self.fresh(cg).await?;
+        refuse_cached(&c)?;
         if c.attr.kind == FileKind::Dir {
             return Err(Error::new(ErrorCode::Perm, "hard link to a directory"));
         }
@@ -665,6 +685,7 @@ impl Client {
                 Some(now) if now.child == e.child => {}
                 _ => continue,
             }
+            refuse_cached(&dg.inode())?;
             check_delete(&dg.inode(), &cg.inode(), caller)?;
             if want_dir && !self.is_empty_dir(cg).await? {
                 return Err(Error::new(ErrorCode::NotEmpty, "directory not empty"));
@@ -767,6 +788,8 @@ impl Client {
             {
                 continue;
             }
+            refuse_cached(&sg.inode())?;
+            refuse_cached(&dg.inode())?;
             let s_inode = self.do_getattr_nolease(s.child).await?;
             check_delete(&sg.inode(), &s_inode, caller)?;
             check_access(&dg.inode(), caller, W_OK | X_OK)?;
@@ -893,6 +916,7 @@ impl Client {
         let h = self.leases.handle(id)?;
         let g = self.leases.get(h, Mode::Write).await?;
         let cur = self.fresh(&g).await?;
+        refuse_cached(&cur)?;
         let mut set = check_setattr(&cur, &set, caller)?;
         if let Some(size) = set.size {
             match cur.attr.kind {

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use futures::future::{BoxFuture, FutureExt, Shared};
+use morris_proto::home::HomeRef;
 use morris_proto::{ErrorCode, FileId, FileKind, Handle, Reply, Request, Timestamp, MAX_FILE_SIZE};
 
 /// A block fetch in flight or done; cloneable so a block can serve two reads.
@@ -21,6 +22,13 @@ type Fetch = Shared<BoxFuture<'static, Result<Bytes>>>;
 use crate::leases::Mode;
 use crate::pool::{unexpected, Pool};
 use crate::{Client, Error, Result};
+
+/// Where a file's blocks are read from: its stale-copy records, and for a
+/// cached file, what a server fetches a missing unit from.
+struct Source {
+    stale: Vec<morris_proto::StaleCopy>,
+    home: Option<Arc<HomeRef>>,
+}
 
 /// Per-open-file state.
 pub(crate) struct OpenFile {
@@ -102,13 +110,24 @@ pub(crate) async fn fetch_copy(
     off: u32,
     len: u32,
     once: bool,
+    home: Option<&HomeRef>,
 ) -> Result<Bytes> {
-    let req = Request::Read {
-        id,
-        index,
-        replica,
-        offset: off,
-        len,
+    let req = match home {
+        None => Request::Read {
+            id,
+            index,
+            replica,
+            offset: off,
+            len,
+        },
+        Some(h) => Request::ReadCached {
+            id,
+            index,
+            replica,
+            offset: off,
+            len,
+            home: h.clone(),
+        },
     };
     let (reply, data) = if once {
         pool.call_once(server, req, Bytes::new()).await?
@@ -145,6 +164,12 @@ impl Client {
             .ok_or_else(|| Error::new(ErrorCode::Invalid, format!("bad open-file number {fh}")))
     }
 
+    /// Whether open file `fh` is a cached file (cache mode).
+    pub(crate) fn open_file_is_cached(&self, fh: u64) -> bool {
+        self.open_file(fh)
+            .is_ok_and(|f| morris_proto::home::is_cache_id(f.id))
+    }
+
     pub(crate) async fn do_open(&self, id: FileId, write: bool, truncate: bool) -> Result<u64> {
         let h = self.leases.handle(id)?;
         let (empty, record) = {
@@ -154,6 +179,9 @@ impl Client {
                 .await?;
             if g.inode().attr.kind == FileKind::Dir && write {
                 return Err(Error::new(ErrorCode::IsDir, "open a directory for writing"));
+            }
+            if write {
+                crate::fs::refuse_cached(&g.inode())?;
             }
             // Counted while the lease is in use, so a recall of it (another
             // client about to remove the last name) sees this open.
@@ -247,7 +275,7 @@ impl Client {
     pub(crate) async fn do_read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes> {
         let f = self.open_file(fh)?;
         let g = self.leases.get(f.h, Mode::Read).await?;
-        let (file_size, mtime, ctime, local_writes, stale) = {
+        let (file_size, mtime, ctime, local_writes, src) = {
             let st = g.entry.state.lock();
             let a = &st.inode.attr;
             (
@@ -255,7 +283,17 @@ impl Client {
                 a.mtime,
                 a.ctime,
                 st.local_writes,
-                st.inode.stale.clone(),
+                Source {
+                    stale: st.inode.stale.clone(),
+                    home: st.inode.home.as_ref().map(|l| {
+                        Arc::new(HomeRef {
+                            binding: l.binding,
+                            handle: l.handle.clone(),
+                            version: l.version,
+                            size: a.size,
+                        })
+                    }),
+                },
             )
         };
         if size == 0 || offset >= file_size {
@@ -327,14 +365,14 @@ impl Client {
                     parts.push((from, to, h));
                 } else if ra.window > 0 {
                     // Sequential: fetch the whole block (the next read wants the rest).
-                    let h = self.spawn_fetch(f.id, i, 0, block_len(i), &stale);
+                    let h = self.spawn_fetch(f.id, i, 0, block_len(i), &src);
                     if to < whole {
                         ra.blocks.insert(i, h.clone());
                     }
                     parts.push((from, to, h));
                 } else {
                     // Random: fetch just what was asked.
-                    let h = self.spawn_fetch(f.id, i, from as u32, (to - from) as u32, &stale);
+                    let h = self.spawn_fetch(f.id, i, from as u32, (to - from) as u32, &src);
                     parts.push((0, to - from, h));
                 }
             }
@@ -344,7 +382,7 @@ impl Client {
                 let stop = last.saturating_add(ahead).min(last_in_file);
                 for i in (ra.fetched_to + 1)..=stop {
                     if let std::collections::btree_map::Entry::Vacant(v) = ra.blocks.entry(i) {
-                        v.insert(self.spawn_fetch(f.id, i, 0, block_len(i), &stale));
+                        v.insert(self.spawn_fetch(f.id, i, 0, block_len(i), &src));
                     }
                 }
                 ra.fetched_to = ra.fetched_to.max(stop);
@@ -367,17 +405,35 @@ impl Client {
     }
 
     /// Starts fetching part of a block from a copy that is current under the
-    /// file's stale-copy records `stale`.
-    fn spawn_fetch(
-        &self,
-        id: FileId,
-        index: u64,
-        off: u32,
-        len: u32,
-        stale: &[morris_proto::StaleCopy],
-    ) -> Fetch {
+    /// file's stale-copy records (`src.stale`); a cached file's block from
+    /// its copies in placement order, so that the first copy's server
+    /// fetches it from home, once.
+    fn spawn_fetch(&self, id: FileId, index: u64, off: u32, len: u32, src: &Source) -> Fetch {
         let pool = self.pool.clone();
-        let task = if self.layout.replicas > 1 {
+        let stale = &src.stale;
+        let task = if let Some(home) = src.home.clone() {
+            let copies = crate::replicas::current_copies(&self.layout, stale, id, index);
+            tokio::spawn(async move {
+                let mut last = None;
+                let n = copies.len();
+                for (i, (r, s)) in copies.into_iter().enumerate() {
+                    let once = i + 1 < n;
+                    match fetch_copy(&pool, None, s, id, index, r, off, len, once, Some(&home))
+                        .await
+                    {
+                        Ok(d) => return Ok(d),
+                        Err(e) if e.code == ErrorCode::Unavailable => last = Some(e),
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(last.unwrap_or_else(|| {
+                    Error::new(
+                        ErrorCode::Io,
+                        format!("block {index} of file {id} has no current copy"),
+                    )
+                }))
+            })
+        } else if self.layout.replicas > 1 {
             let copies = crate::replicas::current_copies(&self.layout, stale, id, index);
             tokio::spawn(crate::replicas::fetch_any(
                 pool,
@@ -391,7 +447,7 @@ impl Client {
         } else {
             let server = self.layout.block_server(id, index);
             tokio::spawn(async move {
-                fetch_copy(&pool, None, server, id, index, 0, off, len, false).await
+                fetch_copy(&pool, None, server, id, index, 0, off, len, false, None).await
             })
         };
         async move {

@@ -523,6 +523,19 @@ impl Leases {
     }
 
     /// Marks the cached copy of `id`'s attributes as out of date.
+    /// Whether this client knows, under a usable lease on directory `dir`,
+    /// that `name` is there (or every name of it, listed whole).
+    pub(crate) fn knows_name(&self, dir: FileId, name: &[u8]) -> bool {
+        let Some(e) = self.map.lock().get(&dir).cloned() else {
+            return false;
+        };
+        if !self.usable(&e, Mode::Read) {
+            return false;
+        }
+        let st = e.state.lock();
+        st.complete || matches!(st.names.get(name), Some(Some(_)))
+    }
+
     pub(crate) fn attr_changed(&self, id: FileId) {
         if let Some(e) = self.map.lock().get(&id) {
             e.state.lock().attr_valid = false;

@@ -12,6 +12,7 @@
 //! * `reaper`: removing files whose last name is gone once nobody has them open;
 //! * `perm`: POSIX permission checks for front ends that need them.
 
+mod cache;
 mod copies;
 mod dirlock;
 mod fs;
@@ -189,6 +190,8 @@ pub struct Client {
     pub(crate) looked_up: Mutex<HashMap<Handle, std::time::Instant>>,
     /// This client, for the tasks it starts.
     pub(crate) me: OnceLock<Weak<Client>>,
+    /// Cache mode: bindings' settings, validation times (`cache.rs`).
+    pub(crate) cache: cache::CacheView,
     /// One namespace change at a time per directory (`dirlock.rs`).
     pub(crate) dir_locks: dirlock::DirLocks,
     /// One append at a time per inode (sharded).
@@ -242,6 +245,7 @@ impl Client {
             reaps: Mutex::new(HashSet::new()),
             looked_up: Mutex::new(HashMap::new()),
             me: OnceLock::new(),
+            cache: cache::CacheView::default(),
             dir_locks: dirlock::DirLocks::new(),
             appending: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
             next_server: AtomicU32::new(rand::random::<u32>()),
@@ -314,6 +318,7 @@ impl Client {
     /// a stale entry to drop and look up again (`stat` then says ENOENT).
     pub async fn getattr(&self, id: FileId) -> Result<Inode> {
         let i = self.do_getattr(id).await?;
+        let i = self.after_find(i).await?;
         if i.attr.nlink == 0 && !self.orphan_reachable(i.handle()) {
             return Err(Error::new(
                 ErrorCode::Stale,
@@ -350,7 +355,11 @@ impl Client {
 
     /// Looks `name` up in `dir` (`.` and `..` included).
     pub async fn lookup(&self, dir: FileId, name: &[u8]) -> Result<Inode> {
+        if name != b"." && name != b".." {
+            self.before_lookup(dir, name).await?;
+        }
         let i = self.do_lookup(dir, name).await?;
+        let i = self.after_find(i).await?;
         if i.attr.kind == morris_proto::FileKind::File {
             let now = std::time::Instant::now();
             let mut seen = self.looked_up.lock();
@@ -476,18 +485,34 @@ impl Client {
         cookie: u64,
         max: u32,
     ) -> Result<(Vec<DirEntry>, bool)> {
+        if cookie == 0 {
+            self.before_list(dir).await?;
+        }
         self.do_readdir(dir, cookie, max).await
     }
 
     /// Opens `id`; `write` takes the write lease, `truncate` empties the file.
     /// Returns an open-file number for read/write/flush/fsync/release.
     pub async fn open(&self, id: FileId, write: bool, truncate: bool) -> Result<u64> {
+        if let Some(i) = self.leases.cached_inode(id) {
+            if i.home.is_some() {
+                self.after_find(i).await?;
+            }
+        }
         self.do_open(id, write, truncate).await
     }
 
     /// Reads up to `size` bytes at `offset` (short only at end of file).
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes> {
-        self.do_read(fh, offset, size).await
+        match self.do_read(fh, offset, size).await {
+            // A cached file that changed at home while this read was on its
+            // way (a server holds a newer version than our inode names):
+            // its lease was recalled; read again under the new one.
+            Err(e) if e.code == ErrorCode::Stale && self.open_file_is_cached(fh) => {
+                self.do_read(fh, offset, size).await
+            }
+            r => r,
+        }
     }
 
     /// Writes `data` at `offset`; returns the count written once every

@@ -129,6 +129,7 @@ mod tests {
             },
             target: None,
             stale: Vec::new(),
+            home: None,
         }
     }
 

@@ -45,7 +45,10 @@ enum Lane {
 impl Lane {
     fn of(req: &Request) -> Lane {
         match req {
-            Request::Read { .. } | Request::Write { .. } => Lane::Data,
+            Request::Read { .. }
+            | Request::Write { .. }
+            | Request::ReadCached { .. }
+            | Request::FetchCached { .. } => Lane::Data,
             _ => Lane::Control,
         }
     }
@@ -183,6 +186,16 @@ fn retryable(req: &Request) -> bool {
                 | Request::Lookup { .. }
                 | Request::ReadDir { .. }
                 | Request::Read { .. }
+                | Request::ReadCached { .. }
+                | Request::FetchCached { .. }
+                | Request::Evict { .. }
+                | Request::OpenHome { .. }
+                | Request::CacheStatus
+                | Request::HomeLookup { .. }
+                | Request::HomeList { .. }
+                | Request::Seed { .. }
+                | Request::CreateCached { .. }
+                | Request::Revalidate { .. }
                 | Request::Write { .. }
                 | Request::Truncate { .. }
                 | Request::DeleteData { .. }

@@ -261,7 +261,8 @@ pub(crate) async fn fetch_any(
         Some((s, async move {
             let busy = loads.begin(s);
             let out =
-                crate::io::fetch_copy(&pool, Some(&loads), s, id, index, r, off, len, true).await;
+                crate::io::fetch_copy(&pool, Some(&loads), s, id, index, r, off, len, true, None)
+                    .await;
             if out.is_ok() {
                 if let Some(b) = busy {
                     b.finish();
@@ -316,7 +317,7 @@ pub(crate) async fn fetch_any(
     let Some(&(r, s)) = copies.first() else {
         return Err(last_err.unwrap_or_else(|| Error::new(morris_proto::ErrorCode::Io, "no copy")));
     };
-    match crate::io::fetch_copy(&pool, Some(&loads), s, id, index, r, off, len, false).await {
+    match crate::io::fetch_copy(&pool, Some(&loads), s, id, index, r, off, len, false, None).await {
         Ok(d) => Ok(d),
         Err(e) => Err(last_err.unwrap_or(e)),
     }

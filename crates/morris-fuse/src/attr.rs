@@ -170,6 +170,7 @@ mod tests {
             },
             target: None,
             stale: Vec::new(),
+            home: None,
         }
     }
 

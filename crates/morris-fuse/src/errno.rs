@@ -25,6 +25,7 @@ pub(crate) fn errno(code: ErrorCode) -> Errno {
         ErrorCode::FileTooBig => Errno::EFBIG,
         ErrorCode::TooManyLinks => Errno::EMLINK,
         ErrorCode::NotSupported => Errno::EOPNOTSUPP,
+        ErrorCode::ReadOnly => Errno::EROFS,
         ErrorCode::Unavailable
         | ErrorCode::Io
         | ErrorCode::Protocol
@@ -32,7 +33,8 @@ pub(crate) fn errno(code: ErrorCode) -> Errno {
         | ErrorCode::Grace
         | ErrorCode::NoLease
         | ErrorCode::NotOwner
-        | ErrorCode::OutOfSync => Errno::EIO,
+        | ErrorCode::OutOfSync
+        | ErrorCode::UnknownBinding => Errno::EIO,
     }
 }
 
@@ -51,7 +53,7 @@ pub(crate) fn fail(op: &'static str, ino: u64, err: &Error) -> Errno {
 mod tests {
     use super::*;
 
-    const ALL: [ErrorCode; 22] = [
+    const ALL: [ErrorCode; 24] = [
         ErrorCode::NotFound,
         ErrorCode::Exists,
         ErrorCode::NotDir,
@@ -74,6 +76,8 @@ mod tests {
         ErrorCode::Unavailable,
         ErrorCode::NotOwner,
         ErrorCode::OutOfSync,
+        ErrorCode::ReadOnly,
+        ErrorCode::UnknownBinding,
     ];
 
     #[test]
@@ -100,6 +104,8 @@ mod tests {
             libc::EIO,
             libc::EIO,
             libc::EIO,
+            libc::EIO,
+            libc::EROFS,
             libc::EIO,
         ];
         for (code, want) in ALL.iter().zip(expected) {

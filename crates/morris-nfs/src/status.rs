@@ -25,13 +25,15 @@ pub fn nfsstat(code: ErrorCode) -> nfsstat3 {
         ErrorCode::FileTooBig => nfsstat3::NFS3ERR_FBIG,
         ErrorCode::TooManyLinks => nfsstat3::NFS3ERR_MLINK,
         ErrorCode::NotSupported => nfsstat3::NFS3ERR_NOTSUPP,
+        ErrorCode::ReadOnly => nfsstat3::NFS3ERR_ROFS,
         ErrorCode::Grace | ErrorCode::NotOwner => nfsstat3::NFS3ERR_JUKEBOX,
         ErrorCode::Unavailable
         | ErrorCode::Io
         | ErrorCode::Protocol
         | ErrorCode::WrongVolume
         | ErrorCode::NoLease
-        | ErrorCode::OutOfSync => nfsstat3::NFS3ERR_IO,
+        | ErrorCode::OutOfSync
+        | ErrorCode::UnknownBinding => nfsstat3::NFS3ERR_IO,
     }
 }
 

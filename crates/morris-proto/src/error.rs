@@ -52,6 +52,11 @@ pub enum ErrorCode {
     /// A metadata copy is not at the position the primary expected; the
     /// primary sends a whole snapshot.
     OutOfSync,
+    /// The object lies in a read-only cache of a home (cache mode `ro`).
+    ReadOnly,
+    /// The request names a binding (cache mode) this server has not been
+    /// told of: send `OpenHome` and ask again.
+    UnknownBinding,
 }
 
 impl ErrorCode {
@@ -75,6 +80,7 @@ impl ErrorCode {
                 | ErrorCode::TooManyLinks
                 | ErrorCode::NotSupported
                 | ErrorCode::Stale
+                | ErrorCode::ReadOnly
         )
     }
 
@@ -103,6 +109,8 @@ impl ErrorCode {
             ErrorCode::Unavailable => "server unavailable",
             ErrorCode::NotOwner => "not the owner of that metadata range",
             ErrorCode::OutOfSync => "metadata copy out of sync",
+            ErrorCode::ReadOnly => "read-only cache of a home",
+            ErrorCode::UnknownBinding => "binding not known to this server",
         }
     }
 }

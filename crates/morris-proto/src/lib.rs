@@ -14,17 +14,18 @@
 
 pub mod error;
 pub mod frame;
+pub mod home;
 pub mod layout;
 pub mod messages;
 pub mod net;
 pub mod types;
 
 pub use error::{ErrorCode, WireError};
-pub use messages::{Orphan, Push, Reply, Request};
+pub use messages::{BindingStatus, Orphan, Push, Reply, Request};
 pub use types::*;
 
 /// Most copies of each block a volume may keep.
 pub const MAX_REPLICAS: u8 = 3;
 
 /// Version of the wire protocol; a `Hello` with another version is refused.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;

@@ -54,6 +54,7 @@
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::home::{Binding, HomeRef};
 use crate::types::{
     Attr, DirEntry, FileId, FileKind, Handle, Inode, ServerStats, SetAttr, StaleCopy,
     VolumeDescriptor,
@@ -431,6 +432,115 @@ pub enum Request {
         /// Most to return.
         max: u32,
     },
+    // ---------------------------------------------------------------
+    // Cache mode (docs/architecture.md, "Cache mode"). Requests that make
+    // a server ask home name the binding (the bound directory's id); a
+    // server that has not been told that binding's settings answers
+    // `UnknownBinding`, and the client sends `OpenHome` and repeats.
+    /// Makes the empty directory `dir` a cache of the home `binding.url`
+    /// names (sent to the directory's owner, which reads home's root and
+    /// stores the binding with the directory, recalling every lease on it).
+    /// [`Reply::Inode`]: the directory, with its [`crate::home::HomeLink`].
+    Bind {
+        /// The directory.
+        dir: Handle,
+        /// The binding's settings.
+        binding: Binding,
+    },
+    /// Removes the binding of `dir` (its cached entries must be gone).
+    /// [`Reply::Inode`].
+    Unbind {
+        /// The bound directory.
+        dir: Handle,
+    },
+    /// Tells this server the settings of the binding rooted at `binding`.
+    /// Always [`Reply::Ok`]: the home itself is opened when first needed.
+    OpenHome {
+        /// The bound directory's id.
+        binding: FileId,
+        /// Its settings, as stored with it.
+        spec: Binding,
+    },
+    /// Looks `name` up in the cached directory `dir` (at its owner): an
+    /// entry it has is returned; in a directory not listed whole, a name
+    /// it lacks is looked up at home and, if there, added with its seed.
+    /// Takes no lease (the caller then looks up under its lease as usual).
+    /// [`Reply::Entry`].
+    HomeLookup {
+        /// The directory.
+        dir: Handle,
+        /// The name.
+        name: Vec<u8>,
+    },
+    /// Brings every entry of the cached directory `dir` from home (at its
+    /// owner), so that it is listed whole. Answers [`Reply::Listed`] once
+    /// done, or after a few seconds with `done: false` (the listing goes
+    /// on; ask again).
+    HomeList {
+        /// The directory.
+        dir: Handle,
+    },
+    /// The seed of entry `dir/name`: the inode its home object will have,
+    /// to be created at its owner with `CreateCached`. [`Reply::Inode`];
+    /// `NotFound` if the entry was not fetched from home.
+    Seed {
+        /// The directory.
+        dir: Handle,
+        /// The name.
+        name: Vec<u8>,
+    },
+    /// Creates a cached object's inode from its seed (at the owner of
+    /// `inode.id`), unless it exists. [`Reply::Inode`]: as stored.
+    CreateCached {
+        /// The seed.
+        inode: Inode,
+    },
+    /// Compares cached object `ino` with home (at its owner) if the
+    /// binding's validity has passed since it was last compared: if home
+    /// changed it, every lease on it is recalled and the new attributes
+    /// (and, for a directory, its entries) are taken, with the next content
+    /// version. Takes no lease. [`Reply::Inode`]: the object now.
+    Revalidate {
+        /// The object.
+        ino: Handle,
+    },
+    /// `Read` of a cached file: a unit this server does not hold at
+    /// `home.version` is fetched from home first (once, however many
+    /// readers ask for it at once). [`Reply::Data`].
+    ReadCached {
+        /// The file.
+        id: FileId,
+        /// The block index (1-based).
+        index: u64,
+        /// Which copy this server holds.
+        replica: u8,
+        /// Offset within the block.
+        offset: u32,
+        /// Bytes wanted.
+        len: u32,
+        /// What to fetch it from.
+        home: HomeRef,
+    },
+    /// Fetches the unit from home if this server does not hold it at
+    /// `home.version`, without returning it (prefetch). [`Reply::Fetched`].
+    FetchCached {
+        /// The file.
+        id: FileId,
+        /// The block index (1-based).
+        index: u64,
+        /// Which copy this server holds.
+        replica: u8,
+        /// What to fetch it from.
+        home: HomeRef,
+    },
+    /// Frees every unit of cached file `id` held here (it reads back from
+    /// home when next read). [`Reply::Evicted`].
+    Evict {
+        /// The file.
+        id: FileId,
+    },
+    /// This server's cache counters, per binding it knows. [`Reply::Cache`].
+    CacheStatus,
 }
 
 impl Request {
@@ -507,6 +617,18 @@ impl Request {
             Request::SetOpen { .. } => "SetOpen",
             Request::Reap { .. } => "Reap",
             Request::ScanOrphans { .. } => "ScanOrphans",
+            Request::Bind { .. } => "Bind",
+            Request::Unbind { .. } => "Unbind",
+            Request::OpenHome { .. } => "OpenHome",
+            Request::HomeLookup { .. } => "HomeLookup",
+            Request::HomeList { .. } => "HomeList",
+            Request::Seed { .. } => "Seed",
+            Request::CreateCached { .. } => "CreateCached",
+            Request::Revalidate { .. } => "Revalidate",
+            Request::ReadCached { .. } => "ReadCached",
+            Request::FetchCached { .. } => "FetchCached",
+            Request::Evict { .. } => "Evict",
+            Request::CacheStatus => "CacheStatus",
         }
     }
 }
@@ -590,6 +712,52 @@ pub enum Reply {
     Reaped(Option<Inode>),
     /// Answer to [`Request::ScanOrphans`].
     Orphans(Vec<Orphan>),
+    /// Answer to [`Request::HomeList`].
+    Listed {
+        /// Every home entry is here now.
+        done: bool,
+    },
+    /// Answer to [`Request::FetchCached`]: bytes fetched from home for it
+    /// (0: the unit was here already).
+    Fetched {
+        /// Bytes fetched.
+        bytes: u64,
+    },
+    /// Answer to [`Request::Evict`]: bytes freed.
+    Evicted {
+        /// Bytes freed.
+        bytes: u64,
+    },
+    /// Answer to [`Request::CacheStatus`].
+    Cache(Vec<BindingStatus>),
+}
+
+/// One server's view of one binding (`morris cache status`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BindingStatus {
+    /// The bound directory's id.
+    pub binding: FileId,
+    /// The home URL.
+    pub url: String,
+    /// The last request to home succeeded (or none failed since start).
+    pub reachable: bool,
+    /// The last failure talking to home, if any.
+    pub last_error: Option<String>,
+    /// Cached unit reads answered from what was here.
+    pub hits: u64,
+    /// Unit reads that had to fetch from home.
+    pub misses: u64,
+    /// Bytes fetched from home.
+    pub fetched_bytes: u64,
+    /// Time spent fetching units, ms (bytes / time = this server's fetch rate).
+    pub fetch_ms: u64,
+    /// Metadata requests made to home (lookups, listings, attributes).
+    pub meta_requests: u64,
+    /// Units evicted to stay under the binding's space limit, and by hand.
+    pub evictions: u64,
+    /// Bytes of home's data held here (all bindings: units are not
+    /// counted per binding).
+    pub cached_bytes: u64,
 }
 
 /// An orphan: an inode whose last name is gone, kept while a client has it open.

@@ -152,6 +152,9 @@ pub struct Inode {
     /// (mirrored volumes): never read those blocks there until a resync has
     /// caught them up. Empty when every copy is current.
     pub stale: Vec<StaleCopy>,
+    /// Cache mode: the home object this inode caches, if it lies under a
+    /// bound directory (`None` for ordinary files).
+    pub home: Option<Box<crate::home::HomeLink>>,
 }
 
 /// A record that server `server` missed writes to its copies of a file's

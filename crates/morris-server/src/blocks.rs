@@ -230,6 +230,36 @@ impl Blocks {
         Ok(())
     }
 
+    /// Frees `len` bytes at `pos` of copy `replica` of `id` (they read as
+    /// zeros again; the file keeps its length). A missing file is fine.
+    pub fn punch(&self, id: FileId, replica: u8, pos: u64, len: u64) -> Result<(), WireError> {
+        let Some(f) = self.existing(id, replica)? else {
+            return Ok(());
+        };
+        let (Ok(off), Ok(n)) = (libc::off_t::try_from(pos), libc::off_t::try_from(len)) else {
+            return Err(WireError::new(
+                ErrorCode::Invalid,
+                "range past the largest offset",
+            ));
+        };
+        // SAFETY: `f` is an open descriptor for the duration of the call.
+        let r = unsafe {
+            libc::fallocate(
+                std::os::fd::AsRawFd::as_raw_fd(&*f),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                off,
+                n,
+            )
+        };
+        if r != 0 {
+            return Err(io_err(
+                &format!("free data of file {id}"),
+                &io::Error::last_os_error(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Removes every extent file of `id` (the volume keeps `copies` copies)
     /// and its record.
     pub fn delete(&self, id: FileId, copies: u8, store: &Store) -> Result<(), WireError> {

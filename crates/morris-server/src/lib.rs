@@ -266,6 +266,18 @@ pub async fn start(cfg: ServerConfig) -> Result<ServerHandle, ServerError> {
     let ticker = tokio::spawn(async move {
         let mut iv = tokio::time::interval(tick_every);
         iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Cache mode: space limits and read times, once a second, in its
+        // own task (an eviction must not delay lease expiry).
+        let caching = ticking.clone();
+        let _cache = tokio::spawn(async move {
+            let mut iv = tokio::time::interval(Duration::from_secs(1));
+            iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                iv.tick().await;
+                caching.cache_tick().await;
+            }
+        });
+        let _stop_cache = AbortOnDrop(_cache);
         loop {
             iv.tick().await;
             ticking.tick();
@@ -321,4 +333,13 @@ async fn accept_loop(
     conns.shutdown().await;
     drop(listener);
     drop(lock);
+}
+
+/// Aborts a task when dropped (the ticker's helper tasks end with it).
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

@@ -26,11 +26,12 @@ use crate::load::{IoKind, Load};
 use crate::ranges::{Range, Ranges, Role};
 use crate::store::{check_name, check_new_name, FormatOutcome, Formatted, OpKey, Store};
 
+mod cache;
 mod orphans;
 mod peer;
 
 /// Every request name, in a fixed order, for the per-request counters.
-const OPS: [&str; 36] = [
+const OPS: [&str; 48] = [
     "Hello",
     "Format",
     "Status",
@@ -67,6 +68,18 @@ const OPS: [&str; 36] = [
     "SetOpen",
     "Reap",
     "ScanOrphans",
+    "Bind",
+    "Unbind",
+    "OpenHome",
+    "HomeLookup",
+    "HomeList",
+    "Seed",
+    "CreateCached",
+    "Revalidate",
+    "ReadCached",
+    "FetchCached",
+    "Evict",
+    "CacheStatus",
 ];
 
 /// Who is on the other end of a connection, after its `Hello`.
@@ -125,6 +138,8 @@ pub(crate) struct Server {
     /// etcd endpoints deciding metadata ownership (empty: the two copies
     /// decide, `ranges.rs`).
     etcd: Vec<String>,
+    /// Cache mode: bindings, fetches in flight (`cache.rs`).
+    cache: cache::CacheState,
 }
 
 type Outcome = (Result<Reply, WireError>, Bytes);
@@ -179,6 +194,13 @@ fn takes_lease(req: &Request) -> bool {
             // Not a lease, but its judgement of which clients are alive
             // needs them to have renewed since this server (or range) started.
             | Request::Reap { .. }
+            // Cache mode: changes found at home recall every lease on the
+            // object, which needs the lease table of a whole lease time.
+            | Request::Bind { .. }
+            | Request::Unbind { .. }
+            | Request::HomeLookup { .. }
+            | Request::HomeList { .. }
+            | Request::Revalidate { .. }
     )
 }
 
@@ -194,6 +216,16 @@ fn subject(req: &Request) -> Option<FileId> {
         | Request::SetOpen { ino, .. }
         | Request::Reap { ino, .. } => Some(ino.id),
         Request::NoteLeftover { id, .. } | Request::ResyncAdvance { id, .. } => Some(*id),
+        Request::Bind { dir, .. }
+        | Request::Unbind { dir }
+        | Request::HomeLookup { dir, .. }
+        | Request::HomeList { dir }
+        | Request::Seed { dir, .. } => Some(dir.id),
+        Request::Revalidate { ino } => Some(ino.id),
+        Request::CreateCached { inode } => Some(inode.id),
+        Request::ReadCached { id, .. }
+        | Request::FetchCached { id, .. }
+        | Request::Evict { id } => Some(*id),
         Request::Release { ino } | Request::GetInode { ino } => Some(*ino),
         Request::CreateInode { parent, .. } => Some(*parent),
         Request::Lookup { dir, .. }
@@ -260,6 +292,7 @@ impl Server {
             stopped: AtomicBool::new(false),
             peers_cut: AtomicBool::new(false),
             etcd,
+            cache: cache::CacheState::default(),
         }
     }
 
@@ -630,6 +663,54 @@ impl Server {
                 }
                 Err(e) => plain(Err(e)),
             },
+            Request::ReadCached {
+                id,
+                index,
+                replica,
+                offset,
+                len,
+                home,
+            } => {
+                let r = async {
+                    Self::block_pos(&vol, id, index, replica, offset, u64::from(len))?;
+                    self.ensure_unit(&vol, id, index, replica, &home).await?;
+                    self.read(&vol, id, index, replica, offset, len).await
+                }
+                .await;
+                match r {
+                    Ok(data) => {
+                        let load = Reply::Data {
+                            queue: u32::try_from(self.load.inflight()).unwrap_or(u32::MAX),
+                            service_us: u32::try_from(self.load.service_us().0).unwrap_or(u32::MAX),
+                        };
+                        (Ok(load), data)
+                    }
+                    Err(e) => plain(Err(e)),
+                }
+            }
+            Request::FetchCached {
+                id,
+                index,
+                replica,
+                home,
+            } => plain(
+                async {
+                    Self::block_pos(&vol, id, index, replica, 0, 0)?;
+                    let bytes = self.ensure_unit(&vol, id, index, replica, &home).await?;
+                    Ok(Reply::Fetched { bytes })
+                }
+                .await,
+            ),
+            Request::Evict { id } => plain(
+                self.evict(&vol, id)
+                    .await
+                    .map(|bytes| Reply::Evicted { bytes }),
+            ),
+            Request::OpenHome { binding, spec } => {
+                self.open_home(binding, spec);
+                plain(Ok(Reply::Ok))
+            }
+            Request::CacheStatus => plain(self.cache_status().map(Reply::Cache)),
             other => plain(
                 self.metadata_op(&vol, client, conn.id, other, payload)
                     .await,
@@ -834,7 +915,14 @@ impl Server {
             | Request::Rename { .. }
             | Request::DropLink { .. }
             | Request::SetOpen { .. }
-            | Request::Reap { .. } => match subject(&req) {
+            | Request::Reap { .. }
+            | Request::Bind { .. }
+            | Request::Unbind { .. }
+            | Request::HomeLookup { .. }
+            | Request::HomeList { .. }
+            | Request::Seed { .. }
+            | Request::CreateCached { .. }
+            | Request::Revalidate { .. } => match subject(&req) {
                 Some(id) => Some(ranges.serving_id(id, now)?.clone()),
                 None => None,
             },
@@ -854,6 +942,12 @@ impl Server {
                 | Request::DropLink { .. }
                 | Request::SetOpen { .. }
                 | Request::Reap { .. }
+                | Request::Bind { .. }
+                | Request::Unbind { .. }
+                | Request::HomeLookup { .. }
+                | Request::HomeList { .. }
+                | Request::CreateCached { .. }
+                | Request::Revalidate { .. }
         );
         let Some(range) = range else {
             return self
@@ -1199,11 +1293,49 @@ impl Server {
                     .await
                     .map(Reply::Orphans)
             }
+            Request::Bind { dir, binding } => {
+                Self::check_owner(vol, dir.id)?;
+                self.bind(store, dir, binding).await.map(Reply::Inode)
+            }
+            Request::Unbind { dir } => {
+                Self::check_owner(vol, dir.id)?;
+                self.unbind(store, dir).await.map(Reply::Inode)
+            }
+            Request::HomeLookup { dir, name } => {
+                Self::check_owner(vol, dir.id)?;
+                self.home_lookup(store, dir, name).await.map(Reply::Entry)
+            }
+            Request::HomeList { dir } => {
+                Self::check_owner(vol, dir.id)?;
+                self.home_list(store, dir)
+                    .await
+                    .map(|done| Reply::Listed { done })
+            }
+            Request::Seed { dir, name } => {
+                Self::check_owner(vol, dir.id)?;
+                match metadata(|| store.seed(dir, &name))? {
+                    Some(i) => Ok(Reply::Inode(i)),
+                    None => Err(err(ErrorCode::NotFound, "no seed: not fetched from home")),
+                }
+            }
+            Request::CreateCached { inode } => {
+                Self::check_owner(vol, inode.id)?;
+                metadata(|| self.create_cached(&store, &inode)).map(Reply::Inode)
+            }
+            Request::Revalidate { ino } => {
+                Self::check_owner(vol, ino.id)?;
+                self.revalidate(store, ino).await.map(Reply::Inode)
+            }
             Request::Hello { .. }
             | Request::Format { .. }
             | Request::Status
             | Request::Statfs
             | Request::Read { .. }
+            | Request::ReadCached { .. }
+            | Request::FetchCached { .. }
+            | Request::Evict { .. }
+            | Request::OpenHome { .. }
+            | Request::CacheStatus
             | Request::PeerSync { .. }
             | Request::Replicate { .. }
             | Request::SnapshotChunk { .. } => {

@@ -282,6 +282,7 @@ fn decode_inode(id: FileId, data: &[u8]) -> Result<Inode, WireError> {
         attr: s.attr,
         target: s.target,
         stale: Vec::new(),
+        home: None,
     })
 }
 
@@ -366,6 +367,7 @@ impl Store {
             )
             .map_err(err)?;
         write.execute_batch(SCHEMA).map_err(err)?;
+        write.execute_batch(cached::SCHEMA).map_err(err)?;
         write.set_prepared_statement_cache_capacity(64);
         let volume: Option<(Vec<u8>, i64)> = write
             .query_row(
@@ -544,6 +546,7 @@ impl Store {
                         rdev: 0,
                     },
                     stale: Vec::new(),
+                    home: None,
                     target: None,
                 };
                 tx.execute(
@@ -640,6 +643,7 @@ impl Store {
                 attr,
                 target: target.map(<[u8]>::to_vec),
                 stale: Vec::new(),
+                home: None,
             };
             tx.execute(
                 "INSERT INTO inodes (id, gen, data, next_cookie) VALUES (?1, ?2, ?3, 1)",
@@ -750,6 +754,7 @@ impl Store {
             ] {
                 tx.execute(sql, params![sql_id(h.id)]).map_err(db_err)?;
             }
+            cached::forget_inode(tx, h.id)?;
             Ok(())
         })?;
         if !replayed {
@@ -994,8 +999,13 @@ impl Store {
                 let (id, data) = row.map_err(db_err)?;
                 let mut ino = decode_inode(from_sql_id(id), &data)?;
                 ino.stale = stale::records_of(c, ino.id)?;
-                // Each record encodes in at most 3 varints of 10 bytes.
-                let cost = data.len() + 16 + 30 * ino.stale.len();
+                ino.home = cached::link_of(c, ino.id)?;
+                // Each record encodes in at most 3 varints of 10 bytes; a
+                // home link in at most its handle and 120 bytes.
+                let cost = data.len()
+                    + 16
+                    + 30 * ino.stale.len()
+                    + ino.home.as_ref().map_or(0, |l| l.handle.len() + 120);
                 if cost > budget && !out.is_empty() {
                     break;
                 }
@@ -1145,6 +1155,7 @@ fn load_inode(c: &Connection, id: FileId) -> Result<Option<Inode>, WireError> {
     if ino.attr.kind == FileKind::File {
         ino.stale = stale::records_of(c, id)?;
     }
+    ino.home = cached::link_of(c, id)?;
     Ok(Some(ino))
 }
 
@@ -1163,7 +1174,11 @@ fn load_dir_row(tx: &Transaction<'_>, dir: Handle) -> Result<DirRow, WireError> 
         })
         .map_err(db_err)?;
     let (inode, next_cookie) = match row {
-        Some((data, next)) => (Some(decode_inode(dir.id, &data)?), next),
+        Some((data, next)) => {
+            let mut ino = decode_inode(dir.id, &data)?;
+            ino.home = cached::link_of(tx, dir.id)?;
+            (Some(ino), next)
+        }
         None => (None, 1),
     };
     let inode = check_dir(check_handle(dir, inode)?)?;
@@ -1196,6 +1211,7 @@ fn delete_entry(tx: &Transaction<'_>, dir: FileId, name: &[u8]) -> Result<(), Wi
     tx.prepare_cached("DELETE FROM entries WHERE dir = ?1 AND name = ?2")
         .and_then(|mut s| s.execute(params![sql_id(dir), name]))
         .map_err(db_err)?;
+    cached::forget_seed(tx, dir, name)?;
     Ok(())
 }
 
@@ -1205,6 +1221,7 @@ fn touch_dir(a: &mut Attr) {
     a.ctime = now;
 }
 
+mod cached;
 mod cookies;
 mod once;
 mod orphans;
@@ -1215,5 +1232,6 @@ mod stale;
 #[cfg(test)]
 mod tests;
 
+pub use cached::Seed;
 pub use once::OpKey;
 pub use replica::Captured;

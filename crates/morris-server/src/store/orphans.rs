@@ -166,6 +166,7 @@ impl Store {
                     .and_then(|mut s| s.execute(params![sql_id(h.id)]))
                     .map_err(db_err)?;
             }
+            super::cached::forget_inode(tx, h.id)?;
             Ok(Some(ino))
         })?;
         if out.is_some() && !replayed {

@@ -28,7 +28,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::{db_err, Formatted, Store};
 
 /// The tables whose changes are mirrored, with their columns.
-const REPLICATED: [(&str, &str); 7] = [
+const REPLICATED: [(&str, &str); 9] = [
     ("volume", "one, descriptor, own_index, counter"),
     ("inodes", "id, gen, data, next_cookie"),
     ("entries", "dir, name, cookie, child, gen, kind"),
@@ -36,6 +36,8 @@ const REPLICATED: [(&str, &str); 7] = [
     ("replies", "client, op, at, outcome"),
     ("orphans", "ino, since"),
     ("opens", "ino, client"),
+    ("cache_links", "id, link"),
+    ("cache_seeds", "dir, name, seed"),
 ];
 
 /// Whether `table` is mirrored.

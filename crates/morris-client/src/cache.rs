@@ -1,0 +1,393 @@
+//! Cache mode in the client: what a mount does in a directory bound to a
+//! home (docs/architecture.md, "Cache mode"). The client never talks to
+//! home; it asks the servers, which fetch:
+//!
+//! * before looking a name up in a cached directory that is not listed
+//!   whole, `HomeLookup` at the directory's owner (which asks home if it
+//!   lacks the name); before listing one, `HomeList` until it is listed;
+//! * a name whose object has no inode yet (a placeholder) is made real
+//!   with its seed (`Seed` at the directory's owner, `CreateCached` at the
+//!   object's owner) the first time it is looked up;
+//! * after the binding's validity lag, the first lookup, `getattr`, `open`
+//!   or listing of a cached object sends `Revalidate` to its owner, which
+//!   compares it with home and, if home changed it, recalls every lease on
+//!   it (so this client and every other drop what they cached);
+//! * reads of a cached file go out as `ReadCached` (`io.rs`).
+//!
+//! None of these requests is sent while holding a lease guard: a change
+//! found at home recalls the leases of every client, this one included.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use morris_proto::home::{is_cache_id, Binding, HomeLink, HomeRef};
+use morris_proto::{ErrorCode, FileId, Handle, Inode, Reply, Request};
+
+use crate::leases::Mode;
+use crate::pool::unexpected;
+use crate::{Client, Error, Result};
+
+/// Longest a client waits for a directory to be listed from home.
+const LIST_LIMIT: Duration = Duration::from_secs(3600);
+
+/// What this client knows of bindings and validations.
+#[derive(Default)]
+pub(crate) struct CacheView {
+    /// Bindings' settings, by bound directory.
+    specs: parking_lot::Mutex<HashMap<FileId, Binding>>,
+    /// When this client last had each cached object compared with home.
+    validated: parking_lot::Mutex<HashMap<FileId, Instant>>,
+}
+
+/// Most validation times kept before the old ones are dropped.
+const VALIDATED_KEEP: usize = 100_000;
+
+impl Client {
+    /// The settings of the binding rooted at `binding` (read once from the
+    /// bound directory's inode).
+    pub(crate) async fn binding_spec(&self, binding: FileId) -> Result<Binding> {
+        if let Some(b) = self.cache.specs.lock().get(&binding) {
+            return Ok(b.clone());
+        }
+        let r = self
+            .call_owner(binding, Request::GetInode { ino: binding })
+            .await?;
+        let Reply::Inode(i) = r else {
+            return Err(unexpected(&r));
+        };
+        let spec = i.home.and_then(|l| l.bound).ok_or_else(|| {
+            Error::new(ErrorCode::Io, format!("{binding} is not bound to a home"))
+        })?;
+        self.cache.specs.lock().insert(binding, spec.clone());
+        Ok(spec)
+    }
+
+    /// Tells every server the settings of binding `binding`.
+    async fn open_home_everywhere(&self, binding: FileId) -> Result<()> {
+        let spec = self.binding_spec(binding).await?;
+        let calls = (0..self.layout.servers).map(|s| {
+            self.pool.call(
+                s,
+                Request::OpenHome {
+                    binding,
+                    spec: spec.clone(),
+                },
+                Bytes::new(),
+            )
+        });
+        for r in futures::future::join_all(calls).await {
+            match r {
+                Ok(_) => {}
+                // A server that is down learns it when it is asked again.
+                Err(e) if e.code == ErrorCode::Unavailable => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `call` (a request naming binding `binding`); if a server has
+    /// not heard of the binding, tells every server and runs it again.
+    pub(crate) async fn with_binding<T, F, Fut>(&self, binding: FileId, call: F) -> Result<T>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        for _ in 0..3 {
+            match call().await {
+                Err(e) if e.code == ErrorCode::UnknownBinding => {
+                    self.open_home_everywhere(binding).await?;
+                }
+                other => return other,
+            }
+        }
+        call().await
+    }
+
+    /// Whether this client should compare cached object `id` with home now.
+    async fn due(&self, id: FileId, link: &HomeLink) -> Result<bool> {
+        let spec = self.binding_spec(link.binding).await?;
+        let validity = Duration::from_millis(spec.validity_ms);
+        Ok(match self.cache.validated.lock().get(&id) {
+            Some(t) => validity.is_zero() || t.elapsed() >= validity,
+            None => true,
+        })
+    }
+
+    /// Has the owner compare `h` (cached under `link`) with home if the
+    /// validity lag has passed for this client.
+    async fn revalidate_if_due(&self, h: Handle, link: &HomeLink) -> Result<()> {
+        if !self.due(h.id, link).await? {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let r = self
+            .with_binding(link.binding, || {
+                self.call_owner(h.id, Request::Revalidate { ino: h })
+            })
+            .await?;
+        let Reply::Inode(now) = r else {
+            return Err(unexpected(&r));
+        };
+        if now.home.as_ref().map(|l| l.version) != Some(link.version) {
+            // Changed at home: the owner recalled every lease on it (ours
+            // too); what we cached of it is gone. Our cached inode may
+            // still be the old one for a moment: drop it.
+            self.leases.attr_changed(h.id);
+        }
+        let mut v = self.cache.validated.lock();
+        if v.len() >= VALIDATED_KEEP {
+            v.clear();
+        }
+        v.insert(h.id, started);
+        Ok(())
+    }
+
+    /// The inode of `id` under a read lease, and its home link if cached.
+    async fn cached_link(&self, id: FileId) -> Result<(Handle, Option<HomeLink>)> {
+        let h = self.leases.handle(id)?;
+        let g = self.leases.get(h, Mode::Read).await?;
+        let i = self.fresh(&g).await?;
+        Ok((i.handle(), i.home.map(|l| *l)))
+    }
+
+    /// Cache work before a front end's lookup of `name` in `dir`: the
+    /// directory revalidated if due, the name fetched from home if the
+    /// directory is cached, not listed whole and does not know it.
+    pub(crate) async fn before_lookup(&self, dir: FileId, name: &[u8]) -> Result<()> {
+        let (h, Some(link)) = self.cached_link(dir).await? else {
+            return Ok(());
+        };
+        self.revalidate_if_due(h, &link).await?;
+        let (h, Some(link)) = self.cached_link(dir).await? else {
+            return Ok(());
+        };
+        if link.listed || self.leases.knows_name(dir, name) {
+            return Ok(());
+        }
+        let r = self
+            .with_binding(link.binding, || {
+                self.call_owner(
+                    dir,
+                    Request::HomeLookup {
+                        dir: h,
+                        name: name.to_vec(),
+                    },
+                )
+            })
+            .await?;
+        match r {
+            Reply::Entry(_) => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Cache work after a lookup or `getattr` found `i`: revalidated if
+    /// due; returns the inode as it is now.
+    pub(crate) async fn after_find(&self, i: Inode) -> Result<Inode> {
+        let Some(link) = i.home.as_deref() else {
+            return Ok(i);
+        };
+        if !self.due(i.id, link).await? {
+            return Ok(i);
+        }
+        let version = link.version;
+        self.revalidate_if_due(i.handle(), &link.clone()).await?;
+        let now = self.do_getattr(i.id).await?;
+        if now.home.as_ref().map(|l| l.version) != Some(version) {
+            tracing::debug!(id = i.id, "changed at home");
+        }
+        Ok(now)
+    }
+
+    /// Cache work before listing `dir` from its start: revalidated if due,
+    /// and listed whole from home first if it is not yet.
+    pub(crate) async fn before_list(&self, dir: FileId) -> Result<()> {
+        let (h, Some(link)) = self.cached_link(dir).await? else {
+            return Ok(());
+        };
+        self.revalidate_if_due(h, &link).await?;
+        let (h, Some(link)) = self.cached_link(dir).await? else {
+            return Ok(());
+        };
+        if link.listed {
+            return Ok(());
+        }
+        let deadline = Instant::now() + LIST_LIMIT;
+        loop {
+            let r = self
+                .with_binding(link.binding, || {
+                    self.call_owner(dir, Request::HomeList { dir: h })
+                })
+                .await?;
+            match r {
+                Reply::Listed { done: true } => break,
+                Reply::Listed { done: false } if Instant::now() < deadline => continue,
+                Reply::Listed { done: false } => {
+                    return Err(Error::new(
+                        ErrorCode::Io,
+                        "listing from home takes too long",
+                    ))
+                }
+                other => return Err(unexpected(&other)),
+            }
+        }
+        // Listed: the directory inode we cached says otherwise.
+        self.leases.attr_changed(dir);
+        Ok(())
+    }
+
+    /// Creates the inode of placeholder `dir/name` (naming `child`) from
+    /// its seed, if `child` is a cached object's id; `false` if it is not.
+    pub(crate) async fn materialize(
+        &self,
+        dir: FileId,
+        name: &[u8],
+        child: Handle,
+    ) -> Result<bool> {
+        if !is_cache_id(child.id) {
+            return Ok(false);
+        }
+        let dh = self.leases.handle(dir)?;
+        let r = self
+            .call_owner(
+                dir,
+                Request::Seed {
+                    dir: dh,
+                    name: name.to_vec(),
+                },
+            )
+            .await;
+        let seed = match r {
+            Ok(Reply::Inode(i)) => i,
+            Ok(other) => return Err(unexpected(&other)),
+            Err(e) if e.code == ErrorCode::NotFound => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        if seed.id != child.id {
+            return Ok(false);
+        }
+        let r = self
+            .call_owner(child.id, Request::CreateCached { inode: seed })
+            .await?;
+        let Reply::Inode(i) = r else {
+            return Err(unexpected(&r));
+        };
+        self.leases.learn(i.handle());
+        Ok(true)
+    }
+
+    /// Has the servers fetch every unit of cached file `id` that they do
+    /// not hold (`morris cache prefetch`), `parallel` at a time; returns
+    /// the bytes fetched from home.
+    pub async fn prefetch(&self, id: FileId, parallel: usize) -> Result<u64> {
+        let i = self.getattr(id).await?;
+        let Some(link) = i.home.as_deref() else {
+            return Err(Error::new(ErrorCode::Invalid, "not a cached file"));
+        };
+        if i.attr.kind != morris_proto::FileKind::File || i.attr.size == 0 {
+            return Ok(0);
+        }
+        let home = HomeRef {
+            binding: link.binding,
+            handle: link.handle.clone(),
+            version: link.version,
+            size: i.attr.size,
+        };
+        let last = self.layout.block_of(i.attr.size - 1).0;
+        let stale = i.stale.clone();
+        let one = |index: u64| {
+            let home = home.clone();
+            let stale = stale.clone();
+            async move {
+                let copies = crate::replicas::current_copies(&self.layout, &stale, id, index);
+                let mut last_err = None;
+                for (r, s) in copies {
+                    let req = Request::FetchCached {
+                        id,
+                        index,
+                        replica: r,
+                        home: home.clone(),
+                    };
+                    let out = self
+                        .with_binding(home.binding, || {
+                            self.pool.call(s, req.clone(), Bytes::new())
+                        })
+                        .await;
+                    match out {
+                        Ok((Reply::Fetched { bytes }, _)) => return Ok(bytes),
+                        Ok((other, _)) => return Err(unexpected(&other)),
+                        Err(e) if e.code == ErrorCode::Unavailable => last_err = Some(e),
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(last_err.unwrap_or_else(|| Error::new(ErrorCode::Io, "no current copy")))
+            }
+        };
+        use futures::stream::{self, StreamExt, TryStreamExt};
+        stream::iter(1..=last)
+            .map(one)
+            .buffer_unordered(parallel.max(1))
+            .try_fold(0u64, |acc, b| async move { Ok(acc + b) })
+            .await
+    }
+
+    /// Frees every server's units of cached file `id` (`morris cache
+    /// evict`); returns the bytes freed. Its data reads back from home.
+    pub async fn evict(&self, id: FileId) -> Result<u64> {
+        let i = self.getattr(id).await?;
+        if i.home.is_none() {
+            return Err(Error::new(ErrorCode::Invalid, "not a cached file"));
+        }
+        let calls = (0..self.layout.servers)
+            .map(|s| self.pool.call(s, Request::Evict { id }, Bytes::new()));
+        let mut freed = 0;
+        for r in futures::future::join_all(calls).await {
+            match r? {
+                (Reply::Evicted { bytes }, _) => freed += bytes,
+                (other, _) => return Err(unexpected(&other)),
+            }
+        }
+        Ok(freed)
+    }
+
+    /// Makes the empty directory `dir` a cache of the home `binding.url`
+    /// names (`morris cache bind`).
+    pub async fn bind(&self, dir: FileId, binding: Binding) -> Result<Inode> {
+        let h = self.leases.handle(dir)?;
+        let r = self
+            .call_owner(
+                dir,
+                Request::Bind {
+                    dir: h,
+                    binding: binding.clone(),
+                },
+            )
+            .await?;
+        let Reply::Inode(i) = r else {
+            return Err(unexpected(&r));
+        };
+        self.cache.specs.lock().insert(dir, binding);
+        self.open_home_everywhere(dir).await?;
+        self.leases.attr_changed(dir);
+        Ok(i)
+    }
+
+    /// Every server's cache counters (`morris cache status`), by server.
+    pub async fn cache_status(&self) -> Vec<(u32, Result<Vec<morris_proto::BindingStatus>>)> {
+        let calls = (0..self.layout.servers).map(|s| async move {
+            let r = self
+                .pool
+                .call_once(s, Request::CacheStatus, Bytes::new())
+                .await;
+            let r = match r {
+                Ok((Reply::Cache(v), _)) => Ok(v),
+                Ok((other, _)) => Err(unexpected(&other)),
+                Err(e) => Err(e),
+            };
+            (s, r)
+        });
+        futures::future::join_all(calls).await
+    }
+}

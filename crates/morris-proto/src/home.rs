@@ -1,0 +1,170 @@
+//! Cache mode on the wire: bindings of directories to a home file system and
+//! the link every cached object keeps to its home object.
+//!
+//! A *binding* makes a directory of the volume a cache of a *home* (an NFS
+//! export, a local directory). Every object under it carries a
+//! [`HomeLink`] in its inode: which binding, home's handle, what home's
+//! attributes were when they were last checked, and the *version* of home's
+//! content the cached data belongs to. See docs/architecture.md, "Cache
+//! mode".
+
+use serde::{Deserialize, Serialize};
+
+use crate::types::{FileId, FileKind, Timestamp};
+
+/// Smallest file id given to cached objects (see [`cache_id`]); ids below
+/// it are allocated by the servers' counters (`layout::allocate_id`).
+pub const CACHE_ID_BASE: FileId = 1 << 62;
+
+/// How a cache treats changes (AFM's modes). Cache mode I serves `Ro`
+/// only; the others are accepted by the types so that stored bindings stay
+/// readable when the write side lands, and refused by `bind` until then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum CacheMode {
+    /// Read-only: every change under the binding answers `ReadOnly`.
+    Ro,
+    /// Single writer: only this cache writes home (cache mode II).
+    Sw,
+    /// Independent writers: home and other caches write too (cache mode II).
+    Iw,
+    /// Local updates: changes stay in the cache (cache mode II).
+    Lu,
+}
+
+impl CacheMode {
+    /// The mode's short name (`ro`, `sw`, `iw`, `lu`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheMode::Ro => "ro",
+            CacheMode::Sw => "sw",
+            CacheMode::Iw => "iw",
+            CacheMode::Lu => "lu",
+        }
+    }
+
+    /// Parses a short name.
+    pub fn parse(s: &str) -> Option<CacheMode> {
+        match s {
+            "ro" => Some(CacheMode::Ro),
+            "sw" => Some(CacheMode::Sw),
+            "iw" => Some(CacheMode::Iw),
+            "lu" => Some(CacheMode::Lu),
+            _ => None,
+        }
+    }
+}
+
+/// The settings of a binding, kept in the bound directory's [`HomeLink`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Binding {
+    /// The home, as a URL (`nfs://host/export/dir?...`, `file:///path`).
+    pub url: String,
+    /// What the cache does with changes.
+    pub mode: CacheMode,
+    /// How long what was checked against home is trusted before the next
+    /// access checks again, in milliseconds (0: at every open and lookup).
+    pub validity_ms: u64,
+    /// Longest a request to home may take before it fails, in milliseconds.
+    pub timeout_ms: u64,
+    /// Most bytes of home's data the cache keeps (0: no limit); past it
+    /// the least recently read units are evicted.
+    pub max_bytes: u64,
+}
+
+/// What revalidation compares: home's kind, size, mtime and ctime of an
+/// object when it was last checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct HomeStamp {
+    /// The object's kind at home.
+    pub kind: FileKind,
+    /// Its size at home.
+    pub size: u64,
+    /// Its data modification time at home.
+    pub mtime: Timestamp,
+    /// Its inode change time at home.
+    pub ctime: Timestamp,
+}
+
+/// The link of a cached object to its home object, kept with its inode.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct HomeLink {
+    /// The bound directory this object is cached under (its own id for the
+    /// bound directory itself).
+    pub binding: FileId,
+    /// Home's handle of the object.
+    pub handle: Vec<u8>,
+    /// Home's number for the object (equal for its hard links).
+    pub fileid: u64,
+    /// Home's attributes when they were last found changed (or first seen).
+    pub seen: HomeStamp,
+    /// The version of home's content the cached data belongs to; raised
+    /// every time revalidation finds the object changed at home, so data
+    /// fetched for an older version is never served for a newer one.
+    pub version: u32,
+    /// Directories: every entry home had is here (a lookup of a name not
+    /// here is answered "no such entry" without asking home).
+    pub listed: bool,
+    /// The binding's settings: only in the bound directory's own link.
+    pub bound: Option<Binding>,
+}
+
+/// What a cached read names, so that the server holding the block can fetch
+/// it from home if it does not have it at this version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HomeRef {
+    /// The bound directory.
+    pub binding: FileId,
+    /// Home's handle of the file.
+    pub handle: Vec<u8>,
+    /// The version of home's content being read.
+    pub version: u32,
+    /// The file's size at that version (a unit is fetched up to it).
+    pub size: u64,
+}
+
+/// The id a home object gets in the cache: derived from the binding and
+/// home's (fsid, fileid), so that every name of one home object (hard
+/// links) is one local inode and a listing made again gives every object
+/// the id it had. It lies at or above [`CACHE_ID_BASE`], where the servers'
+/// counters never reach, and spreads over all servers like allocated ids
+/// (the owner is `id mod k`). Two home objects of one binding meet on one
+/// id with odds of about n²/2⁶³ for n objects; the owner keeps home's
+/// fileid in the inode and refuses to take one object for the other.
+pub fn cache_id(binding: FileId, fsid: u64, fileid: u64) -> FileId {
+    // SplitMix64 finaliser over the three words: a fixed, well-mixed
+    // function (the ids are stored, so it must never change).
+    fn mix(mut z: u64) -> u64 {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    let h = mix(mix(mix(binding) ^ fsid) ^ fileid);
+    CACHE_ID_BASE | (h & (CACHE_ID_BASE - 1))
+}
+
+/// Whether `id` was given to a cached object (see [`cache_id`]).
+pub fn is_cache_id(id: FileId) -> bool {
+    id >= CACHE_ID_BASE
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_ids_are_stable_and_spread() {
+        // Stored ids: the function must never change.
+        assert_eq!(cache_id(1, 2, 3), cache_id(1, 2, 3));
+        let a = cache_id(1, 0, 1);
+        assert!(is_cache_id(a));
+        assert_ne!(cache_id(1, 0, 1), cache_id(2, 0, 1));
+        assert_ne!(cache_id(1, 0, 1), cache_id(1, 1, 1));
+        let mut per_server = [0u32; 4];
+        for f in 0..4000u64 {
+            per_server[(cache_id(7, 0, f) % 4) as usize] += 1;
+        }
+        for n in per_server {
+            assert!((800..1200).contains(&n), "{per_server:?}");
+        }
+    }
+}

@@ -1,0 +1,897 @@
+//! Cache mode on a stripe server: every server is a gateway to the homes
+//! for what it keeps (docs/architecture.md, "Cache mode").
+//!
+//! | what | fetched here when | where |
+//! |---|---|---|
+//! | a name of a cached directory this server owns | `HomeLookup` misses it | [`Server::home_lookup`] |
+//! | every name of such a directory | `HomeList` (first listing) | [`Server::home_list`] |
+//! | home's attributes of an object this server owns | `Revalidate` after the validity lag | [`Server::revalidate`] |
+//! | a stripe unit this server holds | `ReadCached`/`FetchCached` finds it missing at the file's version | [`Server::ensure_unit`] |
+//!
+//! A change found at home is applied under this server's own write lease on
+//! the object (every client's lease on it is recalled first), so every
+//! mount, FUSE or NFS, sees the new version at once. A unit is fetched once
+//! however many readers ask for it at the same time (one lock per unit).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use morris_home::{Home, HomeAttr, HomeError, HomeHandle, HomeKind, HomeOptions, HomeUrl};
+use morris_proto::home::{cache_id, Binding, CacheMode, HomeLink, HomeRef, HomeStamp};
+use morris_proto::messages::LeaseMode;
+use morris_proto::{
+    Attr, BindingStatus, DirEntry, ErrorCode, FileId, FileKind, Handle, Inode, Timestamp, WireError,
+};
+use parking_lot::Mutex;
+use tracing::{debug, info, warn};
+
+use super::{blocking, err, metadata, Server};
+use crate::leases::ClientId;
+use crate::store::{Formatted, Seed, Store};
+
+/// The lease-table client id of this server's own changes to cached objects.
+const SERVER_CLIENT: ClientId = 0;
+/// The "connection" its lease waits are filed under.
+const SERVER_CONN: u64 = u64::MAX;
+/// Entries asked of home per listing page.
+const LIST_PAGE: usize = 1000;
+/// How long a `HomeList` waits for the listing before answering "not yet".
+const LIST_WAIT: Duration = Duration::from_secs(5);
+
+/// One binding as this server knows it.
+pub(crate) struct Bound {
+    spec: Binding,
+    /// The home, once opened (on first need; again after a failure).
+    home: tokio::sync::Mutex<Option<Arc<dyn Home>>>,
+    reachable: AtomicBool,
+    last_error: Mutex<Option<String>>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    fetched_bytes: AtomicU64,
+    fetch_ms: AtomicU64,
+    meta_requests: AtomicU64,
+    evictions: AtomicU64,
+}
+
+impl Bound {
+    fn new(spec: Binding) -> Bound {
+        Bound {
+            spec,
+            home: tokio::sync::Mutex::new(None),
+            reachable: AtomicBool::new(true),
+            last_error: Mutex::new(None),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            fetched_bytes: AtomicU64::new(0),
+            fetch_ms: AtomicU64::new(0),
+            meta_requests: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    fn options(&self) -> HomeOptions {
+        HomeOptions {
+            timeout: Duration::from_millis(self.spec.timeout_ms.max(100)),
+            ..HomeOptions::default()
+        }
+    }
+
+    /// The opened home; opens it if needed.
+    async fn home(&self) -> Result<Arc<dyn Home>, WireError> {
+        let mut g = self.home.lock().await;
+        if let Some(h) = &*g {
+            return Ok(h.clone());
+        }
+        let url: HomeUrl = self
+            .spec
+            .url
+            .parse()
+            .map_err(|e| err(ErrorCode::Invalid, format!("{e}")))?;
+        let opts = self.options();
+        let limit = opts.timeout + Duration::from_secs(1);
+        let opened = tokio::time::timeout(limit, morris_home::open(&url, opts))
+            .await
+            .unwrap_or_else(|_| Err(HomeError::Unreachable("opening timed out".into())));
+        match opened {
+            Ok(h) => {
+                info!(url = %self.spec.url, "home opened");
+                *g = Some(h.clone());
+                self.ok();
+                Ok(h)
+            }
+            Err(e) => Err(self.failed(e)),
+        }
+    }
+
+    fn ok(&self) {
+        self.reachable.store(true, Ordering::Relaxed);
+    }
+
+    /// Records a failure talking to home; returns it as a wire error.
+    fn failed(&self, e: HomeError) -> WireError {
+        if matches!(e, HomeError::Unreachable(_) | HomeError::Io(_)) {
+            self.reachable.store(false, Ordering::Relaxed);
+            *self.last_error.lock() = Some(e.to_string());
+            warn!(url = %self.spec.url, error = %e, "home request failed");
+        }
+        home_err(&self.spec.url, e)
+    }
+
+    fn status(&self, cached_bytes: u64) -> BindingStatus {
+        BindingStatus {
+            binding: 0,
+            url: self.spec.url.clone(),
+            reachable: self.reachable.load(Ordering::Relaxed),
+            last_error: self.last_error.lock().clone(),
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            fetched_bytes: self.fetched_bytes.load(Ordering::Relaxed),
+            fetch_ms: self.fetch_ms.load(Ordering::Relaxed),
+            meta_requests: self.meta_requests.load(Ordering::Relaxed),
+            evictions: self.evictions.load(Ordering::Relaxed),
+            cached_bytes,
+        }
+    }
+}
+
+/// A failure at home, as the client sees it: a missing object is
+/// `NotFound`, an unreachable home `Io` naming it.
+fn home_err(url: &str, e: HomeError) -> WireError {
+    match e {
+        HomeError::NotFound | HomeError::Stale => {
+            err(ErrorCode::NotFound, format!("gone at home {url}"))
+        }
+        HomeError::NotDir => err(ErrorCode::NotDir, "not a directory at home"),
+        HomeError::IsDir => err(ErrorCode::IsDir, "a directory at home"),
+        HomeError::Access => err(ErrorCode::Access, format!("home {url} refused access")),
+        HomeError::Invalid(m) => err(ErrorCode::Io, format!("home {url}: {m}")),
+        HomeError::BadCookie => err(ErrorCode::Io, format!("home {url}: listing changed")),
+        HomeError::Unreachable(m) => err(ErrorCode::Io, format!("home {url} unreachable: {m}")),
+        HomeError::Io(m) => err(ErrorCode::Io, format!("home {url}: {m}")),
+    }
+}
+
+/// A unit of a cached file held here: (file, copy, block).
+type UnitKey = (FileId, u8, u64);
+
+/// A directory's listing from home: its outcome once done.
+type ListSlot = tokio::sync::Mutex<Option<Result<(), WireError>>>;
+
+/// What this server keeps for cache mode.
+#[derive(Default)]
+pub(crate) struct CacheState {
+    bound: Mutex<HashMap<FileId, Arc<Bound>>>,
+    /// One fetch at a time per unit: (file, copy, block).
+    units: Mutex<HashMap<UnitKey, Arc<tokio::sync::Mutex<()>>>>,
+    /// One listing at a time per directory, and its outcome.
+    lists: Mutex<HashMap<FileId, Arc<ListSlot>>>,
+    /// When each object was last compared with home here.
+    checked: Mutex<HashMap<FileId, Instant>>,
+    /// Units read since the last flush of their use times.
+    touched: Mutex<Vec<UnitKey>>,
+}
+
+/// The kind of a home object here.
+fn kind_of(k: HomeKind) -> FileKind {
+    match k {
+        HomeKind::File => FileKind::File,
+        HomeKind::Dir => FileKind::Dir,
+        HomeKind::Symlink => FileKind::Symlink,
+        HomeKind::BlockDev => FileKind::BlockDev,
+        HomeKind::CharDev => FileKind::CharDev,
+        HomeKind::Fifo => FileKind::Fifo,
+        HomeKind::Socket => FileKind::Socket,
+    }
+}
+
+fn time_of(t: morris_home::HomeTime) -> Timestamp {
+    Timestamp {
+        secs: t.secs,
+        nanos: t.nsecs.min(999_999_999),
+    }
+}
+
+/// Linux's device number encoding (`makedev`), as `stat` reports it.
+fn makedev(major: u32, minor: u32) -> u32 {
+    ((major & 0xfff) << 8) | (minor & 0xff) | ((minor & !0xff) << 12)
+}
+
+/// What revalidation compares, from home's attributes.
+pub(crate) fn stamp_of(a: &HomeAttr) -> HomeStamp {
+    HomeStamp {
+        kind: kind_of(a.kind),
+        size: a.size,
+        mtime: time_of(a.mtime),
+        ctime: time_of(a.ctime),
+    }
+}
+
+/// Home's attributes as a cached inode's.
+fn attr_of(a: &HomeAttr) -> Attr {
+    let kind = kind_of(a.kind);
+    Attr {
+        kind,
+        mode: a.mode & 0o7777,
+        uid: a.uid,
+        gid: a.gid,
+        nlink: a.nlink.max(1),
+        size: if kind == FileKind::Dir { 0 } else { a.size },
+        atime: time_of(a.atime),
+        mtime: time_of(a.mtime),
+        ctime: time_of(a.ctime),
+        rdev: makedev(a.rdev.0, a.rdev.1),
+    }
+}
+
+/// The inode a home object will have in the cache, under `parent`.
+fn seed_inode(
+    binding: FileId,
+    parent: FileId,
+    h: HomeHandle,
+    a: &HomeAttr,
+    target: Option<Vec<u8>>,
+) -> Inode {
+    let attr = attr_of(a);
+    let kind = attr.kind;
+    Inode {
+        id: cache_id(binding, a.fsid, a.fileid),
+        gen: 1,
+        parent: if kind == FileKind::Dir { parent } else { 0 },
+        attr,
+        target,
+        stale: Vec::new(),
+        home: Some(Box::new(HomeLink {
+            binding,
+            handle: h.0,
+            fileid: a.fileid,
+            seen: stamp_of(a),
+            version: 1,
+            listed: false,
+            bound: None,
+        })),
+    }
+}
+
+fn link_of(ino: &Inode) -> Result<&HomeLink, WireError> {
+    ino.home.as_deref().ok_or_else(|| {
+        err(
+            ErrorCode::Invalid,
+            format!("{} is not cached from a home", ino.id),
+        )
+    })
+}
+
+/// Releases this server's own lease on drop.
+struct OwnLease<'a> {
+    server: &'a Server,
+    ino: FileId,
+}
+
+impl Drop for OwnLease<'_> {
+    fn drop(&mut self) {
+        self.server.release(SERVER_CLIENT, self.ino);
+    }
+}
+
+impl Server {
+    /// Takes this server's own write lease on `ino` (every client's lease
+    /// on it is recalled first), for a change found at home.
+    async fn own_write_lease(&self, ino: FileId) -> Result<OwnLease<'_>, WireError> {
+        self.lease(SERVER_CLIENT, SERVER_CONN, ino, LeaseMode::Write)
+            .await?;
+        Ok(OwnLease { server: self, ino })
+    }
+
+    /// The binding rooted at `binding`; `UnknownBinding` if no client has
+    /// told this server of it yet.
+    fn bound(&self, binding: FileId) -> Result<Arc<Bound>, WireError> {
+        self.cache
+            .bound
+            .lock()
+            .get(&binding)
+            .cloned()
+            .ok_or_else(|| {
+                err(
+                    ErrorCode::UnknownBinding,
+                    format!("binding {binding} is not known here yet"),
+                )
+            })
+    }
+
+    /// `OpenHome`: keeps the settings of a binding (a changed one replaces
+    /// the old, and its home is opened again when next needed).
+    pub(super) fn open_home(&self, binding: FileId, spec: Binding) {
+        let mut b = self.cache.bound.lock();
+        if b.get(&binding).is_some_and(|old| old.spec == spec) {
+            return;
+        }
+        info!(binding, url = %spec.url, mode = spec.mode.name(), "binding learnt");
+        b.insert(binding, Arc::new(Bound::new(spec)));
+    }
+
+    /// `Bind`: makes the empty directory `dir` (owned here) a cache of
+    /// `spec.url`.
+    pub(super) async fn bind(
+        &self,
+        store: Arc<Store>,
+        dir: Handle,
+        spec: Binding,
+    ) -> Result<Inode, WireError> {
+        if spec.mode != CacheMode::Ro {
+            return Err(err(
+                ErrorCode::NotSupported,
+                format!(
+                    "cache mode {} needs write-back (cache mode II), which is not built yet; bind with --mode ro",
+                    spec.mode.name()
+                ),
+            ));
+        }
+        let _: HomeUrl = spec
+            .url
+            .parse()
+            .map_err(|e| err(ErrorCode::Invalid, format!("{e}")))?;
+        let b = Arc::new(Bound::new(spec.clone()));
+        let home = b.home().await?;
+        let (h, a) = home.root().await.map_err(|e| b.failed(e))?;
+        if a.kind != HomeKind::Dir {
+            return Err(err(ErrorCode::NotDir, "home's root is not a directory"));
+        }
+        let link = HomeLink {
+            binding: dir.id,
+            handle: h.0,
+            fileid: a.fileid,
+            seen: stamp_of(&a),
+            version: 1,
+            listed: false,
+            bound: Some(spec.clone()),
+        };
+        let _own = self.own_write_lease(dir.id).await?;
+        let ino = metadata(|| store.bind(dir, &link))?;
+        self.cache.bound.lock().insert(dir.id, b);
+        self.cache.checked.lock().insert(dir.id, Instant::now());
+        info!(dir = dir.id, url = %spec.url, "bound to a home");
+        Ok(ino)
+    }
+
+    /// `Unbind`.
+    pub(super) async fn unbind(&self, store: Arc<Store>, dir: Handle) -> Result<Inode, WireError> {
+        let _own = self.own_write_lease(dir.id).await?;
+        let ino = metadata(|| store.unbind(dir))?;
+        self.cache.bound.lock().remove(&dir.id);
+        Ok(ino)
+    }
+
+    /// `HomeLookup`: the entry `dir/name`, fetched from home if the
+    /// directory has not got it and is not listed whole.
+    pub(super) async fn home_lookup(
+        &self,
+        store: Arc<Store>,
+        dir: Handle,
+        name: Vec<u8>,
+    ) -> Result<Option<DirEntry>, WireError> {
+        crate::store::check_name(&name)?;
+        let d = metadata(|| store.get_handle(dir))?;
+        if d.attr.kind != FileKind::Dir {
+            return Err(err(ErrorCode::NotDir, "not a directory"));
+        }
+        let link = link_of(&d)?.clone();
+        if let Some(e) = metadata(|| store.lookup(dir, &name))? {
+            return Ok(Some(e));
+        }
+        if link.listed {
+            return Ok(None);
+        }
+        let b = self.bound(link.binding)?;
+        let home = b.home().await?;
+        b.meta_requests.fetch_add(1, Ordering::Relaxed);
+        let found = home.lookup(&HomeHandle(link.handle.clone()), &name).await;
+        let (h, a) = match found {
+            Ok(x) => x,
+            Err(HomeError::NotFound) => {
+                b.ok();
+                return Ok(None);
+            }
+            Err(e) => return Err(b.failed(e)),
+        };
+        b.ok();
+        let target = self.target_of(&b, &home, &h, &a).await?;
+        let seed = Seed {
+            name: name.clone(),
+            inode: seed_inode(link.binding, dir.id, h, &a, target),
+        };
+        metadata(|| store.fill(dir, std::slice::from_ref(&seed), false))?;
+        metadata(|| store.lookup(dir, &name))
+    }
+
+    /// A symlink's target from home (`None` for other kinds).
+    async fn target_of(
+        &self,
+        b: &Bound,
+        home: &Arc<dyn Home>,
+        h: &HomeHandle,
+        a: &HomeAttr,
+    ) -> Result<Option<Vec<u8>>, WireError> {
+        if a.kind != HomeKind::Symlink {
+            return Ok(None);
+        }
+        b.meta_requests.fetch_add(1, Ordering::Relaxed);
+        match home.read_link(h).await {
+            Ok(t) if !t.is_empty() => Ok(Some(t)),
+            Ok(_) => Err(err(
+                ErrorCode::Io,
+                "home has a symlink with an empty target",
+            )),
+            Err(e) => Err(b.failed(e)),
+        }
+    }
+
+    /// Every entry of home directory `handle`, as seeds for `dir`.
+    async fn list_home(
+        &self,
+        b: &Bound,
+        binding: FileId,
+        dir: FileId,
+        handle: &[u8],
+        mut page_done: impl FnMut(Vec<Seed>) -> Result<(), WireError>,
+    ) -> Result<(), WireError> {
+        let home = b.home().await?;
+        let hh = HomeHandle(handle.to_vec());
+        let mut cookie = 0;
+        let mut verifier = [0u8; 8];
+        let mut restarts = 0;
+        loop {
+            b.meta_requests.fetch_add(1, Ordering::Relaxed);
+            let page = match home.read_dir(&hh, cookie, verifier, LIST_PAGE, true).await {
+                Ok(p) => p,
+                Err(HomeError::BadCookie) if restarts < 3 => {
+                    // The directory changed under the listing: start again
+                    // (names already added stay; `fill` skips them).
+                    restarts += 1;
+                    cookie = 0;
+                    verifier = [0; 8];
+                    continue;
+                }
+                Err(e) => return Err(b.failed(e)),
+            };
+            b.ok();
+            let mut seeds = Vec::with_capacity(page.entries.len());
+            for e in &page.entries {
+                let (h, a) = match &e.plus {
+                    Some((h, a)) => (h.clone(), a.clone()),
+                    None => {
+                        b.meta_requests.fetch_add(1, Ordering::Relaxed);
+                        match home.lookup(&hh, &e.name).await {
+                            Ok(x) => x,
+                            // Gone since the listing was made.
+                            Err(HomeError::NotFound) | Err(HomeError::Stale) => continue,
+                            Err(err) => return Err(b.failed(err)),
+                        }
+                    }
+                };
+                if crate::store::check_new_name(&e.name).is_err() {
+                    debug!(dir, "home name not usable here; left out");
+                    continue;
+                }
+                let target = match self.target_of(b, &home, &h, &a).await {
+                    Ok(t) => t,
+                    Err(e) if e.code == ErrorCode::NotFound => continue,
+                    Err(e) => return Err(e),
+                };
+                seeds.push(Seed {
+                    name: e.name.clone(),
+                    inode: seed_inode(binding, dir, h, &a, target),
+                });
+            }
+            page_done(seeds)?;
+            if page.eof {
+                return Ok(());
+            }
+            match page.entries.last() {
+                Some(last) => {
+                    cookie = last.cookie;
+                    verifier = page.verifier;
+                }
+                None => {
+                    return Err(err(
+                        ErrorCode::Io,
+                        "home listed an empty page before its end",
+                    ))
+                }
+            }
+        }
+    }
+
+    /// `HomeList`: fills directory `dir` with every name home has, once
+    /// (later callers wait for the first); answers within [`LIST_WAIT`].
+    pub(super) async fn home_list(
+        &self,
+        store: Arc<Store>,
+        dir: Handle,
+    ) -> Result<bool, WireError> {
+        let d = metadata(|| store.get_handle(dir))?;
+        if d.attr.kind != FileKind::Dir {
+            return Err(err(ErrorCode::NotDir, "not a directory"));
+        }
+        let link = link_of(&d)?.clone();
+        if link.listed {
+            return Ok(true);
+        }
+        let b = self.bound(link.binding)?;
+        let slot = self
+            .cache
+            .lists
+            .lock()
+            .entry(dir.id)
+            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(None)))
+            .clone();
+        let Some(me) = self.this.get().and_then(std::sync::Weak::upgrade) else {
+            return Err(err(ErrorCode::Unavailable, "server is stopping"));
+        };
+        // The listing runs in its own task, so a caller that gives up does
+        // not stop it; callers wait for it at most LIST_WAIT.
+        let task = {
+            let slot = slot.clone();
+            tokio::spawn(async move {
+                let mut g = slot.lock().await;
+                if let Some(Ok(())) = &*g {
+                    return Ok(());
+                }
+                let started = Instant::now();
+                let mut added = 0;
+                let r = me
+                    .list_home(&b, link.binding, dir.id, &link.handle, |seeds| {
+                        added += metadata(|| store.fill(dir, &seeds, false))?;
+                        Ok(())
+                    })
+                    .await
+                    .and_then(|()| metadata(|| store.fill(dir, &[], true)).map(|_| ()));
+                match &r {
+                    Ok(()) => info!(
+                        dir = dir.id,
+                        added,
+                        ms = started.elapsed().as_millis() as u64,
+                        "listed from home"
+                    ),
+                    Err(e) => warn!(dir = dir.id, error = %e, "listing from home failed"),
+                }
+                // A failure is not kept: the next caller tries again.
+                *g = r.as_ref().ok().map(|()| Ok(()));
+                r
+            })
+        };
+        match tokio::time::timeout(LIST_WAIT, task).await {
+            Ok(Ok(Ok(()))) => {
+                self.cache.lists.lock().remove(&dir.id);
+                Ok(true)
+            }
+            Ok(Ok(Err(e))) => Err(e),
+            Ok(Err(e)) => Err(err(ErrorCode::Io, format!("listing task failed: {e}"))),
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// `CreateCached`, at the seed's owner.
+    pub(super) fn create_cached(&self, store: &Store, seed: &Inode) -> Result<Inode, WireError> {
+        link_of(seed)?;
+        store.create_cached(seed)
+    }
+
+    /// `Revalidate`: compares `h` with home if the validity lag has passed
+    /// since it was compared here, and takes home's change if there is one.
+    /// A home that cannot be reached leaves the cached object as it is.
+    pub(super) async fn revalidate(
+        &self,
+        store: Arc<Store>,
+        h: Handle,
+    ) -> Result<Inode, WireError> {
+        let ino = metadata(|| store.get_handle(h))?;
+        let Some(link) = ino.home.as_deref().cloned() else {
+            return Ok(ino);
+        };
+        let b = self.bound(link.binding)?;
+        let validity = Duration::from_millis(b.spec.validity_ms);
+        if let Some(t) = self.cache.checked.lock().get(&h.id) {
+            if validity > Duration::ZERO && t.elapsed() < validity {
+                return Ok(ino);
+            }
+        }
+        let home = match b.home().await {
+            Ok(home) => home,
+            Err(e) => {
+                debug!(id = h.id, error = %e, "revalidation: home not reachable; cached copy served");
+                return Ok(ino);
+            }
+        };
+        b.meta_requests.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        let now = match home.getattr(&HomeHandle(link.handle.clone())).await {
+            Ok(a) => a,
+            Err(e @ (HomeError::Unreachable(_) | HomeError::Io(_))) => {
+                b.failed(e);
+                return Ok(ino);
+            }
+            Err(e) => return Err(b.failed(e)),
+        };
+        b.ok();
+        if stamp_of(&now) == link.seen && ino.attr.kind == kind_of(now.kind) {
+            self.cache.checked.lock().insert(h.id, started);
+            return Ok(ino);
+        }
+        debug!(id = h.id, "changed at home");
+        let _own = self.own_write_lease(h.id).await?;
+        let attr = attr_of(&now);
+        let out = if ino.attr.kind == FileKind::Dir && now.kind == HomeKind::Dir {
+            let mut seeds = Vec::new();
+            self.list_home(&b, link.binding, h.id, &link.handle, |page| {
+                seeds.extend(page);
+                Ok(())
+            })
+            .await?;
+            let (ino, what) = metadata(|| store.refresh_dir(h, &seeds, stamp_of(&now), &attr))?;
+            info!(
+                dir = h.id,
+                added = what.added,
+                removed = what.removed,
+                replaced = what.replaced,
+                "directory changed at home"
+            );
+            ino
+        } else if ino.attr.kind == kind_of(now.kind) {
+            let target = self
+                .target_of(&b, &home, &HomeHandle(link.handle.clone()), &now)
+                .await?;
+            metadata(|| store.home_changed(h, &attr, stamp_of(&now), target))?
+        } else {
+            return Err(err(
+                ErrorCode::NotFound,
+                "the object changed kind at home: look its name up again",
+            ));
+        };
+        self.cache.checked.lock().insert(h.id, started);
+        Ok(out)
+    }
+
+    /// Makes sure this server holds unit (`id`, copy `replica`, block
+    /// `index`) at `home.version`, fetching it from home if not; returns
+    /// the bytes fetched (0: it was here).
+    pub(super) async fn ensure_unit(
+        &self,
+        vol: &Formatted,
+        id: FileId,
+        index: u64,
+        replica: u8,
+        home: &HomeRef,
+    ) -> Result<u64, WireError> {
+        let key = (id, replica, index);
+        let store = self.store.clone();
+        let have = |store: &Store| -> Result<Option<bool>, WireError> {
+            match store.unit(id, replica, index)? {
+                Some(u) if u.version == home.version => Ok(Some(true)),
+                Some(u) if u.version > home.version => Err(err(
+                    ErrorCode::Stale,
+                    format!("file {id} changed at home since this read began; read it again"),
+                )),
+                _ => Ok(None),
+            }
+        };
+        if metadata(|| have(&store))?.is_some() {
+            if let Ok(b) = self.bound(home.binding) {
+                b.hits.fetch_add(1, Ordering::Relaxed);
+            }
+            self.cache.touched.lock().push(key);
+            return Ok(0);
+        }
+        let b = self.bound(home.binding)?;
+        let lock = self
+            .cache
+            .units
+            .lock()
+            .entry(key)
+            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
+            .clone();
+        let fetched = {
+            let _one = lock.lock().await;
+            if metadata(|| have(&store))?.is_some() {
+                b.hits.fetch_add(1, Ordering::Relaxed);
+                0
+            } else {
+                b.misses.fetch_add(1, Ordering::Relaxed);
+                self.fetch_unit(vol, &b, id, index, replica, home).await?
+            }
+        };
+        {
+            let mut units = self.cache.units.lock();
+            if units.get(&key).is_some_and(|l| Arc::strong_count(l) <= 2) {
+                units.remove(&key);
+            }
+        }
+        Ok(fetched)
+    }
+
+    /// Fetches one unit from home into this server's extent file.
+    async fn fetch_unit(
+        &self,
+        vol: &Formatted,
+        b: &Bound,
+        id: FileId,
+        index: u64,
+        replica: u8,
+        r: &HomeRef,
+    ) -> Result<u64, WireError> {
+        let unit = u64::from(vol.layout.unit);
+        let start = vol.layout.block_start(index);
+        let end = r.size.min(start.saturating_add(unit));
+        let want = end.saturating_sub(start);
+        let home = b.home().await?;
+        let t0 = Instant::now();
+        let mut data = bytes::BytesMut::with_capacity(want as usize);
+        let hh = HomeHandle(r.handle.clone());
+        while (data.len() as u64) < want {
+            let off = start + data.len() as u64;
+            let len = u32::try_from((want - data.len() as u64).min(u64::from(home.max_read())))
+                .unwrap_or(u32::MAX)
+                .max(1);
+            match home.read(&hh, off, len).await {
+                Ok(rep) => {
+                    if rep.data.is_empty() {
+                        // Home's file is shorter than the size we hold:
+                        // it changed; the rest reads as zeros until the
+                        // next revalidation sees it.
+                        break;
+                    }
+                    data.extend_from_slice(&rep.data);
+                    if rep.eof {
+                        break;
+                    }
+                }
+                Err(e) => return Err(b.failed(e)),
+            }
+        }
+        b.ok();
+        data.truncate(want as usize);
+        let got = data.len() as u64;
+        let pos = vol.layout.local_offset(index);
+        let store = self.store.clone();
+        let blocks = self.blocks.clone();
+        let version = r.version;
+        let data: Bytes = data.freeze();
+        blocking(move || {
+            // A unit of zeros (a hole at home) takes no space here.
+            if data.iter().any(|&x| x != 0) {
+                blocks.write(id, replica, pos, &data, false, &store)?;
+            } else {
+                blocks.punch(id, replica, pos, unit)?;
+            }
+            store.put_unit(id, replica, index, version, got)?;
+            Ok(())
+        })
+        .await?;
+        b.fetched_bytes.fetch_add(got, Ordering::Relaxed);
+        b.fetch_ms
+            .fetch_add(t0.elapsed().as_millis() as u64, Ordering::Relaxed);
+        debug!(
+            id,
+            index,
+            bytes = got,
+            ms = t0.elapsed().as_millis() as u64,
+            "unit fetched from home"
+        );
+        Ok(got)
+    }
+
+    /// `Evict`: frees every unit of `id` held here.
+    pub(super) async fn evict(&self, vol: &Formatted, id: FileId) -> Result<u64, WireError> {
+        let store = self.store.clone();
+        let units = metadata(|| store.units_of(id))?;
+        let mut freed = 0;
+        for u in units {
+            freed += self.evict_unit(vol, u.id, u.copy, u.block, u.bytes).await?;
+        }
+        Ok(freed)
+    }
+
+    async fn evict_unit(
+        &self,
+        vol: &Formatted,
+        id: FileId,
+        copy: u8,
+        block: u64,
+        bytes: u64,
+    ) -> Result<u64, WireError> {
+        let key = (id, copy, block);
+        let lock = self
+            .cache
+            .units
+            .lock()
+            .entry(key)
+            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
+            .clone();
+        let _one = lock.lock().await;
+        let pos = vol.layout.local_offset(block);
+        let unit = u64::from(vol.layout.unit);
+        let store = self.store.clone();
+        let blocks = self.blocks.clone();
+        blocking(move || {
+            // The record goes first: a crash in between leaves data that
+            // is simply fetched again, never a record without data.
+            store.drop_unit(id, copy, block)?;
+            blocks.punch(id, copy, pos, unit)
+        })
+        .await?;
+        Ok(bytes)
+    }
+
+    /// Keeps the units held here under the bindings' space limits (their
+    /// `max_bytes` split evenly among the servers), evicting the least
+    /// recently read first; flushes read times. Run periodically.
+    pub(crate) async fn cache_tick(&self) {
+        let touched = std::mem::take(&mut *self.cache.touched.lock());
+        if !touched.is_empty() {
+            let store = self.store.clone();
+            if let Err(e) = metadata(|| store.touch_units(&touched)) {
+                debug!(error = %e, "recording unit reads failed");
+            }
+        }
+        let Some(vol) = self.store.formatted() else {
+            return;
+        };
+        let bound: Vec<Arc<Bound>> = self.cache.bound.lock().values().cloned().collect();
+        if bound.is_empty() || bound.iter().any(|b| b.spec.max_bytes == 0) {
+            return;
+        }
+        let k = u64::from(vol.layout.servers.max(1));
+        let budget: u64 = bound.iter().map(|b| b.spec.max_bytes.div_ceil(k)).sum();
+        let store = self.store.clone();
+        let Ok((_, mut held)) = metadata(|| store.cached_bytes()) else {
+            return;
+        };
+        while held > budget {
+            let store = self.store.clone();
+            let Ok(cold) = metadata(|| store.coldest_units(64)) else {
+                return;
+            };
+            if cold.is_empty() {
+                return;
+            }
+            for u in cold {
+                if held <= budget {
+                    break;
+                }
+                match self.evict_unit(&vol, u.id, u.copy, u.block, u.bytes).await {
+                    Ok(n) => {
+                        held = held.saturating_sub(n);
+                        if let Some(b) = bound.first() {
+                            b.evictions.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "eviction failed");
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// `CacheStatus`.
+    pub(super) fn cache_status(&self) -> Result<Vec<BindingStatus>, WireError> {
+        let store = self.store.clone();
+        let (_, bytes) = metadata(|| store.cached_bytes())?;
+        let mut out: Vec<BindingStatus> = self
+            .cache
+            .bound
+            .lock()
+            .iter()
+            .map(|(id, b)| {
+                let mut s = b.status(bytes);
+                s.binding = *id;
+                s
+            })
+            .collect();
+        out.sort_by_key(|s| s.binding);
+        Ok(out)
+    }
+}

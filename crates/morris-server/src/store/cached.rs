@@ -1,0 +1,626 @@
+//! Cache mode in the metadata store: home links, placeholders and the
+//! record of which stripe units hold home's data.
+//!
+//! Tables:
+//! * `cache_links` (mirrored): inode id → its [`HomeLink`] (home's handle,
+//!   the attributes last seen at home, the content version, the binding);
+//!   loaded with the inode ([`super::load_inode`]), so every reply that
+//!   carries an inode carries its link;
+//! * `cache_seeds` (mirrored): (directory, name) → the inode its entry's
+//!   object *will* have, built from what home said when the name was
+//!   fetched. A directory listed from home gets one entry per home name at
+//!   once (with the child's [`cache_id`]) but no inodes: those are made
+//!   from the seed, at the child's owner, when the object is first used
+//!   ([`Store::create_cached`]) — Panache's "orphan" inodes;
+//! * `cache_units` (this server's own, never mirrored): which units of
+//!   which cached files this server holds, at which content version, how
+//!   many bytes, and when last read (for eviction).
+//!
+//! Links and seeds are stored as a format byte and the postcard encoding
+//! of the wire types ([`HomeLink`], [`Inode`]); a change to those types
+//! must keep a frozen copy of the old layout here and convert.
+
+use morris_proto::home::{is_cache_id, HomeLink, HomeStamp};
+use morris_proto::{Attr, ErrorCode, FileId, FileKind, Handle, Inode, WireError};
+use rusqlite::{params, Connection, OptionalExtension, Transaction};
+
+use super::{
+    check_dir, check_handle, cookies, db_err, encode_inode, find_entry, load_dir_row, load_inode,
+    sql_id, store_dir_row, Store,
+};
+
+/// The tables of this module (run at every open).
+pub(super) const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS cache_links (id INTEGER PRIMARY KEY, link BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS cache_seeds (
+    dir INTEGER NOT NULL,
+    name BLOB NOT NULL,
+    seed BLOB NOT NULL,
+    PRIMARY KEY (dir, name)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS cache_units (
+    id INTEGER NOT NULL,
+    copy INTEGER NOT NULL,
+    block INTEGER NOT NULL,
+    version INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    used INTEGER NOT NULL,
+    PRIMARY KEY (id, copy, block)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS cache_units_by_use ON cache_units (used);
+";
+
+/// Format byte of stored links and seeds.
+const FORMAT: u8 = 1;
+
+fn encode<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, WireError> {
+    let mut out = vec![FORMAT];
+    out.extend(
+        postcard::to_stdvec(v)
+            .map_err(|e| WireError::new(ErrorCode::Io, format!("encoding a cache record: {e}")))?,
+    );
+    Ok(out)
+}
+
+fn decode<T: serde::de::DeserializeOwned>(what: &str, b: &[u8]) -> Result<T, WireError> {
+    match b.split_first() {
+        Some((&FORMAT, rest)) => postcard::from_bytes(rest)
+            .map_err(|e| WireError::new(ErrorCode::Io, format!("corrupt {what}: {e}"))),
+        _ => Err(WireError::new(
+            ErrorCode::Io,
+            format!("{what} in an unknown format"),
+        )),
+    }
+}
+
+/// The home link stored for `id`, if any.
+pub(super) fn link_of(c: &Connection, id: FileId) -> Result<Option<Box<HomeLink>>, WireError> {
+    let b: Option<Vec<u8>> = c
+        .prepare_cached("SELECT link FROM cache_links WHERE id = ?1")
+        .and_then(|mut s| s.query_row(params![sql_id(id)], |r| r.get(0)).optional())
+        .map_err(db_err)?;
+    match b {
+        Some(b) => Ok(Some(Box::new(decode("home link", &b)?))),
+        None => Ok(None),
+    }
+}
+
+fn put_link(tx: &Transaction<'_>, id: FileId, link: &HomeLink) -> Result<(), WireError> {
+    let b = encode(link)?;
+    tx.prepare_cached("INSERT OR REPLACE INTO cache_links (id, link) VALUES (?1, ?2)")
+        .and_then(|mut s| s.execute(params![sql_id(id), b]))
+        .map_err(db_err)?;
+    Ok(())
+}
+
+/// Removes what this module keeps about inode `id` (it is being deleted).
+pub(super) fn forget_inode(tx: &Transaction<'_>, id: FileId) -> Result<(), WireError> {
+    for sql in [
+        "DELETE FROM cache_links WHERE id = ?1",
+        "DELETE FROM cache_seeds WHERE dir = ?1",
+    ] {
+        tx.execute(sql, params![sql_id(id)]).map_err(db_err)?;
+    }
+    Ok(())
+}
+
+/// Removes the seed of entry `dir/name` (the entry is being removed).
+pub(super) fn forget_seed(tx: &Transaction<'_>, dir: FileId, name: &[u8]) -> Result<(), WireError> {
+    tx.prepare_cached("DELETE FROM cache_seeds WHERE dir = ?1 AND name = ?2")
+        .and_then(|mut s| s.execute(params![sql_id(dir), name]))
+        .map_err(db_err)?;
+    Ok(())
+}
+
+/// A name fetched from home, with the inode its object will have.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seed {
+    /// The entry name.
+    pub name: Vec<u8>,
+    /// The inode to create on first use: a [`cache_id`], generation 1,
+    /// home's attributes and the object's [`HomeLink`].
+    pub inode: Inode,
+}
+
+/// What [`Store::refresh_dir`] changed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Refreshed {
+    /// Names added.
+    pub added: usize,
+    /// Names removed (gone at home).
+    pub removed: usize,
+    /// Names that now name another home object.
+    pub replaced: usize,
+}
+
+/// One unit of a cached file this server holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnitRec {
+    /// The content version it was fetched for.
+    pub version: u32,
+    /// Bytes of home's data in it.
+    pub bytes: u64,
+}
+
+/// A unit chosen for eviction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Evictable {
+    /// The file.
+    pub id: FileId,
+    /// Which copy (extent file).
+    pub copy: u8,
+    /// The block index.
+    pub block: u64,
+    /// Its bytes.
+    pub bytes: u64,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+fn cached_link(ino: &Inode, what: &str) -> Result<HomeLink, WireError> {
+    match &ino.home {
+        Some(l) => Ok((**l).clone()),
+        None => Err(WireError::new(
+            ErrorCode::Invalid,
+            format!("{what} {} is not cached from a home", ino.id),
+        )),
+    }
+}
+
+impl Store {
+    /// Makes the empty directory `dir` the root of a binding: its link
+    /// (with `link.bound` set) is stored. Refused if the directory has
+    /// entries or already lies under a binding.
+    pub fn bind(&self, dir: Handle, link: &HomeLink) -> Result<Inode, WireError> {
+        if link.bound.is_none() || link.binding != dir.id {
+            return Err(WireError::new(
+                ErrorCode::Invalid,
+                "a binding's root link names itself and its settings",
+            ));
+        }
+        self.write_txn(|tx| {
+            let d = load_dir_row(tx, dir)?;
+            if let Some(old) = &d.inode.home {
+                let msg = if old.bound.is_some() {
+                    "the directory is already bound to a home (unbind it first)"
+                } else {
+                    "the directory lies under a bound directory"
+                };
+                return Err(WireError::new(ErrorCode::Exists, msg));
+            }
+            let any: Option<i64> = tx
+                .prepare_cached("SELECT 1 FROM entries WHERE dir = ?1 LIMIT 1")
+                .and_then(|mut s| {
+                    s.query_row(params![sql_id(dir.id)], |r| r.get(0))
+                        .optional()
+                })
+                .map_err(db_err)?;
+            if any.is_some() {
+                return Err(WireError::new(
+                    ErrorCode::NotEmpty,
+                    "only an empty directory can be bound to a home",
+                ));
+            }
+            put_link(tx, dir.id, link)?;
+            let mut ino = d.inode;
+            ino.home = Some(Box::new(link.clone()));
+            Ok(ino)
+        })
+    }
+
+    /// Removes the binding of `dir`, which must be empty again (its cached
+    /// entries removed first).
+    pub fn unbind(&self, dir: Handle) -> Result<Inode, WireError> {
+        self.write_txn(|tx| {
+            let d = load_dir_row(tx, dir)?;
+            match &d.inode.home {
+                Some(l) if l.bound.is_some() => {}
+                _ => {
+                    return Err(WireError::new(
+                        ErrorCode::Invalid,
+                        "the directory is not bound to a home",
+                    ))
+                }
+            }
+            let any: Option<i64> = tx
+                .prepare_cached("SELECT 1 FROM entries WHERE dir = ?1 LIMIT 1")
+                .and_then(|mut s| {
+                    s.query_row(params![sql_id(dir.id)], |r| r.get(0))
+                        .optional()
+                })
+                .map_err(db_err)?;
+            if any.is_some() {
+                return Err(WireError::new(
+                    ErrorCode::NotEmpty,
+                    "remove the cached entries before the binding",
+                ));
+            }
+            forget_inode(tx, dir.id)?;
+            let mut ino = d.inode;
+            ino.home = None;
+            Ok(ino)
+        })
+    }
+
+    /// Adds the names of `seeds` that `dir` does not have yet, each with
+    /// its seed; with `listed`, marks the directory as holding every name
+    /// home has. Names already present are left as they are (a later
+    /// revalidation replaces what changed). Returns how many were added.
+    pub fn fill(&self, dir: Handle, seeds: &[Seed], listed: bool) -> Result<usize, WireError> {
+        let added = self.write_txn(|tx| {
+            let mut d = load_dir_row(tx, dir)?;
+            let mut link = cached_link(&d.inode, "directory")?;
+            let mut added = 0;
+            for s in seeds {
+                if find_entry(tx, dir.id, &s.name)?.is_some() {
+                    continue;
+                }
+                add_seeded(tx, dir.id, s)?;
+                added += 1;
+            }
+            if listed && !link.listed {
+                link.listed = true;
+                put_link(tx, dir.id, &link)?;
+                d.inode.home = Some(Box::new(link));
+                store_dir_row(tx, &d)?;
+            }
+            Ok(added)
+        })?;
+        self.entries
+            .fetch_add(added as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(added)
+    }
+
+    /// Brings directory `dir` to what home has now (`seeds`: every home
+    /// name): names gone at home are removed, new ones added, and names
+    /// that now name another home object point at it; the directory's
+    /// stamp becomes `stamp`, its version goes up, and it is listed.
+    pub fn refresh_dir(
+        &self,
+        dir: Handle,
+        seeds: &[Seed],
+        stamp: HomeStamp,
+        attr: &Attr,
+    ) -> Result<(Inode, Refreshed), WireError> {
+        let mut out = Refreshed::default();
+        let ino = self.write_txn(|tx| {
+            let mut d = load_dir_row(tx, dir)?;
+            let mut link = cached_link(&d.inode, "directory")?;
+            let wanted: std::collections::HashMap<&[u8], &Seed> =
+                seeds.iter().map(|s| (s.name.as_slice(), s)).collect();
+            // Local names not at home any more.
+            let mut gone = Vec::new();
+            {
+                let mut st = tx
+                    .prepare_cached("SELECT name, child FROM entries WHERE dir = ?1")
+                    .map_err(db_err)?;
+                let rows = st
+                    .query_map(params![sql_id(dir.id)], |r| {
+                        Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, i64>(1)?))
+                    })
+                    .map_err(db_err)?;
+                for row in rows {
+                    let (name, child) = row.map_err(db_err)?;
+                    match wanted.get(name.as_slice()) {
+                        None => gone.push(name),
+                        Some(s) if sql_id(s.inode.id) != child => gone.push(name),
+                        Some(_) => {}
+                    }
+                }
+            }
+            for name in &gone {
+                let replaced = wanted.contains_key(name.as_slice());
+                tx.prepare_cached("DELETE FROM entries WHERE dir = ?1 AND name = ?2")
+                    .and_then(|mut s| s.execute(params![sql_id(dir.id), name]))
+                    .map_err(db_err)?;
+                forget_seed(tx, dir.id, name)?;
+                if replaced {
+                    out.replaced += 1;
+                } else {
+                    out.removed += 1;
+                }
+            }
+            for s in seeds {
+                if find_entry(tx, dir.id, &s.name)?.is_some() {
+                    continue;
+                }
+                add_seeded(tx, dir.id, s)?;
+                if !gone.contains(&s.name) {
+                    out.added += 1;
+                }
+            }
+            link.seen = stamp;
+            link.version = link.version.wrapping_add(1);
+            link.listed = true;
+            apply_home_attr(&mut d.inode.attr, attr);
+            put_link(tx, dir.id, &link)?;
+            d.inode.home = Some(Box::new(link));
+            store_dir_row(tx, &d)?;
+            Ok(d.inode)
+        })?;
+        Ok((ino, out))
+    }
+
+    /// The seed of entry `dir/name`, if it was fetched from home.
+    pub fn seed(&self, dir: Handle, name: &[u8]) -> Result<Option<Inode>, WireError> {
+        self.with_reader(|c| {
+            let d = check_dir(check_handle(dir, load_inode(c, dir.id)?)?)?;
+            if d.home.is_none() {
+                return Ok(None);
+            }
+            let b: Option<Vec<u8>> = c
+                .prepare_cached("SELECT seed FROM cache_seeds WHERE dir = ?1 AND name = ?2")
+                .and_then(|mut s| {
+                    s.query_row(params![sql_id(dir.id), name], |r| r.get(0))
+                        .optional()
+                })
+                .map_err(db_err)?;
+            match b {
+                Some(b) => Ok(Some(decode("seed", &b)?)),
+                None => Ok(None),
+            }
+        })
+    }
+
+    /// Creates the cached inode `seed` describes, here (its owner), unless
+    /// it exists; returns the inode as stored. An inode at that id that
+    /// caches another home object (home reused the file number, or two
+    /// objects met on one id) is replaced, with the next generation, so
+    /// that handles of the old one answer `Stale`.
+    pub fn create_cached(&self, seed: &Inode) -> Result<Inode, WireError> {
+        let link = cached_link(seed, "seed")?;
+        if !is_cache_id(seed.id) {
+            return Err(WireError::new(
+                ErrorCode::Invalid,
+                format!("{} is not an id of a cached object", seed.id),
+            ));
+        }
+        let (ino, created) = self.write_txn(|tx| {
+            if let Some(old) = load_inode(tx, seed.id)? {
+                let same = old
+                    .home
+                    .as_ref()
+                    .is_some_and(|l| l.handle == link.handle && l.binding == link.binding);
+                if same {
+                    return Ok((old, false));
+                }
+                tracing::warn!(
+                    id = seed.id,
+                    "cached inode replaced: its id now names another home object"
+                );
+                let mut new = seed.clone();
+                new.gen = old.gen.wrapping_add(1).max(1);
+                new.stale.clear();
+                tx.execute(
+                    "UPDATE inodes SET gen = ?2, data = ?3 WHERE id = ?1",
+                    params![sql_id(new.id), i64::from(new.gen), encode_inode(&new)?],
+                )
+                .map_err(db_err)?;
+                put_link(tx, new.id, &link)?;
+                return Ok((new, false));
+            }
+            let mut new = seed.clone();
+            new.stale.clear();
+            tx.execute(
+                "INSERT INTO inodes (id, gen, data, next_cookie) VALUES (?1, ?2, ?3, 1)",
+                params![sql_id(new.id), i64::from(new.gen), encode_inode(&new)?],
+            )
+            .map_err(db_err)?;
+            put_link(tx, new.id, &link)?;
+            Ok((new, true))
+        })?;
+        if created {
+            self.inodes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(ino)
+    }
+
+    /// Records that home's object behind `h` changed: home's attributes
+    /// `attr` (size, times, mode, owner), stamp `stamp`, and the next
+    /// content version, so that data fetched before is never served again.
+    pub fn home_changed(
+        &self,
+        h: Handle,
+        attr: &Attr,
+        stamp: HomeStamp,
+        target: Option<Vec<u8>>,
+    ) -> Result<Inode, WireError> {
+        self.write_txn(|tx| {
+            let mut ino = check_handle(h, load_inode(tx, h.id)?)?;
+            let mut link = cached_link(&ino, "file")?;
+            link.seen = stamp;
+            link.version = link.version.wrapping_add(1);
+            apply_home_attr(&mut ino.attr, attr);
+            if target.is_some() {
+                ino.target = target.clone();
+            }
+            tx.execute(
+                "UPDATE inodes SET data = ?2 WHERE id = ?1",
+                params![sql_id(ino.id), encode_inode(&ino)?],
+            )
+            .map_err(db_err)?;
+            put_link(tx, ino.id, &link)?;
+            ino.home = Some(Box::new(link));
+            Ok(ino)
+        })
+    }
+
+    // ------------------------------------------------------------ units
+
+    /// The unit (`id`, `copy`, `block`) held here, if any.
+    pub fn unit(&self, id: FileId, copy: u8, block: u64) -> Result<Option<UnitRec>, WireError> {
+        self.with_reader(|c| {
+            c.prepare_cached(
+                "SELECT version, bytes FROM cache_units WHERE id = ?1 AND copy = ?2 AND block = ?3",
+            )
+            .and_then(|mut s| {
+                s.query_row(params![sql_id(id), i64::from(copy), sql_id(block)], |r| {
+                    Ok(UnitRec {
+                        version: u32::try_from(r.get::<_, i64>(0)?).unwrap_or(0),
+                        bytes: u64::try_from(r.get::<_, i64>(1)?).unwrap_or(0),
+                    })
+                })
+                .optional()
+            })
+            .map_err(db_err)
+        })
+    }
+
+    /// Records that the unit now holds home's data of `version` (`bytes`
+    /// of it); returns the bytes it held before at any version.
+    pub fn put_unit(
+        &self,
+        id: FileId,
+        copy: u8,
+        block: u64,
+        version: u32,
+        bytes: u64,
+    ) -> Result<u64, WireError> {
+        self.write_txn(|tx| {
+            let before: Option<i64> = tx
+                .prepare_cached(
+                    "SELECT bytes FROM cache_units WHERE id = ?1 AND copy = ?2 AND block = ?3",
+                )
+                .and_then(|mut s| {
+                    s.query_row(params![sql_id(id), i64::from(copy), sql_id(block)], |r| {
+                        r.get(0)
+                    })
+                    .optional()
+                })
+                .map_err(db_err)?;
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO cache_units (id, copy, block, version, bytes, used)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    sql_id(id),
+                    i64::from(copy),
+                    sql_id(block),
+                    i64::from(version),
+                    i64::try_from(bytes).unwrap_or(i64::MAX),
+                    now_ms()
+                ])
+            })
+            .map_err(db_err)?;
+            Ok(before.map_or(0, |b| u64::try_from(b).unwrap_or(0)))
+        })
+    }
+
+    /// Marks units as just read (eviction keeps the most recently read).
+    pub fn touch_units(&self, units: &[(FileId, u8, u64)]) -> Result<(), WireError> {
+        if units.is_empty() {
+            return Ok(());
+        }
+        let now = now_ms();
+        self.write_txn(|tx| {
+            let mut st = tx
+                .prepare_cached(
+                    "UPDATE cache_units SET used = ?4 WHERE id = ?1 AND copy = ?2 AND block = ?3",
+                )
+                .map_err(db_err)?;
+            for &(id, copy, block) in units {
+                st.execute(params![sql_id(id), i64::from(copy), sql_id(block), now])
+                    .map_err(db_err)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Bytes of home's data held here, in units.
+    pub fn cached_bytes(&self) -> Result<(u64, u64), WireError> {
+        self.with_reader(|c| {
+            c.query_row(
+                "SELECT count(*), coalesce(sum(bytes), 0) FROM cache_units",
+                [],
+                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
+            )
+            .map(|(n, b)| (n.max(0) as u64, b.max(0) as u64))
+            .map_err(db_err)
+        })
+    }
+
+    /// The least recently read units, oldest first, at most `max`.
+    pub fn coldest_units(&self, max: u32) -> Result<Vec<Evictable>, WireError> {
+        self.with_reader(|c| {
+            let mut st = c
+                .prepare_cached(
+                    "SELECT id, copy, block, bytes FROM cache_units ORDER BY used LIMIT ?1",
+                )
+                .map_err(db_err)?;
+            let rows = st
+                .query_map(params![i64::from(max)], |r| {
+                    Ok(Evictable {
+                        id: super::from_sql_id(r.get(0)?),
+                        copy: u8::try_from(r.get::<_, i64>(1)?).unwrap_or(0),
+                        block: super::from_sql_id(r.get(2)?),
+                        bytes: u64::try_from(r.get::<_, i64>(3)?).unwrap_or(0),
+                    })
+                })
+                .map_err(db_err)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(db_err)
+        })
+    }
+
+    /// The units of file `id` held here.
+    pub fn units_of(&self, id: FileId) -> Result<Vec<Evictable>, WireError> {
+        self.with_reader(|c| {
+            let mut st = c
+                .prepare_cached("SELECT id, copy, block, bytes FROM cache_units WHERE id = ?1")
+                .map_err(db_err)?;
+            let rows = st
+                .query_map(params![sql_id(id)], |r| {
+                    Ok(Evictable {
+                        id: super::from_sql_id(r.get(0)?),
+                        copy: u8::try_from(r.get::<_, i64>(1)?).unwrap_or(0),
+                        block: super::from_sql_id(r.get(2)?),
+                        bytes: u64::try_from(r.get::<_, i64>(3)?).unwrap_or(0),
+                    })
+                })
+                .map_err(db_err)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(db_err)
+        })
+    }
+
+    /// Forgets the unit (its bytes were freed).
+    pub fn drop_unit(&self, id: FileId, copy: u8, block: u64) -> Result<(), WireError> {
+        self.write_txn(|tx| {
+            tx.prepare_cached("DELETE FROM cache_units WHERE id = ?1 AND copy = ?2 AND block = ?3")
+                .and_then(|mut s| s.execute(params![sql_id(id), i64::from(copy), sql_id(block)]))
+                .map_err(db_err)?;
+            Ok(())
+        })
+    }
+}
+
+/// Adds entry `s.name` → `s.inode` to `dir` with its seed.
+fn add_seeded(tx: &Transaction<'_>, dir: FileId, s: &Seed) -> Result<(), WireError> {
+    cookies::insert(tx, dir, &s.name, s.inode.handle(), s.inode.attr.kind)?;
+    let b = encode(&s.inode)?;
+    tx.prepare_cached("INSERT OR REPLACE INTO cache_seeds (dir, name, seed) VALUES (?1, ?2, ?3)")
+        .and_then(|mut st| st.execute(params![sql_id(dir), &s.name, b]))
+        .map_err(db_err)?;
+    Ok(())
+}
+
+/// Takes home's attributes into a cached inode (kind stays; the link count
+/// of a directory stays the local one).
+fn apply_home_attr(a: &mut Attr, home: &Attr) {
+    a.mode = home.mode;
+    a.uid = home.uid;
+    a.gid = home.gid;
+    a.size = home.size;
+    a.atime = home.atime;
+    a.mtime = home.mtime;
+    a.ctime = home.ctime;
+    a.rdev = home.rdev;
+    if a.kind != FileKind::Dir {
+        a.nlink = home.nlink;
+    }
+}
