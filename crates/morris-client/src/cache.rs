@@ -111,7 +111,7 @@ impl Client {
         let validity = Duration::from_millis(spec.validity_ms);
         Ok(match self.cache.validated.lock().get(&id) {
             Some(t) => validity.is_zero() || t.elapsed() >= validity,
-            None => true,
+            None => !link.fresh(spec.validity_ms),
         })
     }
 
@@ -292,6 +292,7 @@ impl Client {
         let home = HomeRef {
             binding: link.binding,
             handle: link.handle.clone(),
+            gen: i.gen,
             version: link.version,
             size: i.attr.size,
         };

@@ -289,6 +289,7 @@ impl Client {
                         Arc::new(HomeRef {
                             binding: l.binding,
                             handle: l.handle.clone(),
+                            gen: st.inode.gen,
                             version: l.version,
                             size: a.size,
                         })

@@ -264,6 +264,15 @@ pub trait Home: Send + Sync + std::fmt::Debug {
 
     /// The most bytes one [`Home::read`] returns (NFS: the server's rtmax).
     fn max_read(&self) -> u32;
+
+    /// The part of `handle` that names the object itself: equal for every
+    /// name (hard link) of one object, different for a later object that
+    /// home gives the same file number (a file removed and another made).
+    /// NFS: the whole handle (servers put the inode's generation in it); a
+    /// local directory: the inode number and birth time, without the path.
+    fn identity<'a>(&self, handle: &'a HomeHandle) -> &'a [u8] {
+        &handle.0
+    }
 }
 
 /// Opens the home `url` names.

@@ -97,6 +97,10 @@ pub struct HomeLink {
     pub fileid: u64,
     /// Home's attributes when they were last found changed (or first seen).
     pub seen: HomeStamp,
+    /// When `seen` was read from home (wall clock, ms since the epoch):
+    /// until the validity lag has passed since then, nothing asks home
+    /// again (a name listed a moment ago needs no second look).
+    pub checked_ms: u64,
     /// The version of home's content the cached data belongs to; raised
     /// every time revalidation finds the object changed at home, so data
     /// fetched for an older version is never served for a newer one.
@@ -116,10 +120,20 @@ pub struct HomeRef {
     pub binding: FileId,
     /// Home's handle of the file.
     pub handle: Vec<u8>,
+    /// The file's generation: an object that got the id of a removed one
+    /// (home reused its number) has another, and none of its units.
+    pub gen: u32,
     /// The version of home's content being read.
     pub version: u32,
     /// The file's size at that version (a unit is fetched up to it).
     pub size: u64,
+}
+
+impl HomeRef {
+    /// The tag of the content a unit holds: generation and version.
+    pub fn tag(&self) -> u64 {
+        (u64::from(self.gen) << 32) | u64::from(self.version)
+    }
 }
 
 /// The id a home object gets in the cache: derived from the binding and
@@ -140,6 +154,37 @@ pub fn cache_id(binding: FileId, fsid: u64, fileid: u64) -> FileId {
     }
     let h = mix(mix(mix(binding) ^ fsid) ^ fileid);
     CACHE_ID_BASE | (h & (CACHE_ID_BASE - 1))
+}
+
+/// The wall clock in ms since the epoch, as [`HomeLink::checked_ms`] keeps it.
+pub fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+impl HomeLink {
+    /// Whether what `seen` says was read from home less than `validity_ms`
+    /// ago (by this machine's clock).
+    pub fn fresh(&self, validity_ms: u64) -> bool {
+        validity_ms > 0 && wall_ms().saturating_sub(self.checked_ms) < validity_ms
+    }
+}
+
+/// The generation a cached object's inode gets: derived from home's
+/// identity of the object (`Home::identity`: equal for its hard links,
+/// different for a later object on the same file number), so that when
+/// home gives a removed file's number to a new file — same [`cache_id`] —
+/// the new file's entry names another handle, and handles of the old one
+/// answer `Stale`. Never 0.
+pub fn cache_gen(identity: &[u8]) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for &b in identity {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h.max(1)
 }
 
 /// Whether `id` was given to a cached object (see [`cache_id`]).

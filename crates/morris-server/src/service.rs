@@ -200,6 +200,7 @@ fn takes_lease(req: &Request) -> bool {
             | Request::Unbind { .. }
             | Request::HomeLookup { .. }
             | Request::HomeList { .. }
+            | Request::CreateCached { .. }
             | Request::Revalidate { .. }
     )
 }
@@ -1320,7 +1321,7 @@ impl Server {
             }
             Request::CreateCached { inode } => {
                 Self::check_owner(vol, inode.id)?;
-                metadata(|| self.create_cached(&store, &inode)).map(Reply::Inode)
+                self.create_cached(store, inode).await.map(Reply::Inode)
             }
             Request::Revalidate { ino } => {
                 Self::check_owner(vol, ino.id)?;

@@ -1222,6 +1222,8 @@ fn touch_dir(a: &mut Attr) {
 }
 
 mod cached;
+#[cfg(test)]
+mod cached_tests;
 mod cookies;
 mod once;
 mod orphans;
@@ -1233,5 +1235,7 @@ mod stale;
 mod tests;
 
 pub use cached::Seed;
+#[cfg(test)]
+pub use cached::UnitRec;
 pub use once::OpKey;
 pub use replica::Captured;

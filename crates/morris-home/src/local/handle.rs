@@ -24,6 +24,12 @@ const HEAD: usize = 8 + 8 + 4;
 /// Longest path a handle may carry (Linux's PATH_MAX).
 const MAX_PATH: usize = 4096;
 
+/// The bytes of a handle that name the object wherever it is found: its
+/// inode number and birth time (the path differs between hard links).
+pub(crate) fn identity(h: &HomeHandle) -> &[u8] {
+    &h.0[..h.0.len().min(HEAD)]
+}
+
 /// A decoded handle.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Decoded {

@@ -142,4 +142,8 @@ impl Home for LocalHome {
     fn max_read(&self) -> u32 {
         MAX_READ
     }
+
+    fn identity<'a>(&self, handle: &'a HomeHandle) -> &'a [u8] {
+        handle::identity(handle)
+    }
 }

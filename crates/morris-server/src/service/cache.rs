@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use morris_home::{Home, HomeAttr, HomeError, HomeHandle, HomeKind, HomeOptions, HomeUrl};
-use morris_proto::home::{cache_id, Binding, CacheMode, HomeLink, HomeRef, HomeStamp};
+use morris_proto::home::{
+    cache_gen, cache_id, wall_ms, Binding, CacheMode, HomeLink, HomeRef, HomeStamp,
+};
 use morris_proto::messages::LeaseMode;
 use morris_proto::{
     Attr, BindingStatus, DirEntry, ErrorCode, FileId, FileKind, Handle, Inode, Timestamp, WireError,
@@ -40,6 +42,9 @@ const SERVER_CONN: u64 = u64::MAX;
 const LIST_PAGE: usize = 1000;
 /// How long a `HomeList` waits for the listing before answering "not yet".
 const LIST_WAIT: Duration = Duration::from_secs(5);
+/// While home does not answer, one request in this long tries it again;
+/// the others fail (misses) or are served from the cache (the rest) at once.
+const PROBE_EVERY: Duration = Duration::from_secs(3);
 
 /// One binding as this server knows it.
 pub(crate) struct Bound {
@@ -47,6 +52,9 @@ pub(crate) struct Bound {
     /// The home, once opened (on first need; again after a failure).
     home: tokio::sync::Mutex<Option<Arc<dyn Home>>>,
     reachable: AtomicBool,
+    /// While home does not answer: since when, and when the next request
+    /// may try it again.
+    down: Mutex<Option<(Instant, Instant)>>,
     last_error: Mutex<Option<String>>,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -62,6 +70,7 @@ impl Bound {
             spec,
             home: tokio::sync::Mutex::new(None),
             reachable: AtomicBool::new(true),
+            down: Mutex::new(None),
             last_error: Mutex::new(None),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -79,8 +88,35 @@ impl Bound {
         }
     }
 
-    /// The opened home; opens it if needed.
+    /// Fails at once while home is known not to answer, but lets one
+    /// request through every [`PROBE_EVERY`] to find out whether it is back.
+    fn check_up(&self) -> Result<(), WireError> {
+        let mut down = self.down.lock();
+        let Some((since, next)) = *down else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        if now >= next {
+            // This request is the probe; the others keep failing fast
+            // until it has had its time.
+            *down = Some((since, now + self.options().timeout + PROBE_EVERY));
+            return Ok(());
+        }
+        let last = self.last_error.lock().clone().unwrap_or_default();
+        Err(err(
+            ErrorCode::Io,
+            format!(
+                "home {} unreachable for {} s ({last})",
+                self.spec.url,
+                since.elapsed().as_secs()
+            ),
+        ))
+    }
+
+    /// The opened home; opens it if needed. Fails at once while home is
+    /// known to be down (see [`Bound::check_up`]).
     async fn home(&self) -> Result<Arc<dyn Home>, WireError> {
+        self.check_up()?;
         let mut g = self.home.lock().await;
         if let Some(h) = &*g {
             return Ok(h.clone());
@@ -108,6 +144,9 @@ impl Bound {
 
     fn ok(&self) {
         self.reachable.store(true, Ordering::Relaxed);
+        if let Some((since, _)) = self.down.lock().take() {
+            info!(url = %self.spec.url, down_secs = since.elapsed().as_secs(), "home answers again");
+        }
     }
 
     /// Records a failure talking to home; returns it as a wire error.
@@ -116,6 +155,12 @@ impl Bound {
             self.reachable.store(false, Ordering::Relaxed);
             *self.last_error.lock() = Some(e.to_string());
             warn!(url = %self.spec.url, error = %e, "home request failed");
+        }
+        if matches!(e, HomeError::Unreachable(_)) {
+            let now = Instant::now();
+            let mut down = self.down.lock();
+            let since = down.map_or(now, |(s, _)| s);
+            *down = Some((since, now + PROBE_EVERY));
         }
         home_err(&self.spec.url, e)
     }
@@ -228,6 +273,7 @@ fn attr_of(a: &HomeAttr) -> Attr {
 
 /// The inode a home object will have in the cache, under `parent`.
 fn seed_inode(
+    home: &dyn Home,
     binding: FileId,
     parent: FileId,
     h: HomeHandle,
@@ -238,7 +284,7 @@ fn seed_inode(
     let kind = attr.kind;
     Inode {
         id: cache_id(binding, a.fsid, a.fileid),
-        gen: 1,
+        gen: cache_gen(home.identity(&h)),
         parent: if kind == FileKind::Dir { parent } else { 0 },
         attr,
         target,
@@ -248,6 +294,7 @@ fn seed_inode(
             handle: h.0,
             fileid: a.fileid,
             seen: stamp_of(a),
+            checked_ms: wall_ms(),
             version: 1,
             listed: false,
             bound: None,
@@ -344,6 +391,7 @@ impl Server {
             handle: h.0,
             fileid: a.fileid,
             seen: stamp_of(&a),
+            checked_ms: wall_ms(),
             version: 1,
             listed: false,
             bound: Some(spec.clone()),
@@ -400,7 +448,7 @@ impl Server {
         let target = self.target_of(&b, &home, &h, &a).await?;
         let seed = Seed {
             name: name.clone(),
-            inode: seed_inode(link.binding, dir.id, h, &a, target),
+            inode: seed_inode(&*home, link.binding, dir.id, h, &a, target),
         };
         metadata(|| store.fill(dir, std::slice::from_ref(&seed), false))?;
         metadata(|| store.lookup(dir, &name))
@@ -482,7 +530,7 @@ impl Server {
                 };
                 seeds.push(Seed {
                     name: e.name.clone(),
-                    inode: seed_inode(binding, dir, h, &a, target),
+                    inode: seed_inode(&*home, binding, dir, h, &a, target),
                 });
             }
             page_done(seeds)?;
@@ -573,10 +621,23 @@ impl Server {
         }
     }
 
-    /// `CreateCached`, at the seed's owner.
-    pub(super) fn create_cached(&self, store: &Store, seed: &Inode) -> Result<Inode, WireError> {
-        link_of(seed)?;
-        store.create_cached(seed)
+    /// `CreateCached`, at the seed's owner. An inode at that id caching
+    /// another object is replaced under this server's own write lease, so
+    /// that every client drops what it cached of the old object.
+    pub(super) async fn create_cached(
+        &self,
+        store: Arc<Store>,
+        seed: Inode,
+    ) -> Result<Inode, WireError> {
+        link_of(&seed)?;
+        let replacing =
+            metadata(|| store.get_inode(seed.id))?.is_some_and(|old| old.gen != seed.gen);
+        let _own = if replacing {
+            Some(self.own_write_lease(seed.id).await?)
+        } else {
+            None
+        };
+        metadata(|| store.create_cached(&seed))
     }
 
     /// `Revalidate`: compares `h` with home if the validity lag has passed
@@ -593,10 +654,10 @@ impl Server {
         };
         let b = self.bound(link.binding)?;
         let validity = Duration::from_millis(b.spec.validity_ms);
-        if let Some(t) = self.cache.checked.lock().get(&h.id) {
-            if validity > Duration::ZERO && t.elapsed() < validity {
-                return Ok(ino);
-            }
+        match self.cache.checked.lock().get(&h.id) {
+            Some(t) if validity > Duration::ZERO && t.elapsed() < validity => return Ok(ino),
+            None if link.fresh(b.spec.validity_ms) => return Ok(ino),
+            _ => {}
         }
         let home = match b.home().await {
             Ok(home) => home,
@@ -669,8 +730,9 @@ impl Server {
         let store = self.store.clone();
         let have = |store: &Store| -> Result<Option<bool>, WireError> {
             match store.unit(id, replica, index)? {
-                Some(u) if u.version == home.version => Ok(Some(true)),
-                Some(u) if u.version > home.version => Err(err(
+                Some(u) if u.tag == home.tag() => Ok(Some(true)),
+                // The same object, a newer version than this read names.
+                Some(u) if u.tag >> 32 == home.tag() >> 32 && u.tag > home.tag() => Err(err(
                     ErrorCode::Stale,
                     format!("file {id} changed at home since this read began; read it again"),
                 )),
@@ -756,7 +818,7 @@ impl Server {
         let pos = vol.layout.local_offset(index);
         let store = self.store.clone();
         let blocks = self.blocks.clone();
-        let version = r.version;
+        let tag = r.tag();
         let data: Bytes = data.freeze();
         blocking(move || {
             // A unit of zeros (a hole at home) takes no space here.
@@ -765,7 +827,7 @@ impl Server {
             } else {
                 blocks.punch(id, replica, pos, unit)?;
             }
-            store.put_unit(id, replica, index, version, got)?;
+            store.put_unit(id, replica, index, tag, got)?;
             Ok(())
         })
         .await?;

@@ -136,8 +136,9 @@ pub struct Refreshed {
 /// One unit of a cached file this server holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UnitRec {
-    /// The content version it was fetched for.
-    pub version: u32,
+    /// The content it was fetched for: the file's generation and version
+    /// (`HomeRef::tag`).
+    pub tag: u64,
     /// Bytes of home's data in it.
     pub bytes: u64,
 }
@@ -297,18 +298,26 @@ impl Store {
             let mut gone = Vec::new();
             {
                 let mut st = tx
-                    .prepare_cached("SELECT name, child FROM entries WHERE dir = ?1")
+                    .prepare_cached("SELECT name, child, gen FROM entries WHERE dir = ?1")
                     .map_err(db_err)?;
                 let rows = st
                     .query_map(params![sql_id(dir.id)], |r| {
-                        Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, i64>(1)?))
+                        Ok((
+                            r.get::<_, Vec<u8>>(0)?,
+                            r.get::<_, i64>(1)?,
+                            r.get::<_, i64>(2)?,
+                        ))
                     })
                     .map_err(db_err)?;
                 for row in rows {
-                    let (name, child) = row.map_err(db_err)?;
+                    let (name, child, gen) = row.map_err(db_err)?;
                     match wanted.get(name.as_slice()) {
                         None => gone.push(name),
-                        Some(s) if sql_id(s.inode.id) != child => gone.push(name),
+                        // Another object (or the same number given to a
+                        // new one: another generation).
+                        Some(s) if sql_id(s.inode.id) != child || i64::from(s.inode.gen) != gen => {
+                            gone.push(name)
+                        }
                         Some(_) => {}
                     }
                 }
@@ -335,6 +344,7 @@ impl Store {
                 }
             }
             link.seen = stamp;
+            link.checked_ms = morris_proto::home::wall_ms();
             link.version = link.version.wrapping_add(1);
             link.listed = true;
             apply_home_attr(&mut d.inode.attr, attr);
@@ -368,10 +378,10 @@ impl Store {
     }
 
     /// Creates the cached inode `seed` describes, here (its owner), unless
-    /// it exists; returns the inode as stored. An inode at that id that
-    /// caches another home object (home reused the file number, or two
-    /// objects met on one id) is replaced, with the next generation, so
-    /// that handles of the old one answer `Stale`.
+    /// it exists; returns the inode as stored. An inode at that id with
+    /// another generation caches another home object (home reused the file
+    /// number, or two objects met on one id): it is replaced by the seed's,
+    /// so that handles of the old one answer `Stale`.
     pub fn create_cached(&self, seed: &Inode) -> Result<Inode, WireError> {
         let link = cached_link(seed, "seed")?;
         if !is_cache_id(seed.id) {
@@ -382,19 +392,21 @@ impl Store {
         }
         let (ino, created) = self.write_txn(|tx| {
             if let Some(old) = load_inode(tx, seed.id)? {
-                let same = old
-                    .home
-                    .as_ref()
-                    .is_some_and(|l| l.handle == link.handle && l.binding == link.binding);
+                let same = old.gen == seed.gen
+                    && old.home.as_ref().is_some_and(|l| l.binding == link.binding);
                 if same {
                     return Ok((old, false));
                 }
-                tracing::warn!(
+                tracing::info!(
                     id = seed.id,
+                    old_gen = old.gen,
+                    new_gen = seed.gen,
                     "cached inode replaced: its id now names another home object"
                 );
                 let mut new = seed.clone();
-                new.gen = old.gen.wrapping_add(1).max(1);
+                if new.gen == old.gen {
+                    new.gen = old.gen.wrapping_add(1).max(1);
+                }
                 new.stale.clear();
                 tx.execute(
                     "UPDATE inodes SET gen = ?2, data = ?3 WHERE id = ?1",
@@ -435,6 +447,7 @@ impl Store {
             let mut ino = check_handle(h, load_inode(tx, h.id)?)?;
             let mut link = cached_link(&ino, "file")?;
             link.seen = stamp;
+            link.checked_ms = morris_proto::home::wall_ms();
             link.version = link.version.wrapping_add(1);
             apply_home_attr(&mut ino.attr, attr);
             if target.is_some() {
@@ -462,7 +475,8 @@ impl Store {
             .and_then(|mut s| {
                 s.query_row(params![sql_id(id), i64::from(copy), sql_id(block)], |r| {
                     Ok(UnitRec {
-                        version: u32::try_from(r.get::<_, i64>(0)?).unwrap_or(0),
+                        // Stored as the i64 with the same bits.
+                        tag: r.get::<_, i64>(0)? as u64,
                         bytes: u64::try_from(r.get::<_, i64>(1)?).unwrap_or(0),
                     })
                 })
@@ -472,14 +486,14 @@ impl Store {
         })
     }
 
-    /// Records that the unit now holds home's data of `version` (`bytes`
-    /// of it); returns the bytes it held before at any version.
+    /// Records that the unit now holds home's data tagged `tag` (`bytes`
+    /// of it); returns the bytes it held before under any tag.
     pub fn put_unit(
         &self,
         id: FileId,
         copy: u8,
         block: u64,
-        version: u32,
+        tag: u64,
         bytes: u64,
     ) -> Result<u64, WireError> {
         self.write_txn(|tx| {
@@ -503,7 +517,7 @@ impl Store {
                     sql_id(id),
                     i64::from(copy),
                     sql_id(block),
-                    i64::from(version),
+                    tag as i64,
                     i64::try_from(bytes).unwrap_or(i64::MAX),
                     now_ms()
                 ])

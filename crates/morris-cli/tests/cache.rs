@@ -1,0 +1,610 @@
+//! Cache mode I (Panache, read side) end to end: a directory of a volume
+//! bound to a home that morris did not write — a local directory
+//! (`file://`) or a real nfs-ganesha export — read through real FUSE mounts.
+
+mod common;
+#[path = "../../morris-home/tests/ganesha/mod.rs"]
+mod ganesha;
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirEntryExt, FileExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// What is compared of each object: kind, mode, owner, size, mtime, link
+/// count, device number, symlink target.
+#[derive(Debug, PartialEq, Eq)]
+struct Meta {
+    kind: &'static str,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    size: u64,
+    mtime: (i64, i64),
+    nlink: u64,
+    rdev: u64,
+    target: Option<PathBuf>,
+}
+
+fn meta(p: &Path) -> Meta {
+    let m = fs::symlink_metadata(p).unwrap_or_else(|e| panic!("stat {}: {e}", p.display()));
+    let ft = m.file_type();
+    use std::os::unix::fs::FileTypeExt;
+    let kind = if ft.is_dir() {
+        "dir"
+    } else if ft.is_symlink() {
+        "symlink"
+    } else if ft.is_file() {
+        "file"
+    } else if ft.is_fifo() {
+        "fifo"
+    } else if ft.is_char_device() {
+        "chardev"
+    } else if ft.is_block_device() {
+        "blockdev"
+    } else {
+        "socket"
+    };
+    Meta {
+        kind,
+        mode: m.mode() & 0o7777,
+        uid: m.uid(),
+        gid: m.gid(),
+        // A directory's size is the file system's own business.
+        size: if ft.is_dir() { 0 } else { m.len() },
+        mtime: (m.mtime(), m.mtime_nsec()),
+        nlink: if ft.is_dir() { 0 } else { m.nlink() },
+        rdev: m.rdev(),
+        target: ft.is_symlink().then(|| fs::read_link(p).expect("readlink")),
+    }
+}
+
+/// Every path below `root`, relative, sorted.
+fn walk(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let abs = root.join(&rel);
+        for e in fs::read_dir(&abs).unwrap_or_else(|e| panic!("list {}: {e}", abs.display())) {
+            let e = e.expect("dir entry");
+            let r = rel.join(e.file_name());
+            if e.file_type().expect("file type").is_dir() {
+                stack.push(r.clone());
+            }
+            out.push(r);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Compares two files' bytes in 4 MiB pieces.
+fn same_bytes(a: &Path, b: &Path) -> bool {
+    let (mut fa, mut fb) = (
+        File::open(a).expect("open a"),
+        File::open(b).expect("open b"),
+    );
+    let (mut ba, mut bb) = (vec![0u8; 4 << 20], vec![0u8; 4 << 20]);
+    loop {
+        let na = read_full(&mut fa, &mut ba);
+        let nb = read_full(&mut fb, &mut bb);
+        if na != nb || ba[..na] != bb[..nb] {
+            return false;
+        }
+        if na == 0 {
+            return true;
+        }
+    }
+}
+
+fn read_full(f: &mut File, buf: &mut [u8]) -> usize {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+    n
+}
+
+/// Checks that `cache` shows exactly `home`: the same names, attributes
+/// and bytes.
+fn assert_same_tree(home: &Path, cache: &Path) {
+    let want = walk(home);
+    let got = walk(cache);
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "number of objects under {}",
+        cache.display()
+    );
+    assert!(got == want, "names differ under {}", cache.display());
+    for rel in &want {
+        let (h, c) = (home.join(rel), cache.join(rel));
+        assert_eq!(meta(&c), meta(&h), "{}", rel.display());
+        if meta(&h).kind == "file" {
+            assert!(same_bytes(&h, &c), "{}: bytes differ", rel.display());
+        }
+    }
+}
+
+fn set_mtime(p: &Path, secs: i64, nsecs: i64) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
+    let t = [
+        libc::timespec {
+            tv_sec: secs,
+            tv_nsec: nsecs,
+        },
+        libc::timespec {
+            tv_sec: secs,
+            tv_nsec: nsecs,
+        },
+    ];
+    // SAFETY: `c` is a valid C string and `t` two valid timespecs.
+    let r = unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            t.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    assert_eq!(r, 0, "utimensat {}", p.display());
+}
+
+/// A file of `len` random bytes (`seed` only tells files apart in messages).
+fn random_file(p: &Path, len: u64, _seed: u64) {
+    let mut f = File::create(p).expect("create");
+    let mut rnd = File::open("/dev/urandom")
+        .expect("open /dev/urandom")
+        .take(len);
+    let n = std::io::copy(&mut rnd, &mut f).expect("fill with random bytes");
+    assert_eq!(n, len);
+    f.flush().expect("flush");
+}
+
+/// A home tree: files with several modes, owners and times, hard links,
+/// symlinks, a fifo, a device node, a sparse file, a big file and
+/// `small` small files in one directory.
+fn make_tree(home: &Path, big: u64, small: usize) {
+    fs::create_dir_all(home.join("dir/sub")).expect("mkdir");
+    fs::create_dir_all(home.join("small")).expect("mkdir");
+    random_file(&home.join("big"), big, 1);
+    fs::write(home.join("dir/a.txt"), b"alpha\n").expect("write");
+    fs::write(home.join("dir/sub/b.txt"), b"beta beta\n").expect("write");
+    fs::write(home.join("private"), b"secret\n").expect("write");
+    fs::set_permissions(home.join("private"), fs::Permissions::from_mode(0o600)).expect("chmod");
+    fs::write(home.join("tool"), b"#!/bin/sh\necho hi\n").expect("write");
+    fs::set_permissions(home.join("tool"), fs::Permissions::from_mode(0o4755)).expect("chmod");
+    std::os::unix::fs::chown(home.join("dir/a.txt"), Some(1234), Some(5678)).expect("chown");
+    fs::hard_link(home.join("dir/a.txt"), home.join("dir/sub/a-again")).expect("link");
+    fs::hard_link(home.join("dir/a.txt"), home.join("a-third")).expect("link");
+    std::os::unix::fs::symlink("dir/a.txt", home.join("to-a")).expect("symlink");
+    std::os::unix::fs::symlink("/nowhere/at/all", home.join("dangling")).expect("symlink");
+    let fifo =
+        std::ffi::CString::new(home.join("fifo").as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o640) }, 0, "mkfifo");
+    let dev =
+        std::ffi::CString::new(home.join("null-dev").as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: a valid C string; creating a device node needs root (tests run as root).
+    let r = unsafe { libc::mknod(dev.as_ptr(), libc::S_IFCHR | 0o644, libc::makedev(1, 3)) };
+    assert_eq!(r, 0, "mknod (the cache tests run as root)");
+    let sparse = File::create(home.join("sparse")).expect("create");
+    sparse.set_len(40 << 20).expect("truncate");
+    sparse
+        .write_all_at(b"in the middle", 20 << 20)
+        .expect("write");
+    drop(sparse);
+    for i in 0..small {
+        fs::write(
+            home.join(format!("small/f{i:05}")),
+            pattern(i as u64, 0, 1 + (i * 37) % 9000),
+        )
+        .expect("write");
+    }
+    set_mtime(&home.join("dir/sub/b.txt"), 1_000_000_000, 123_456_789);
+    set_mtime(&home.join("to-a"), 1_100_000_000, 5);
+    set_mtime(&home.join("dir/sub"), 1_200_000_000, 0);
+}
+
+/// A volume of four servers with one mount, and a directory `c` in it.
+fn volume() -> (Cluster, Mount) {
+    let c = Cluster::start(4, ClusterOpts::default());
+    let m = c.mount();
+    fs::create_dir(m.path.join("c")).expect("mkdir c");
+    (c, m)
+}
+
+fn bind(m: &Mount, url: &str, extra: &[&str]) {
+    let dir = m.path.join("c");
+    let dir = dir.to_str().expect("utf-8 path");
+    let mut args = vec!["cache", "bind", dir, url];
+    args.extend_from_slice(extra);
+    let o = morris(&args);
+    assert!(o.status.success(), "cache bind: {}", both(&o));
+}
+
+/// `morris cache status --json` summed over the servers: (fetched bytes,
+/// misses, hits, cached bytes, evictions).
+fn cache_totals(c: &Cluster) -> (u64, u64, u64, u64, u64) {
+    let o = morris(&["cache", "status", "--server", c.addr(0), "--json"]);
+    assert!(o.status.success(), "cache status: {}", both(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    let mut t = (0, 0, 0, 0, 0);
+    for s in v.as_array().expect("array") {
+        for b in s["bindings"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+            t.0 += b["fetched_bytes"].as_u64().unwrap_or(0);
+            t.1 += b["misses"].as_u64().unwrap_or(0);
+            t.2 += b["hits"].as_u64().unwrap_or(0);
+            // Cached bytes are the server's, not the binding's: one binding here.
+            t.3 += b["cached_bytes"].as_u64().unwrap_or(0);
+            t.4 += b["evictions"].as_u64().unwrap_or(0);
+        }
+    }
+    t
+}
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("morris-home-")
+        .tempdir()
+        .expect("tempdir")
+}
+
+#[test]
+fn a_local_home_reads_back_identical_on_two_mounts() {
+    let home = tempdir();
+    make_tree(home.path(), 24 << 20, 2000);
+    let (c, m1) = volume();
+    bind(&m1, &format!("file://{}", home.path().display()), &[]);
+    let m2 = c.mount();
+    assert_same_tree(home.path(), &m1.path.join("c"));
+    assert_same_tree(home.path(), &m2.path.join("c"));
+    // Hard links are one inode here too.
+    let a = fs::metadata(m2.path.join("c/dir/a.txt")).expect("stat");
+    let b = fs::metadata(m2.path.join("c/dir/sub/a-again")).expect("stat");
+    assert_eq!(a.ino(), b.ino(), "hard links of one home file");
+    // Inode numbers stay what the first listing showed.
+    let listed: BTreeMap<String, u64> = fs::read_dir(m1.path.join("c/small"))
+        .expect("list")
+        .map(|e| {
+            let e = e.expect("entry");
+            (e.file_name().to_string_lossy().into_owned(), e.ino())
+        })
+        .collect();
+    for (name, ino) in listed.iter().take(50) {
+        let st = fs::metadata(m2.path.join("c/small").join(name)).expect("stat");
+        assert_eq!(st.ino(), *ino, "{name}: inode number from readdir and stat");
+    }
+    // The whole tree was read twice but fetched once: a unit is fetched by
+    // the one server that holds it, whichever mount reads it.
+    let (fetched, ..) = cache_totals(&c);
+    let home_bytes: u64 = walk(home.path())
+        .iter()
+        .map(|r| fs::symlink_metadata(home.path().join(r)).expect("stat"))
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum::<u64>();
+    assert!(
+        fetched <= home_bytes,
+        "fetched {fetched} bytes from home for {home_bytes} bytes of files"
+    );
+}
+
+#[test]
+fn a_read_only_cache_refuses_every_change() {
+    let home = tempdir();
+    fs::create_dir(home.path().join("d")).expect("mkdir");
+    fs::write(home.path().join("d/f"), b"x").expect("write");
+    let (_c, m) = volume();
+    bind(&m, &format!("file://{}", home.path().display()), &[]);
+    let c = m.path.join("c");
+    expect_errno(fs::write(c.join("new"), b"y"), libc::EROFS, "create");
+    expect_errno(fs::write(c.join("d/f"), b"y"), libc::EROFS, "write");
+    expect_errno(fs::create_dir(c.join("d/e")), libc::EROFS, "mkdir");
+    expect_errno(fs::remove_file(c.join("d/f")), libc::EROFS, "unlink");
+    expect_errno(
+        fs::rename(c.join("d/f"), c.join("d/g")),
+        libc::EROFS,
+        "rename",
+    );
+    expect_errno(
+        fs::set_permissions(c.join("d/f"), fs::Permissions::from_mode(0o600)),
+        libc::EROFS,
+        "chmod",
+    );
+    expect_errno(
+        fs::hard_link(c.join("d/f"), c.join("d/h")),
+        libc::EROFS,
+        "link",
+    );
+    assert_eq!(fs::read(c.join("d/f")).expect("read"), b"x");
+    // Home is untouched.
+    assert_eq!(
+        walk(home.path()),
+        vec![PathBuf::from("d"), PathBuf::from("d/f")]
+    );
+}
+
+#[test]
+fn a_change_at_home_is_seen_after_the_validity_lag_on_both_mounts() {
+    let home = tempdir();
+    fs::write(home.path().join("f"), b"version one").expect("write");
+    fs::write(home.path().join("gone"), b"soon gone").expect("write");
+    fs::write(home.path().join("again"), b"first").expect("write");
+    let (c, m1) = volume();
+    bind(
+        &m1,
+        &format!("file://{}", home.path().display()),
+        &["--validity", "1s"],
+    );
+    let m2 = c.mount();
+    for m in [&m1, &m2] {
+        assert_eq!(fs::read(m.path.join("c/f")).expect("read"), b"version one");
+        assert!(m.path.join("c/gone").exists());
+        assert_eq!(fs::read(m.path.join("c/again")).expect("read"), b"first");
+    }
+    fs::write(home.path().join("f"), b"version two, longer").expect("write");
+    fs::set_permissions(home.path().join("f"), fs::Permissions::from_mode(0o640)).expect("chmod");
+    fs::remove_file(home.path().join("gone")).expect("rm");
+    fs::write(home.path().join("new"), b"new at home").expect("write");
+    // Removed and made again under its name (same inode number, usually).
+    fs::remove_file(home.path().join("again")).expect("rm");
+    fs::write(home.path().join("again"), b"made again").expect("write");
+    for m in [&m1, &m2] {
+        let c = m.path.join("c");
+        wait_for(Duration::from_secs(30), "home's change seen", || {
+            let got = fs::read(c.join("f")).map_err(|e| e.to_string())?;
+            let mode = fs::metadata(c.join("f")).map_err(|e| e.to_string())?.mode() & 0o777;
+            let names: Vec<String> = fs::read_dir(&c)
+                .map_err(|e| e.to_string())?
+                .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+                .collect::<Result<_, _>>()
+                .map_err(|e| e.to_string())?;
+            if got == b"version two, longer"
+                && mode == 0o640
+                && !names.contains(&"gone".to_string())
+                && names.contains(&"new".to_string())
+            {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{:?} mode {mode:o} names {names:?}",
+                    String::from_utf8_lossy(&got)
+                ))
+            }
+        });
+        // `new` usually got the inode number `gone` had (ext4 reuses it):
+        // one cache id, two objects; the new one must win, whole.
+        assert_eq!(fs::read(c.join("new")).expect("read"), b"new at home");
+        expect_errno(fs::read(c.join("gone")), libc::ENOENT, "removed at home");
+        assert_eq!(fs::read(c.join("again")).expect("read"), b"made again");
+    }
+}
+
+#[test]
+fn within_the_validity_lag_the_cached_copy_is_served() {
+    let home = tempdir();
+    fs::write(home.path().join("f"), b"cached").expect("write");
+    let (_c, m) = volume();
+    bind(
+        &m,
+        &format!("file://{}", home.path().display()),
+        &["--validity", "1h"],
+    );
+    assert_eq!(fs::read(m.path.join("c/f")).expect("read"), b"cached");
+    fs::write(home.path().join("f"), b"CHANGED").expect("write");
+    // Trusted for an hour: the cache answers, home is not asked.
+    assert_eq!(fs::read(m.path.join("c/f")).expect("read"), b"cached");
+}
+
+#[test]
+fn a_home_directory_of_100000_entries_is_listed_whole() {
+    let home = tempdir();
+    let big = home.path().join("big");
+    fs::create_dir(&big).expect("mkdir");
+    for i in 0..100_000 {
+        File::create(big.join(format!("entry-{i:06}"))).expect("create");
+    }
+    let (_c, m) = volume();
+    bind(&m, &format!("file://{}", home.path().display()), &[]);
+    let started = Instant::now();
+    let mut names: Vec<String> = fs::read_dir(m.path.join("c/big"))
+        .expect("list")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    let miss = started.elapsed();
+    names.sort();
+    assert_eq!(names.len(), 100_000, "entries listed");
+    assert_eq!(names[0], "entry-000000");
+    assert_eq!(names[99_999], "entry-099999");
+    names.dedup();
+    assert_eq!(names.len(), 100_000, "no name twice");
+    let started = Instant::now();
+    let again = fs::read_dir(m.path.join("c/big")).expect("list").count();
+    assert_eq!(again, 100_000);
+    eprintln!(
+        "100,000 entries: miss {:.1} s, hit {:.1} s",
+        miss.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    // Any of them opens (its inode is made on first use).
+    assert_eq!(
+        fs::read(m.path.join("c/big/entry-054321")).expect("read"),
+        b""
+    );
+}
+
+#[test]
+fn eviction_keeps_the_cache_under_max_bytes_and_evicted_files_read_back() {
+    let home = tempdir();
+    for i in 0..6 {
+        random_file(&home.path().join(format!("f{i}")), 6 << 20, i);
+    }
+    let (c, m) = volume();
+    // 8 MiB over 4 servers: 2 MiB each.
+    bind(
+        &m,
+        &format!("file://{}", home.path().display()),
+        &["--max-bytes", "8M"],
+    );
+    let cdir = m.path.join("c");
+    for i in 0..6 {
+        assert!(same_bytes(
+            &home.path().join(format!("f{i}")),
+            &cdir.join(format!("f{i}"))
+        ));
+    }
+    wait_for(Duration::from_secs(30), "cache back under 8 MiB", || {
+        let (_, _, _, cached, evicted) = cache_totals(&c);
+        if cached <= 8 << 20 && evicted > 0 {
+            Ok(())
+        } else {
+            Err(format!("{cached} bytes cached, {evicted} evictions"))
+        }
+    });
+    for i in 0..6 {
+        assert!(
+            same_bytes(
+                &home.path().join(format!("f{i}")),
+                &cdir.join(format!("f{i}"))
+            ),
+            "f{i} after eviction"
+        );
+    }
+    // By hand.
+    let o = morris(&["cache", "evict", cdir.join("f0").to_str().expect("utf-8")]);
+    assert!(o.status.success(), "cache evict: {}", both(&o));
+    let (fetched_before, ..) = cache_totals(&c);
+    assert!(same_bytes(&home.path().join("f0"), &cdir.join("f0")));
+    let (fetched_after, ..) = cache_totals(&c);
+    assert!(
+        fetched_after >= fetched_before + (6 << 20),
+        "an evicted file is fetched again: {fetched_before} -> {fetched_after}"
+    );
+}
+
+#[test]
+fn prefetch_fetches_whole_files_and_reads_are_then_hits() {
+    let home = tempdir();
+    fs::create_dir(home.path().join("set")).expect("mkdir");
+    for i in 0..4 {
+        random_file(&home.path().join(format!("set/f{i}")), 3 << 20, 10 + i);
+    }
+    let (c, m) = volume();
+    bind(&m, &format!("file://{}", home.path().display()), &[]);
+    let o = morris(&[
+        "cache",
+        "prefetch",
+        m.path.join("c/set").to_str().expect("utf-8"),
+    ]);
+    assert!(o.status.success(), "cache prefetch: {}", both(&o));
+    let (fetched, misses, ..) = cache_totals(&c);
+    assert_eq!(fetched, 12 << 20, "bytes fetched by the prefetch");
+    for i in 0..4 {
+        assert!(same_bytes(
+            &home.path().join(format!("set/f{i}")),
+            &m.path.join(format!("c/set/f{i}"))
+        ));
+    }
+    let (fetched2, misses2, hits, ..) = cache_totals(&c);
+    assert_eq!(
+        (fetched2, misses2),
+        (fetched, misses),
+        "reads after a prefetch fetch nothing"
+    );
+    assert!(hits > 0);
+}
+
+#[test]
+fn an_nfs_home_reads_back_identical_on_two_mounts_and_each_byte_is_fetched_once() {
+    let work = tempdir();
+    let export = work.path().join("export");
+    fs::create_dir(&export).expect("mkdir");
+    make_tree(&export, 1 << 30, 2000);
+    random_file(&export.join("shared"), 96 << 20, 99);
+    let g = ganesha::Ganesha::start_new(&export, &work.path().join("ganesha"));
+    let (c, m1) = volume();
+    bind(&m1, &g.url().to_string(), &[]);
+    let m2 = c.mount();
+    // Eight readers of one uncached file at once, on two mounts.
+    let readers: Vec<_> = (0..8)
+        .map(|i| {
+            let p = if i % 2 == 0 { &m1.path } else { &m2.path }.join("c/shared");
+            let want = export.join("shared");
+            std::thread::spawn(move || same_bytes(&want, &p))
+        })
+        .collect();
+    for r in readers {
+        assert!(
+            r.join().expect("reader"),
+            "a reader of the shared file saw other bytes"
+        );
+    }
+    let (fetched, ..) = cache_totals(&c);
+    assert_eq!(
+        fetched,
+        96 << 20,
+        "each byte of the shared file fetched from home once"
+    );
+    assert_same_tree(&export, &m1.path.join("c"));
+    assert_same_tree(&export, &m2.path.join("c"));
+}
+
+#[test]
+fn with_home_down_cached_data_is_read_uncached_fails_promptly_and_reads_resume() {
+    let work = tempdir();
+    let export = work.path().join("export");
+    fs::create_dir(&export).expect("mkdir");
+    random_file(&export.join("cached"), 2 << 20, 1);
+    random_file(&export.join("uncached"), 2 << 20, 2);
+    let mut g = ganesha::Ganesha::start_new(&export, &work.path().join("ganesha"));
+    let (_c, m) = volume();
+    bind(
+        &m,
+        &g.url().to_string(),
+        &["--timeout", "2s", "--validity", "1s"],
+    );
+    let cdir = m.path.join("c");
+    assert!(same_bytes(&export.join("cached"), &cdir.join("cached")));
+    // Listed (so names are known) but not read.
+    assert_eq!(
+        fs::metadata(cdir.join("uncached")).expect("stat").len(),
+        2 << 20
+    );
+    g.stop();
+    std::thread::sleep(Duration::from_secs(2)); // past the validity lag
+    let started = Instant::now();
+    assert!(
+        same_bytes(&export.join("cached"), &cdir.join("cached")),
+        "cached data with home down"
+    );
+    let cached_took = started.elapsed();
+    let started = Instant::now();
+    let r = fs::read(cdir.join("uncached"));
+    let took = started.elapsed();
+    expect_errno(r, libc::EIO, "uncached data with home down");
+    // Bounded (timeout 2 s per home request), never a hang; generous for CI.
+    assert!(
+        took < Duration::from_secs(30),
+        "uncached read failed after {took:?}"
+    );
+    eprintln!("home down: cached read {cached_took:?}, uncached read failed after {took:?}");
+    g.start();
+    wait_for(
+        Duration::from_secs(60),
+        "reads resume with home back",
+        || match fs::read(cdir.join("uncached")) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        },
+    );
+    assert!(same_bytes(&export.join("uncached"), &cdir.join("uncached")));
+}

@@ -1,0 +1,223 @@
+//! The cached-object state in the store: bind, placeholders (fill, seed),
+//! inodes made from seeds, revalidation (home_changed, refresh_dir), units.
+
+use morris_proto::home::{cache_id, Binding, CacheMode, HomeLink, HomeStamp};
+
+use super::tests::{attr, descriptor, root};
+use super::*;
+
+fn stamp(size: u64, secs: i64) -> HomeStamp {
+    HomeStamp {
+        kind: FileKind::File,
+        size,
+        mtime: Timestamp { secs, nanos: 0 },
+        ctime: Timestamp { secs, nanos: 0 },
+    }
+}
+
+fn link(binding: FileId, handle: &[u8], fileid: u64) -> HomeLink {
+    HomeLink {
+        binding,
+        handle: handle.to_vec(),
+        fileid,
+        seen: stamp(5, 100),
+        checked_ms: 0,
+        version: 1,
+        listed: false,
+        bound: None,
+    }
+}
+
+fn seed(binding: FileId, name: &str, fileid: u64, handle: &[u8]) -> Seed {
+    let mut a = attr(FileKind::File);
+    a.nlink = 1;
+    a.size = 5;
+    Seed {
+        name: name.as_bytes().to_vec(),
+        inode: Inode {
+            id: cache_id(binding, 0, fileid),
+            gen: 1,
+            parent: 0,
+            attr: a,
+            target: None,
+            stale: Vec::new(),
+            home: Some(Box::new(link(binding, handle, fileid))),
+        },
+    }
+}
+
+fn bound_root(s: &Store) -> Handle {
+    let r = root(s);
+    let mut l = link(r.id, b"root", 2);
+    l.bound = Some(Binding {
+        url: "file:///x".into(),
+        mode: CacheMode::Ro,
+        validity_ms: 1000,
+        timeout_ms: 1000,
+        max_bytes: 0,
+    });
+    let ino = s.bind(r, &l).unwrap();
+    assert_eq!(ino.home.as_deref(), Some(&l));
+    r
+}
+
+fn store() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(&dir.path().join("m.sqlite")).unwrap();
+    s.format(&descriptor(1), 0, 7).unwrap();
+    (dir, s)
+}
+
+#[test]
+fn only_an_empty_directory_that_is_not_cached_can_be_bound() {
+    let (_d, s) = store();
+    let r = root(&s);
+    s.create_inode(ROOT_ID, &attr(FileKind::File), None, 1, None)
+        .map(|i| {
+            s.link(r, b"f", i.handle(), FileKind::File, None, None)
+                .unwrap()
+        })
+        .unwrap();
+    let mut l = link(r.id, b"root", 2);
+    l.bound = Some(Binding {
+        url: "file:///x".into(),
+        mode: CacheMode::Ro,
+        validity_ms: 1,
+        timeout_ms: 1,
+        max_bytes: 0,
+    });
+    assert_eq!(s.bind(r, &l).unwrap_err().code, ErrorCode::NotEmpty);
+    s.unlink(r, b"f", None, None).unwrap();
+    s.bind(r, &l).unwrap();
+    assert_eq!(s.bind(r, &l).unwrap_err().code, ErrorCode::Exists);
+    // The link comes back with the inode, from a fresh open too.
+    assert!(s.get_inode(ROOT_ID).unwrap().unwrap().home.is_some());
+}
+
+#[test]
+fn placeholders_become_inodes_once_and_survive_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.sqlite");
+    let r;
+    let a = seed(ROOT_ID, "a", 10, b"ha");
+    {
+        let s = Store::open(&path).unwrap();
+        s.format(&descriptor(1), 0, 7).unwrap();
+        r = bound_root(&s);
+        let b = seed(ROOT_ID, "b", 11, b"hb");
+        assert_eq!(s.fill(r, &[a.clone(), b.clone()], false).unwrap(), 2);
+        // Again: names present are left as they are.
+        assert_eq!(s.fill(r, std::slice::from_ref(&a), true).unwrap(), 0);
+        assert!(s.get_inode(ROOT_ID).unwrap().unwrap().home.unwrap().listed);
+        // An entry, a seed, no inode yet.
+        let e = s.lookup(r, b"a").unwrap().unwrap();
+        assert_eq!(e.child, a.inode.handle());
+        assert!(s.get_inode(a.inode.id).unwrap().is_none());
+        assert_eq!(s.seed(r, b"a").unwrap().unwrap(), a.inode);
+        assert!(s.seed(r, b"zz").unwrap().is_none());
+    }
+    let s = Store::open(&path).unwrap();
+    let made = s.create_cached(&a.inode).unwrap();
+    assert_eq!(made, a.inode);
+    // Idempotent: a second client racing the first gets the same inode.
+    assert_eq!(s.create_cached(&a.inode).unwrap(), made);
+    // Another home object on that id (home reused the number): replaced,
+    // with the next generation, so old handles are stale.
+    let mut other = a.inode.clone();
+    other.home.as_mut().unwrap().handle = b"new".to_vec();
+    other.gen = 77;
+    let replaced = s.create_cached(&other).unwrap();
+    assert_eq!(replaced.gen, 77);
+    assert_eq!(
+        s.get_handle(a.inode.handle()).unwrap_err().code,
+        ErrorCode::Stale
+    );
+    // A seed without a link, or an ordinary id, is refused.
+    let mut plain = a.inode.clone();
+    plain.home = None;
+    assert_eq!(
+        s.create_cached(&plain).unwrap_err().code,
+        ErrorCode::Invalid
+    );
+    let mut low = a.inode.clone();
+    low.id = 5;
+    assert_eq!(s.create_cached(&low).unwrap_err().code, ErrorCode::Invalid);
+    let _ = r;
+}
+
+#[test]
+fn a_change_at_home_raises_the_version_and_a_refresh_follows_home() {
+    let (_d, s) = store();
+    let r = bound_root(&s);
+    let a = seed(ROOT_ID, "a", 10, b"ha");
+    let b = seed(ROOT_ID, "b", 11, b"hb");
+    s.fill(r, &[a.clone(), b.clone()], true).unwrap();
+    let ino = s.create_cached(&a.inode).unwrap();
+    let mut now = ino.attr.clone();
+    now.size = 9;
+    now.mode = 0o600;
+    let changed = s
+        .home_changed(ino.handle(), &now, stamp(9, 200), None)
+        .unwrap();
+    let l = changed.home.as_deref().unwrap();
+    assert_eq!((l.version, l.seen.size), (2, 9));
+    assert_eq!((changed.attr.size, changed.attr.mode), (9, 0o600));
+    assert_eq!(s.get_inode(ino.id).unwrap().unwrap(), changed);
+    // Home now has a (same object), c (new), and b's name names another object.
+    let c = seed(ROOT_ID, "c", 12, b"hc");
+    let b2 = seed(ROOT_ID, "b", 13, b"hb2");
+    let dir_attr = s.get_inode(ROOT_ID).unwrap().unwrap().attr;
+    let (d, what) = s
+        .refresh_dir(
+            r,
+            &[a.clone(), b2.clone(), c.clone()],
+            stamp(0, 300),
+            &dir_attr,
+        )
+        .unwrap();
+    assert_eq!((what.added, what.removed, what.replaced), (1, 0, 1));
+    assert_eq!(d.home.unwrap().version, 2);
+    assert_eq!(s.lookup(r, b"b").unwrap().unwrap().child, b2.inode.handle());
+    assert_eq!(s.seed(r, b"b").unwrap().unwrap(), b2.inode);
+    let (_, what) = s
+        .refresh_dir(r, std::slice::from_ref(&c), stamp(0, 400), &dir_attr)
+        .unwrap();
+    assert_eq!((what.added, what.removed, what.replaced), (0, 2, 0));
+    assert!(s.lookup(r, b"a").unwrap().is_none());
+    assert!(s.seed(r, b"a").unwrap().is_none());
+}
+
+#[test]
+fn units_are_recorded_per_version_and_coldest_first() {
+    let (_d, s) = store();
+    assert_eq!(s.put_unit(9, 0, 1, 1, 100).unwrap(), 0);
+    assert_eq!(s.put_unit(9, 0, 2, 1, 50).unwrap(), 0);
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    s.put_unit(9, 1, 1, 1, 10).unwrap();
+    assert_eq!(
+        s.unit(9, 0, 1).unwrap().unwrap(),
+        UnitRec { tag: 1, bytes: 100 }
+    );
+    s.put_unit(9, 0, 4, u64::MAX, 1).unwrap();
+    assert_eq!(
+        s.unit(9, 0, 4).unwrap().unwrap().tag,
+        u64::MAX,
+        "every bit of a tag is kept"
+    );
+    s.drop_unit(9, 0, 4).unwrap();
+    assert!(s.unit(9, 0, 3).unwrap().is_none());
+    // A newer version replaces the record and says what it held.
+    assert_eq!(s.put_unit(9, 0, 1, 2, 80).unwrap(), 100);
+    assert_eq!(s.cached_bytes().unwrap(), (3, 140));
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    s.touch_units(&[(9, 0, 2)]).unwrap();
+    let cold = s.coldest_units(10).unwrap();
+    assert_eq!(
+        cold.last().map(|u| (u.copy, u.block)),
+        Some((0, 2)),
+        "{cold:?}"
+    );
+    assert_eq!(s.units_of(9).unwrap().len(), 3);
+    s.drop_unit(9, 0, 2).unwrap();
+    assert_eq!(s.cached_bytes().unwrap(), (2, 90));
+}
