@@ -60,6 +60,9 @@ pub struct ServerReport {
     pub stale_files: u64,
     /// `current`, `stale` (records exist, no resync running) or `resyncing`.
     pub copies: &'static str,
+    /// Cache mode: this server's counters per binding it has used.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cache: Vec<morris_proto::BindingStatus>,
 }
 
 /// The whole report.
@@ -86,10 +89,16 @@ async fn probe(d: &VolumeDescriptor, index: usize, limit: Duration) -> ServerRep
             limit,
         )
         .await?;
-        match s.ask(&Request::Status).await? {
-            Reply::Status(st) => Ok((s.descriptor, s.index, st)),
-            other => Err(admin::unexpected(&Request::Status, addr, &other)),
-        }
+        let st = match s.ask(&Request::Status).await? {
+            Reply::Status(st) => st,
+            other => return Err(admin::unexpected(&Request::Status, addr, &other)),
+        };
+        // Cache counters: a server that predates them simply has none.
+        let cache = match s.ask(&Request::CacheStatus).await {
+            Ok(Reply::Cache(c)) => c,
+            _ => Vec::new(),
+        };
+        Ok((s.descriptor, s.index, st, cache))
     })
     .await;
     let mut r = ServerReport {
@@ -100,13 +109,15 @@ async fn probe(d: &VolumeDescriptor, index: usize, limit: Duration) -> ServerRep
         stats: None,
         stale_files: 0,
         copies: "current",
+        cache: Vec::new(),
     };
     match answer {
         Err(e) => {
             r.state = "down";
             r.error = Some(format!("{e:#}"));
         }
-        Ok((desc, idx, st)) => {
+        Ok((desc, idx, st, cache)) => {
+            r.cache = cache;
             match desc {
                 None => {
                     r.state = "unformatted";
@@ -388,10 +399,61 @@ pub fn render(r: &VolumeReport, ops: bool) -> String {
             s.error.as_deref().unwrap_or("")
         ));
     }
+    out.push_str(&render_cache(r));
     if ops {
         out.push('\n');
         out.push_str(&render_ops(r));
     }
+    out
+}
+
+/// Cache mode: one line per binding, summed over the servers that use it.
+fn render_cache(r: &VolumeReport) -> String {
+    let mut by: BTreeMap<u64, (String, usize, usize, u64, u64, u64, u64)> = BTreeMap::new();
+    for s in &r.servers {
+        for b in &s.cache {
+            let e = by
+                .entry(b.binding)
+                .or_insert_with(|| (b.url.clone(), 0, 0, 0, 0, 0, 0));
+            e.1 += 1;
+            if !b.reachable {
+                e.2 += 1;
+            }
+            e.3 += b.hits;
+            e.4 += b.misses;
+            e.5 += b.fetched_bytes;
+            e.6 += b.cached_bytes;
+        }
+    }
+    if by.is_empty() {
+        return String::new();
+    }
+    let rows: Vec<Vec<String>> = by
+        .iter()
+        .map(|(id, (url, n, down, hits, misses, fetched, cached))| {
+            vec![
+                id.to_string(),
+                if *down == 0 {
+                    "up".into()
+                } else {
+                    format!("DOWN on {down} of {n}")
+                },
+                hits.to_string(),
+                misses.to_string(),
+                human(*fetched),
+                human(*cached),
+                url.clone(),
+            ]
+        })
+        .collect();
+    let mut out = String::from("\ncache bindings (morris cache status for details):\n");
+    out.push_str(&table(
+        &[
+            "BINDING", "HOME", "HITS", "MISSES", "FETCHED", "CACHED", "URL",
+        ],
+        &rows,
+        &[1, 6],
+    ));
     out
 }
 
@@ -517,6 +579,16 @@ mod tests {
                     stats: Some(stats),
                     stale_files: 0,
                     copies: "current",
+                    cache: vec![morris_proto::BindingStatus {
+                        binding: 9,
+                        url: "nfs://filer/export".into(),
+                        reachable: false,
+                        hits: 5,
+                        misses: 2,
+                        fetched_bytes: 2 << 20,
+                        cached_bytes: 3 << 20,
+                        ..Default::default()
+                    }],
                 },
                 ServerReport {
                     index: 1,
@@ -526,6 +598,7 @@ mod tests {
                     stats: None,
                     stale_files: 0,
                     copies: "current",
+                    cache: Vec::new(),
                 },
             ],
             health: "degraded",
@@ -629,8 +702,32 @@ mod tests {
             read.split_whitespace().collect::<Vec<_>>(),
             ["Read", "10", "-", "10"]
         );
+        let cache = text
+            .lines()
+            .find(|l| l.contains("nfs://filer/export"))
+            .unwrap();
+        assert_eq!(
+            cache.split_whitespace().collect::<Vec<_>>(),
+            [
+                "9",
+                "DOWN",
+                "on",
+                "1",
+                "of",
+                "1",
+                "5",
+                "2",
+                "2",
+                "MiB",
+                "3",
+                "MiB",
+                "nfs://filer/export"
+            ],
+            "{text}"
+        );
         let json = serde_json::to_value(report()).unwrap();
         assert_eq!(json["servers"][1]["state"], "down");
+        assert_eq!(json["servers"][0]["cache"][0]["misses"], 2);
         assert_eq!(json["servers"][0]["stats"]["inodes"], 7);
     }
 }

@@ -5,6 +5,7 @@
 mod common;
 #[path = "../../morris-home/tests/ganesha/mod.rs"]
 mod ganesha;
+mod nfs_harness;
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -607,4 +608,53 @@ fn with_home_down_cached_data_is_read_uncached_fails_promptly_and_reads_resume()
         },
     );
     assert!(same_bytes(&export.join("uncached"), &cdir.join("uncached")));
+}
+
+#[test]
+fn the_nfs_gateway_serves_a_cached_tree_with_attributes_and_refuses_changes() {
+    let home = tempdir();
+    fs::create_dir(home.path().join("d")).expect("mkdir");
+    random_file(&home.path().join("d/data.bin"), 3 << 20, 5);
+    for i in 0..20 {
+        fs::write(home.path().join(format!("d/s{i}")), format!("small {i}")).expect("write");
+    }
+    let (c, m) = volume();
+    bind(&m, &format!("file://{}", home.path().display()), &[]);
+    let gw = nfs_harness::Gateway::start(c.addr(0), &[]);
+    // READDIRPLUS of never-looked-up names (placeholders): every entry with
+    // its attributes and a handle that works at once.
+    let ls = nfs_harness::tool(&gw, "nfs-ls", &[&gw.file_url("c/d/")]);
+    let listing = String::from_utf8_lossy(&ls.stdout).into_owned();
+    let line = listing
+        .lines()
+        .find(|l| l.ends_with(" data.bin"))
+        .unwrap_or_else(|| panic!("data.bin not listed:\n{listing}"));
+    assert!(
+        line.contains(&(3u64 << 20).to_string()),
+        "size listed: {line}"
+    );
+    assert_eq!(
+        listing.lines().filter(|l| l.contains(" s")).count(),
+        20,
+        "{listing}"
+    );
+    let cat = nfs_harness::tool(&gw, "nfs-cat", &[&gw.file_url("c/d/data.bin")]);
+    assert!(
+        cat.stdout == fs::read(home.path().join("d/data.bin")).expect("read home"),
+        "nfs-cat of a cached file differs from home"
+    );
+    let cat = nfs_harness::tool(&gw, "nfs-cat", &[&gw.file_url("c/d/s7")]);
+    assert_eq!(cat.stdout, b"small 7");
+    // Read-only through NFS too (NFS3ERR_ROFS).
+    let src = home.path().join("d/s1");
+    let o = std::process::Command::new("nfs-cp")
+        .arg(&src)
+        .arg(gw.file_url("c/d/new"))
+        .output()
+        .expect("run nfs-cp");
+    assert!(
+        !o.status.success(),
+        "nfs-cp into a read-only cache succeeded"
+    );
+    assert!(!home.path().join("d/new").exists());
 }

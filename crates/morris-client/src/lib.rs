@@ -353,6 +353,26 @@ impl Client {
         self.do_getattr_nolease(h).await
     }
 
+    /// Like [`Client::getattr_snapshot`] for entry `e` of directory `dir`
+    /// (a listing with attributes): a cached object that has no inode yet
+    /// (cache mode's placeholder) gets it from its seed first, so that its
+    /// handle can be used at once.
+    pub async fn entry_snapshot(&self, dir: FileId, e: &DirEntry) -> Result<Inode> {
+        match self.getattr_snapshot(e.child).await {
+            Err(err)
+                if matches!(err.code, ErrorCode::Stale | ErrorCode::NotFound)
+                    && morris_proto::home::is_cache_id(e.child.id) =>
+            {
+                if self.materialize(dir, &e.name, e.child).await? {
+                    self.getattr_snapshot(e.child).await
+                } else {
+                    Err(err)
+                }
+            }
+            r => r,
+        }
+    }
+
     /// Looks `name` up in `dir` (`.` and `..` included).
     pub async fn lookup(&self, dir: FileId, name: &[u8]) -> Result<Inode> {
         if name != b"." && name != b".." {

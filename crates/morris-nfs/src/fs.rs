@@ -350,8 +350,8 @@ impl Listing {
     async fn batch_attrs(&self, entries: &[MDirEntry]) -> VecDeque<Option<fattr3>> {
         let fetches = entries.iter().map(|e| {
             let client = self.client.clone();
-            let h = e.child;
-            async move { client.getattr_snapshot(h).await.ok() }
+            let dir = self.dir;
+            async move { client.entry_snapshot(dir, e).await.ok() }
         });
         futures::future::join_all(fetches)
             .await

@@ -803,6 +803,29 @@ mod tests {
     }
 
     #[test]
+    fn cache_placeholders_and_cached_counts_are_not_errors() {
+        use morris_proto::home::CACHE_ID_BASE;
+        let mut v = healthy();
+        // A bound directory with a name fetched from home (no inode yet),
+        // and a cached file whose link count is home's.
+        v.dir(21, ROOT_ID, 2, 0);
+        v.link(ROOT_ID, "cache", 21, FileKind::Dir);
+        v.link(21, "placeholder", CACHE_ID_BASE + 5, FileKind::File);
+        v.file(CACHE_ID_BASE + 6, 3);
+        v.0.inodes.get_mut(&(CACHE_ID_BASE + 6)).unwrap().cached = true;
+        v.link(21, "cached", CACHE_ID_BASE + 6, FileKind::File);
+        v.0.inodes.get_mut(&21).unwrap().cached = true;
+        v.0.inodes.get_mut(&ROOT_ID).unwrap().size += 1;
+        v.0.inodes.get_mut(&ROOT_ID).unwrap().nlink += 1;
+        let r = v.report();
+        assert!(r.dangling.is_empty(), "{r:?}");
+        assert!(r.nlink_mismatches.is_empty(), "{r:?}");
+        assert!(r.dir_mismatches.is_empty(), "{r:?}");
+        assert_eq!(r.errors(), 0, "{r:?}");
+        assert!(plan(&v.0, &r).remove_entries.is_empty());
+    }
+
+    #[test]
     fn dangling_entries_are_errors_and_get_removed() {
         let mut v = healthy();
         v.link(ROOT_ID, "ghost", 99, FileKind::File);
