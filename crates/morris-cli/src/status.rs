@@ -409,20 +409,30 @@ pub fn render(r: &VolumeReport, ops: bool) -> String {
 
 /// Cache mode: one line per binding, summed over the servers that use it.
 fn render_cache(r: &VolumeReport) -> String {
-    let mut by: BTreeMap<u64, (String, usize, usize, u64, u64, u64, u64)> = BTreeMap::new();
+    /// One binding summed over the servers.
+    #[derive(Default)]
+    struct Sum {
+        url: String,
+        servers: usize,
+        down: usize,
+        hits: u64,
+        misses: u64,
+        fetched: u64,
+        cached: u64,
+    }
+    let mut by: BTreeMap<u64, Sum> = BTreeMap::new();
     for s in &r.servers {
         for b in &s.cache {
-            let e = by
-                .entry(b.binding)
-                .or_insert_with(|| (b.url.clone(), 0, 0, 0, 0, 0, 0));
-            e.1 += 1;
+            let e = by.entry(b.binding).or_default();
+            e.url.clone_from(&b.url);
+            e.servers += 1;
             if !b.reachable {
-                e.2 += 1;
+                e.down += 1;
             }
-            e.3 += b.hits;
-            e.4 += b.misses;
-            e.5 += b.fetched_bytes;
-            e.6 += b.cached_bytes;
+            e.hits += b.hits;
+            e.misses += b.misses;
+            e.fetched += b.fetched_bytes;
+            e.cached += b.cached_bytes;
         }
     }
     if by.is_empty() {
@@ -430,19 +440,19 @@ fn render_cache(r: &VolumeReport) -> String {
     }
     let rows: Vec<Vec<String>> = by
         .iter()
-        .map(|(id, (url, n, down, hits, misses, fetched, cached))| {
+        .map(|(id, e)| {
             vec![
                 id.to_string(),
-                if *down == 0 {
+                if e.down == 0 {
                     "up".into()
                 } else {
-                    format!("DOWN on {down} of {n}")
+                    format!("DOWN on {} of {}", e.down, e.servers)
                 },
-                hits.to_string(),
-                misses.to_string(),
-                human(*fetched),
-                human(*cached),
-                url.clone(),
+                e.hits.to_string(),
+                e.misses.to_string(),
+                human(e.fetched),
+                human(e.cached),
+                e.url.clone(),
             ]
         })
         .collect();
