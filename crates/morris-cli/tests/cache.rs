@@ -658,3 +658,37 @@ fn the_nfs_gateway_serves_a_cached_tree_with_attributes_and_refuses_changes() {
     );
     assert!(!home.path().join("d/new").exists());
 }
+
+#[test]
+fn a_file_read_sequentially_is_fetched_whole_in_the_background() {
+    let home = tempdir();
+    random_file(&home.path().join("seq"), 16 << 20, 3);
+    let (c, m) = volume();
+    bind(&m, &format!("file://{}", home.path().display()), &[]);
+    // Read its first 512 KiB (eight 64 KiB units, two per server), stop.
+    let mut f = File::open(m.path.join("c/seq")).expect("open");
+    let mut head = vec![0u8; 512 << 10];
+    f.read_exact(&mut head).expect("read the head");
+    drop(f);
+    let want = fs::read(home.path().join("seq")).expect("read home");
+    assert!(head[..] == want[..512 << 10]);
+    wait_for(
+        Duration::from_secs(60),
+        "the rest fetched in the background",
+        || {
+            let (fetched, ..) = cache_totals(&c);
+            if fetched == 16 << 20 {
+                Ok(())
+            } else {
+                Err(format!("{fetched} bytes fetched"))
+            }
+        },
+    );
+    assert!(same_bytes(&home.path().join("seq"), &m.path.join("c/seq")));
+    let (fetched, ..) = cache_totals(&c);
+    assert_eq!(
+        fetched,
+        16 << 20,
+        "read whole afterwards: nothing fetched twice"
+    );
+}

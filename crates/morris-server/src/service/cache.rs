@@ -42,6 +42,10 @@ const SERVER_CONN: u64 = u64::MAX;
 const LIST_PAGE: usize = 1000;
 /// How long a `HomeList` waits for the listing before answering "not yet".
 const LIST_WAIT: Duration = Duration::from_secs(5);
+/// Units one server fetches at once in the background (prefetch of the rest
+/// of a file read sequentially), so that foreground misses keep most of
+/// the link.
+const BACKGROUND_FETCHES: usize = 2;
 /// While home does not answer, one request in this long tries it again;
 /// the others fail (misses) or are served from the cache (the rest) at once.
 const PROBE_EVERY: Duration = Duration::from_secs(3);
@@ -206,7 +210,6 @@ type UnitKey = (FileId, u8, u64);
 type ListSlot = tokio::sync::Mutex<Option<Result<(), WireError>>>;
 
 /// What this server keeps for cache mode.
-#[derive(Default)]
 pub(crate) struct CacheState {
     bound: Mutex<HashMap<FileId, Arc<Bound>>>,
     /// One fetch at a time per unit: (file, copy, block).
@@ -217,6 +220,24 @@ pub(crate) struct CacheState {
     checked: Mutex<HashMap<FileId, Instant>>,
     /// Units read since the last flush of their use times.
     touched: Mutex<Vec<UnitKey>>,
+    /// Files (and copy) whose units this server is prefetching.
+    prefetching: Mutex<std::collections::HashSet<(FileId, u8)>>,
+    /// Background unit fetches in flight.
+    background: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for CacheState {
+    fn default() -> Self {
+        CacheState {
+            bound: Mutex::default(),
+            units: Mutex::default(),
+            lists: Mutex::default(),
+            checked: Mutex::default(),
+            touched: Mutex::default(),
+            prefetching: Mutex::default(),
+            background: Arc::new(tokio::sync::Semaphore::new(BACKGROUND_FETCHES)),
+        }
+    }
 }
 
 /// The kind of a home object here.
@@ -761,7 +782,9 @@ impl Server {
                 0
             } else {
                 b.misses.fetch_add(1, Ordering::Relaxed);
-                self.fetch_unit(vol, &b, id, index, replica, home).await?
+                let got = self.fetch_unit(vol, &b, id, index, replica, home).await?;
+                self.maybe_prefetch(vol, id, index, replica, home);
+                got
             }
         };
         {
@@ -771,6 +794,81 @@ impl Server {
             }
         }
         Ok(fetched)
+    }
+
+    /// After a miss on unit `index` of a file this server also held the
+    /// previous unit of (`index - k`, same content): the file is read
+    /// sequentially, so the rest of this server's units of it are fetched
+    /// in the background ([`BACKGROUND_FETCHES`] at a time per server),
+    /// unless that would pass the cache's space limit. Every server does
+    /// the same for its own units, so the whole file comes in, striped.
+    fn maybe_prefetch(&self, vol: &Formatted, id: FileId, index: u64, replica: u8, home: &HomeRef) {
+        let k = u64::from(vol.layout.servers.max(1));
+        if index <= k {
+            return;
+        }
+        let store = self.store.clone();
+        let sequential = matches!(
+            store.unit(id, replica, index - k),
+            Ok(Some(u)) if u.tag == home.tag()
+        );
+        if !sequential || home.size == 0 {
+            return;
+        }
+        if !self.cache.prefetching.lock().insert((id, replica)) {
+            return;
+        }
+        let Some(me) = self.this.get().and_then(std::sync::Weak::upgrade) else {
+            self.cache.prefetching.lock().remove(&(id, replica));
+            return;
+        };
+        let vol = vol.clone();
+        let home = home.clone();
+        let last = vol.layout.block_of(home.size - 1).0;
+        tokio::spawn(async move {
+            let mut next = index + k;
+            let mut fetched = 0u64;
+            while next <= last {
+                if me.over_budget() {
+                    break;
+                }
+                let Ok(_slot) = me.cache.background.clone().acquire_owned().await else {
+                    break;
+                };
+                match me.ensure_unit(&vol, id, next, replica, &home).await {
+                    Ok(n) => fetched += n,
+                    Err(e) => {
+                        debug!(id, block = next, error = %e, "background prefetch stopped");
+                        break;
+                    }
+                }
+                next += k;
+            }
+            debug!(id, replica, bytes = fetched, "background prefetch done");
+            me.cache.prefetching.lock().remove(&(id, replica));
+        });
+    }
+
+    /// Whether this server holds as much as its share of the bindings'
+    /// space limits allows (never, without limits).
+    fn over_budget(&self) -> bool {
+        let Some(budget) = self.space_budget() else {
+            return false;
+        };
+        let store = self.store.clone();
+        metadata(|| store.cached_bytes()).is_ok_and(|(_, held)| held >= budget)
+    }
+
+    /// This server's share of the space limits of the bindings it knows
+    /// (`None`: no limit — no binding known, or one without a limit).
+    fn space_budget(&self) -> Option<u64> {
+        let vol = self.store.formatted()?;
+        let bound: Vec<Arc<Bound>> = self.cache.bound.lock().values().cloned().collect();
+        if bound.is_empty() || bound.iter().any(|b| b.spec.max_bytes == 0) {
+            return None;
+        }
+        let k = u64::from(vol.layout.servers.max(1));
+        Some(bound.iter().map(|b| b.spec.max_bytes.div_ceil(k)).sum())
     }
 
     /// Fetches one unit from home into this server's extent file.
@@ -900,12 +998,10 @@ impl Server {
         let Some(vol) = self.store.formatted() else {
             return;
         };
-        let bound: Vec<Arc<Bound>> = self.cache.bound.lock().values().cloned().collect();
-        if bound.is_empty() || bound.iter().any(|b| b.spec.max_bytes == 0) {
+        let Some(budget) = self.space_budget() else {
             return;
-        }
-        let k = u64::from(vol.layout.servers.max(1));
-        let budget: u64 = bound.iter().map(|b| b.spec.max_bytes.div_ceil(k)).sum();
+        };
+        let bound: Vec<Arc<Bound>> = self.cache.bound.lock().values().cloned().collect();
         let store = self.store.clone();
         let Ok((_, mut held)) = metadata(|| store.cached_bytes()) else {
             return;
