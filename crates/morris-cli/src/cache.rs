@@ -47,6 +47,16 @@ pub enum CacheCommand {
     /// Free the cached data of files (directories: every file below); it
     /// is fetched from home again when next read.
     Evict(PathsArgs),
+    /// Remove a binding and everything cached under it (home is not
+    /// touched); the directory is an ordinary empty directory again.
+    Unbind(UnbindArgs),
+}
+
+/// `morris cache unbind`.
+#[derive(Debug, Args)]
+pub struct UnbindArgs {
+    /// The bound directory inside a morris mount.
+    pub dir: PathBuf,
 }
 
 /// `morris cache bind`.
@@ -167,6 +177,7 @@ pub fn run(args: CacheArgs) -> Result<ExitCode> {
             CacheCommand::Status(s) => status(&args, s).await,
             CacheCommand::Prefetch(p) => each_file(&args, p, true).await,
             CacheCommand::Evict(p) => each_file(&args, p, false).await,
+            CacheCommand::Unbind(u) => unbind(&args, u).await,
         }
     })
 }
@@ -205,6 +216,20 @@ async fn bind(args: &CacheArgs, b: &BindArgs) -> Result<ExitCode> {
         }
     );
     client.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn unbind(args: &CacheArgs, u: &UnbindArgs) -> Result<ExitCode> {
+    let (mp, parts, found) = locate(&u.dir)?;
+    let client = connect(&server_of(args, found, &mp)?).await?;
+    let dir = resolve(&client, &parts).await?;
+    let r = client.unbind(dir.id).await;
+    client.shutdown().await;
+    r.map_err(|e| anyhow!("unbinding {}: {e}", u.dir.display()))?;
+    println!(
+        "{} is no longer a cache (an empty directory)",
+        u.dir.display()
+    );
     Ok(ExitCode::SUCCESS)
 }
 

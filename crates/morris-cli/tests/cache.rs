@@ -692,3 +692,48 @@ fn a_file_read_sequentially_is_fetched_whole_in_the_background() {
         "read whole afterwards: nothing fetched twice"
     );
 }
+
+#[test]
+fn unbind_removes_the_cached_tree_and_leaves_a_plain_empty_directory() {
+    let home = tempdir();
+    make_tree(home.path(), 2 << 20, 50);
+    let (c, m) = volume();
+    bind(&m, &format!("file://{}", home.path().display()), &[]);
+    // Some of it looked up and read, some only listed.
+    assert!(same_bytes(&home.path().join("big"), &m.path.join("c/big")));
+    assert_eq!(
+        fs::read_dir(m.path.join("c/small")).expect("list").count(),
+        50
+    );
+    let cdir = m.path.join("c");
+    let o = morris(&["cache", "unbind", cdir.to_str().expect("utf-8")]);
+    assert!(o.status.success(), "cache unbind: {}", both(&o));
+    assert_eq!(
+        fs::read_dir(&cdir).expect("list").count(),
+        0,
+        "unbound directory is empty"
+    );
+    // The cached data is gone from every server (it was the only data).
+    let st = status(&c);
+    let data: u64 = st["servers"]
+        .as_array()
+        .expect("servers")
+        .iter()
+        .map(|s| s["stats"]["data_bytes"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(data, 0, "bytes of data left on the servers after unbind");
+    // Writable again, like any directory.
+    fs::write(cdir.join("mine"), b"local").expect("write after unbind");
+    assert_eq!(fs::read(cdir.join("mine")).expect("read"), b"local");
+    // Home untouched, volume consistent.
+    assert!(home.path().join("big").exists());
+    let (ok, _, all) = fsck(c.addr(0));
+    assert!(ok, "fsck after unbind: {all}");
+    // And it can be bound again (after emptying it).
+    fs::remove_file(cdir.join("mine")).expect("rm");
+    bind(&m, &format!("file://{}", home.path().display()), &[]);
+    assert!(same_bytes(
+        &home.path().join("dir/a.txt"),
+        &cdir.join("dir/a.txt")
+    ));
+}

@@ -375,6 +375,46 @@ impl Client {
         Ok(i)
     }
 
+    /// Removes the binding of `dir` and everything cached under it
+    /// (`morris cache unbind`): every server forgets the binding's objects
+    /// and data, then the directory's owner removes the binding. `dir` is
+    /// an ordinary empty directory afterwards. Every server must be up.
+    /// Programs with files open under it get `ESTALE`.
+    pub async fn unbind(&self, dir: FileId) -> Result<Inode> {
+        let i = self.do_getattr(dir).await?;
+        if !i.home.as_ref().is_some_and(|l| l.bound.is_some()) {
+            return Err(Error::new(
+                ErrorCode::Invalid,
+                "the directory is not bound to a home",
+            ));
+        }
+        let calls = (0..self.layout.servers).map(|s| async move {
+            (
+                s,
+                self.pool
+                    .call(s, Request::ForgetBinding { binding: dir }, Bytes::new())
+                    .await,
+            )
+        });
+        for (s, r) in futures::future::join_all(calls).await {
+            if let Err(e) = r {
+                return Err(Error::new(
+                    e.code,
+                    format!("server {s} could not forget the binding ({e}); run unbind again when it is up"),
+                ));
+            }
+        }
+        let r = self
+            .call_owner(dir, Request::Unbind { dir: i.handle() })
+            .await?;
+        let Reply::Inode(i) = r else {
+            return Err(unexpected(&r));
+        };
+        self.cache.specs.lock().remove(&dir);
+        self.leases.attr_changed(dir);
+        Ok(i)
+    }
+
     /// Every server's cache counters (`morris cache status`), by server.
     pub async fn cache_status(&self) -> Vec<(u32, Result<Vec<morris_proto::BindingStatus>>)> {
         let calls = (0..self.layout.servers).map(|s| async move {

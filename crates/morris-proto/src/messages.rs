@@ -541,6 +541,14 @@ pub enum Request {
     },
     /// This server's cache counters, per binding it knows. [`Reply::Cache`].
     CacheStatus,
+    /// Removes every cached object of binding `binding` from the metadata
+    /// ranges this server serves (entries, seeds, inodes, links) and every
+    /// unit of it held here: the first step of `morris cache unbind`, sent
+    /// to every server before `Unbind`. [`Reply::Ok`].
+    ForgetBinding {
+        /// The bound directory's id.
+        binding: FileId,
+    },
 }
 
 impl Request {
@@ -629,6 +637,7 @@ impl Request {
             Request::FetchCached { .. } => "FetchCached",
             Request::Evict { .. } => "Evict",
             Request::CacheStatus => "CacheStatus",
+            Request::ForgetBinding { .. } => "ForgetBinding",
         }
     }
 }

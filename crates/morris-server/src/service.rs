@@ -31,7 +31,7 @@ mod orphans;
 mod peer;
 
 /// Every request name, in a fixed order, for the per-request counters.
-const OPS: [&str; 48] = [
+const OPS: [&str; 49] = [
     "Hello",
     "Format",
     "Status",
@@ -80,6 +80,7 @@ const OPS: [&str; 48] = [
     "FetchCached",
     "Evict",
     "CacheStatus",
+    "ForgetBinding",
 ];
 
 /// Who is on the other end of a connection, after its `Hello`.
@@ -712,6 +713,9 @@ impl Server {
                 plain(Ok(Reply::Ok))
             }
             Request::CacheStatus => plain(self.cache_status().map(Reply::Cache)),
+            Request::ForgetBinding { binding } => {
+                plain(self.forget_binding(binding).await.map(|()| Reply::Ok))
+            }
             other => plain(
                 self.metadata_op(&vol, client, conn.id, other, payload)
                     .await,
@@ -1337,6 +1341,7 @@ impl Server {
             | Request::Evict { .. }
             | Request::OpenHome { .. }
             | Request::CacheStatus
+            | Request::ForgetBinding { .. }
             | Request::PeerSync { .. }
             | Request::Replicate { .. }
             | Request::SnapshotChunk { .. } => {

@@ -425,6 +425,36 @@ impl Server {
         Ok(ino)
     }
 
+    /// `ForgetBinding`: removes every object of `binding` from the metadata
+    /// ranges this server serves and every unit of it held here.
+    pub(super) async fn forget_binding(&self, binding: FileId) -> Result<(), WireError> {
+        let stores: Vec<Arc<Store>> = self
+            .ranges()?
+            .serving(self.now_ms())
+            .into_iter()
+            .map(|r| r.store.clone())
+            .collect();
+        for st in stores {
+            let (entries, inodes) = blocking(move || st.purge_binding(binding)).await?;
+            info!(binding, entries, inodes, "cached objects removed");
+        }
+        let store = self.store.clone();
+        let blocks = self.blocks.clone();
+        let copies = self.store.formatted().map_or(1, |f| f.descriptor.replicas);
+        let freed = blocking(move || {
+            let files = store.unit_files_of(binding)?;
+            for &id in &files {
+                blocks.delete(id, copies, &store)?;
+                store.drop_units_of(id)?;
+            }
+            Ok(files.len())
+        })
+        .await?;
+        info!(binding, files = freed, "cached data removed");
+        self.cache.bound.lock().remove(&binding);
+        Ok(())
+    }
+
     /// `Unbind`.
     pub(super) async fn unbind(&self, store: Arc<Store>, dir: Handle) -> Result<Inode, WireError> {
         let _own = self.own_write_lease(dir.id).await?;
@@ -917,6 +947,7 @@ impl Server {
         let store = self.store.clone();
         let blocks = self.blocks.clone();
         let tag = r.tag();
+        let binding = r.binding;
         let data: Bytes = data.freeze();
         blocking(move || {
             // A unit of zeros (a hole at home) takes no space here.
@@ -925,7 +956,7 @@ impl Server {
             } else {
                 blocks.punch(id, replica, pos, unit)?;
             }
-            store.put_unit(id, replica, index, tag, got)?;
+            store.put_unit(id, replica, index, tag, got, binding)?;
             Ok(())
         })
         .await?;

@@ -45,9 +45,11 @@ CREATE TABLE IF NOT EXISTS cache_units (
     version INTEGER NOT NULL,
     bytes INTEGER NOT NULL,
     used INTEGER NOT NULL,
+    binding INTEGER NOT NULL,
     PRIMARY KEY (id, copy, block)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS cache_units_by_use ON cache_units (used);
+CREATE INDEX IF NOT EXISTS cache_units_by_binding ON cache_units (binding, id);
 ";
 
 /// Format byte of stored links and seeds.
@@ -242,9 +244,13 @@ impl Store {
                 ));
             }
             forget_inode(tx, dir.id)?;
-            let mut ino = d.inode;
-            ino.home = None;
-            Ok(ino)
+            let mut d = d;
+            // An ordinary empty directory again (its counts were home's).
+            d.inode.attr.size = 0;
+            d.inode.attr.nlink = 2;
+            d.inode.home = None;
+            store_dir_row(tx, &d)?;
+            Ok(d.inode)
         })
     }
 
@@ -464,6 +470,93 @@ impl Store {
         })
     }
 
+    /// Removes every object of binding `binding` this store keeps: the
+    /// entries (and seeds) of its cached directories and of the bound
+    /// directory, and its cached inodes with their links, orphan and open
+    /// records. Returns (entries, inodes) removed. The bound directory's
+    /// own inode and link stay (`unbind` removes the link).
+    pub fn purge_binding(&self, binding: FileId) -> Result<(u64, u64), WireError> {
+        let (entries, inodes) = self.write_txn(|tx| {
+            let mut ids = vec![binding];
+            {
+                let mut st = tx
+                    .prepare_cached("SELECT id, link FROM cache_links")
+                    .map_err(db_err)?;
+                let rows = st
+                    .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)))
+                    .map_err(db_err)?;
+                for row in rows {
+                    let (id, b) = row.map_err(db_err)?;
+                    let link: HomeLink = decode("home link", &b)?;
+                    let id = super::from_sql_id(id);
+                    if link.binding == binding && id != binding {
+                        ids.push(id);
+                    }
+                }
+            }
+            let mut entries = 0u64;
+            let mut inodes = 0u64;
+            for &id in &ids {
+                entries += tx
+                    .execute("DELETE FROM entries WHERE dir = ?1", params![sql_id(id)])
+                    .map_err(db_err)? as u64;
+                tx.execute(
+                    "DELETE FROM cache_seeds WHERE dir = ?1",
+                    params![sql_id(id)],
+                )
+                .map_err(db_err)?;
+                if id == binding {
+                    continue;
+                }
+                inodes += tx
+                    .execute("DELETE FROM inodes WHERE id = ?1", params![sql_id(id)])
+                    .map_err(db_err)? as u64;
+                for sql in [
+                    "DELETE FROM orphans WHERE ino = ?1",
+                    "DELETE FROM opens WHERE ino = ?1",
+                    "DELETE FROM stale_copies WHERE id = ?1",
+                    "DELETE FROM cache_links WHERE id = ?1",
+                ] {
+                    tx.execute(sql, params![sql_id(id)]).map_err(db_err)?;
+                }
+            }
+            Ok((entries, inodes))
+        })?;
+        self.entries.fetch_sub(
+            entries.min(self.entry_count()),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.inodes.fetch_sub(
+            inodes.min(self.inode_count()),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        Ok((entries, inodes))
+    }
+
+    /// The files of binding `binding` whose units this server holds.
+    pub fn unit_files_of(&self, binding: FileId) -> Result<Vec<FileId>, WireError> {
+        self.with_reader(|c| {
+            let mut st = c
+                .prepare_cached("SELECT DISTINCT id FROM cache_units WHERE binding = ?1")
+                .map_err(db_err)?;
+            let rows = st
+                .query_map(params![sql_id(binding)], |r| r.get::<_, i64>(0))
+                .map_err(db_err)?;
+            rows.map(|r| r.map(super::from_sql_id))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(db_err)
+        })
+    }
+
+    /// Forgets every unit of file `id` (its extent files were removed).
+    pub fn drop_units_of(&self, id: FileId) -> Result<(), WireError> {
+        self.write_txn(|tx| {
+            tx.execute("DELETE FROM cache_units WHERE id = ?1", params![sql_id(id)])
+                .map_err(db_err)?;
+            Ok(())
+        })
+    }
+
     // ------------------------------------------------------------ units
 
     /// The unit (`id`, `copy`, `block`) held here, if any.
@@ -487,7 +580,9 @@ impl Store {
     }
 
     /// Records that the unit now holds home's data tagged `tag` (`bytes`
-    /// of it); returns the bytes it held before under any tag.
+    /// of it), of a file under binding `binding`; returns the bytes it held
+    /// before under any tag.
+    #[allow(clippy::too_many_arguments)]
     pub fn put_unit(
         &self,
         id: FileId,
@@ -495,6 +590,7 @@ impl Store {
         block: u64,
         tag: u64,
         bytes: u64,
+        binding: FileId,
     ) -> Result<u64, WireError> {
         self.write_txn(|tx| {
             let before: Option<i64> = tx
@@ -509,8 +605,8 @@ impl Store {
                 })
                 .map_err(db_err)?;
             tx.prepare_cached(
-                "INSERT OR REPLACE INTO cache_units (id, copy, block, version, bytes, used)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                "INSERT OR REPLACE INTO cache_units (id, copy, block, version, bytes, used, binding)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
             )
             .and_then(|mut s| {
                 s.execute(params![
@@ -519,7 +615,8 @@ impl Store {
                     sql_id(block),
                     tag as i64,
                     i64::try_from(bytes).unwrap_or(i64::MAX),
-                    now_ms()
+                    now_ms(),
+                    sql_id(binding)
                 ])
             })
             .map_err(db_err)?;

@@ -190,15 +190,15 @@ fn a_change_at_home_raises_the_version_and_a_refresh_follows_home() {
 #[test]
 fn units_are_recorded_per_version_and_coldest_first() {
     let (_d, s) = store();
-    assert_eq!(s.put_unit(9, 0, 1, 1, 100).unwrap(), 0);
-    assert_eq!(s.put_unit(9, 0, 2, 1, 50).unwrap(), 0);
+    assert_eq!(s.put_unit(9, 0, 1, 1, 100, 1).unwrap(), 0);
+    assert_eq!(s.put_unit(9, 0, 2, 1, 50, 1).unwrap(), 0);
     std::thread::sleep(std::time::Duration::from_millis(5));
-    s.put_unit(9, 1, 1, 1, 10).unwrap();
+    s.put_unit(9, 1, 1, 1, 10, 1).unwrap();
     assert_eq!(
         s.unit(9, 0, 1).unwrap().unwrap(),
         UnitRec { tag: 1, bytes: 100 }
     );
-    s.put_unit(9, 0, 4, u64::MAX, 1).unwrap();
+    s.put_unit(9, 0, 4, u64::MAX, 1, 1).unwrap();
     assert_eq!(
         s.unit(9, 0, 4).unwrap().unwrap().tag,
         u64::MAX,
@@ -207,7 +207,7 @@ fn units_are_recorded_per_version_and_coldest_first() {
     s.drop_unit(9, 0, 4).unwrap();
     assert!(s.unit(9, 0, 3).unwrap().is_none());
     // A newer version replaces the record and says what it held.
-    assert_eq!(s.put_unit(9, 0, 1, 2, 80).unwrap(), 100);
+    assert_eq!(s.put_unit(9, 0, 1, 2, 80, 1).unwrap(), 100);
     assert_eq!(s.cached_bytes().unwrap(), (3, 140));
     std::thread::sleep(std::time::Duration::from_millis(5));
     s.touch_units(&[(9, 0, 2)]).unwrap();
@@ -220,4 +220,30 @@ fn units_are_recorded_per_version_and_coldest_first() {
     assert_eq!(s.units_of(9).unwrap().len(), 3);
     s.drop_unit(9, 0, 2).unwrap();
     assert_eq!(s.cached_bytes().unwrap(), (2, 90));
+}
+
+#[test]
+fn a_binding_is_purged_whole_and_then_unbound() {
+    let (_d, s) = store();
+    let r = bound_root(&s);
+    let a = seed(ROOT_ID, "a", 10, b"ha");
+    let mut sub = seed(ROOT_ID, "sub", 11, b"hs");
+    sub.inode.attr.kind = FileKind::Dir;
+    sub.inode.parent = ROOT_ID;
+    s.fill(r, &[a.clone(), sub.clone()], true).unwrap();
+    s.create_cached(&a.inode).unwrap();
+    let d = s.create_cached(&sub.inode).unwrap();
+    s.fill(d.handle(), &[seed(ROOT_ID, "inner", 12, b"hi")], true)
+        .unwrap();
+    // Another binding's object stays.
+    let other = seed(999, "x", 13, b"hx");
+    s.create_cached(&other.inode).unwrap();
+    assert_eq!(s.unbind(r).unwrap_err().code, ErrorCode::NotEmpty);
+    assert_eq!(s.purge_binding(ROOT_ID).unwrap(), (3, 2));
+    assert!(s.get_inode(a.inode.id).unwrap().is_none());
+    assert!(s.get_inode(other.inode.id).unwrap().is_some());
+    let plain = s.unbind(r).unwrap();
+    assert!(plain.home.is_none());
+    assert_eq!((plain.attr.size, plain.attr.nlink), (0, 2));
+    assert!(s.get_inode(ROOT_ID).unwrap().unwrap().home.is_none());
 }
