@@ -382,7 +382,7 @@ impl Client {
     /// Programs with files open under it get `ESTALE`.
     pub async fn unbind(&self, dir: FileId) -> Result<Inode> {
         let i = self.do_getattr(dir).await?;
-        if !i.home.as_ref().is_some_and(|l| l.bound.is_some()) {
+        if i.home.as_ref().is_none_or(|l| l.bound.is_none()) {
             return Err(Error::new(
                 ErrorCode::Invalid,
                 "the directory is not bound to a home",
