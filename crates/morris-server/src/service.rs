@@ -655,16 +655,7 @@ impl Server {
                 replica,
                 offset,
                 len,
-            } => match self.read(&vol, id, index, replica, offset, len).await {
-                Ok(data) => {
-                    let load = Reply::Data {
-                        queue: u32::try_from(self.load.inflight()).unwrap_or(u32::MAX),
-                        service_us: u32::try_from(self.load.service_us().0).unwrap_or(u32::MAX),
-                    };
-                    (Ok(load), data)
-                }
-                Err(e) => plain(Err(e)),
-            },
+            } => self.data_reply(self.read(&vol, id, index, replica, offset, len).await),
             Request::ReadCached {
                 id,
                 index,
@@ -679,16 +670,7 @@ impl Server {
                     self.read(&vol, id, index, replica, offset, len).await
                 }
                 .await;
-                match r {
-                    Ok(data) => {
-                        let load = Reply::Data {
-                            queue: u32::try_from(self.load.inflight()).unwrap_or(u32::MAX),
-                            service_us: u32::try_from(self.load.service_us().0).unwrap_or(u32::MAX),
-                        };
-                        (Ok(load), data)
-                    }
-                    Err(e) => plain(Err(e)),
-                }
+                self.data_reply(r)
             }
             Request::FetchCached {
                 id,
@@ -720,6 +702,21 @@ impl Server {
                 self.metadata_op(&vol, client, conn.id, other, payload)
                     .await,
             ),
+        }
+    }
+
+    /// The answer to a block read: its bytes as payload, with this
+    /// server's block I/O load (choice among copies).
+    fn data_reply(&self, r: Result<Bytes, WireError>) -> Outcome {
+        match r {
+            Ok(data) => {
+                let load = Reply::Data {
+                    queue: u32::try_from(self.load.inflight()).unwrap_or(u32::MAX),
+                    service_us: u32::try_from(self.load.service_us().0).unwrap_or(u32::MAX),
+                };
+                (Ok(load), data)
+            }
+            Err(e) => (Err(e), Bytes::new()),
         }
     }
 

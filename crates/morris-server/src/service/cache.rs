@@ -798,13 +798,7 @@ impl Server {
             return Ok(0);
         }
         let b = self.bound(home.binding)?;
-        let lock = self
-            .cache
-            .units
-            .lock()
-            .entry(key)
-            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
-            .clone();
+        let lock = self.unit_lock(key);
         let fetched = {
             let _one = lock.lock().await;
             if metadata(|| have(&store))?.is_some() {
@@ -824,6 +818,17 @@ impl Server {
             }
         }
         Ok(fetched)
+    }
+
+    /// The lock one fetch (or eviction) of a unit holds, so that it runs
+    /// once however many ask at once.
+    fn unit_lock(&self, key: UnitKey) -> Arc<tokio::sync::Mutex<()>> {
+        self.cache
+            .units
+            .lock()
+            .entry(key)
+            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
+            .clone()
     }
 
     /// After a miss on unit `index` of a file this server also held the
@@ -992,14 +997,7 @@ impl Server {
         block: u64,
         bytes: u64,
     ) -> Result<u64, WireError> {
-        let key = (id, copy, block);
-        let lock = self
-            .cache
-            .units
-            .lock()
-            .entry(key)
-            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
-            .clone();
+        let lock = self.unit_lock((id, copy, block));
         let _one = lock.lock().await;
         let pos = vol.layout.local_offset(block);
         let unit = u64::from(vol.layout.unit);

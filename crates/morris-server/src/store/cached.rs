@@ -196,14 +196,7 @@ impl Store {
                 };
                 return Err(WireError::new(ErrorCode::Exists, msg));
             }
-            let any: Option<i64> = tx
-                .prepare_cached("SELECT 1 FROM entries WHERE dir = ?1 LIMIT 1")
-                .and_then(|mut s| {
-                    s.query_row(params![sql_id(dir.id)], |r| r.get(0))
-                        .optional()
-                })
-                .map_err(db_err)?;
-            if any.is_some() {
+            if super::orphans::has_entries(tx, dir.id)? {
                 return Err(WireError::new(
                     ErrorCode::NotEmpty,
                     "only an empty directory can be bound to a home",
@@ -230,14 +223,7 @@ impl Store {
                     ))
                 }
             }
-            let any: Option<i64> = tx
-                .prepare_cached("SELECT 1 FROM entries WHERE dir = ?1 LIMIT 1")
-                .and_then(|mut s| {
-                    s.query_row(params![sql_id(dir.id)], |r| r.get(0))
-                        .optional()
-                })
-                .map_err(db_err)?;
-            if any.is_some() {
+            if super::orphans::has_entries(tx, dir.id)? {
                 return Err(WireError::new(
                     ErrorCode::NotEmpty,
                     "remove the cached entries before the binding",

@@ -41,7 +41,8 @@ fn store_inode(tx: &Transaction<'_>, ino: &Inode) -> Result<(), WireError> {
     Ok(())
 }
 
-fn has_entries(tx: &Transaction<'_>, dir: FileId) -> Result<bool, WireError> {
+/// Whether directory `dir` has any entry.
+pub(super) fn has_entries(tx: &Transaction<'_>, dir: FileId) -> Result<bool, WireError> {
     let any: Option<i64> = tx
         .prepare_cached("SELECT 1 FROM entries WHERE dir = ?1 LIMIT 1")
         .and_then(|mut s| s.query_row(params![sql_id(dir)], |r| r.get(0)).optional())
