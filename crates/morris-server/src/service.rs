@@ -11,8 +11,8 @@ use bytes::Bytes;
 use morris_proto::messages::LeaseMode;
 use morris_proto::net::{Conn, Service, ServiceFuture};
 use morris_proto::{
-    ErrorCode, FileId, Handle, Push, Reply, Request, ResyncStatus, ServerStats, WireError,
-    MAX_FILE_SIZE, PROTOCOL_VERSION,
+    ErrorCode, FileId, Handle, Push, Reply, Request, ResyncStatus, WireError, MAX_FILE_SIZE,
+    PROTOCOL_VERSION,
 };
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::oneshot;
@@ -29,6 +29,7 @@ use crate::store::{check_name, check_new_name, FormatOutcome, Formatted, OpKey, 
 mod cache;
 mod orphans;
 mod peer;
+mod stats;
 
 /// Every request name, in a fixed order, for the per-request counters.
 const OPS: [&str; 49] = [
@@ -1391,95 +1392,6 @@ impl Server {
         Ok(())
     }
 
-    // ----------------------------------------------------------------- stats
-
-    fn disk(&self) -> (u64, u64) {
-        match statvfs(&self.data_dir) {
-            Ok(v) => v,
-            Err(e) => {
-                warn!(error = %e, dir = %self.data_dir.display(), "statvfs failed");
-                (0, 0)
-            }
-        }
-    }
-
-    async fn statfs(&self) -> Result<Reply, WireError> {
-        let (total, free) = self.disk();
-        let files = match self.ranges() {
-            Ok(r) => r
-                .serving(self.now_ms())
-                .iter()
-                .map(|x| x.store.inode_count())
-                .sum(),
-            Err(_) => self.store.inode_count(),
-        };
-        Ok(Reply::Statfs { total, free, files })
-    }
-
-    async fn status(&self) -> Result<ServerStats, WireError> {
-        let formatted = self.store.formatted();
-        let store = self.store.clone();
-        let blocks = self.blocks.clone();
-        let copies = formatted.as_ref().map_or(1, |f| f.descriptor.replicas);
-        // Walks every data file: O(files), for an admin command.
-        let data_bytes = blocking(move || {
-            let mut total = 0u64;
-            let mut after = 0;
-            loop {
-                let ids = store.scan_data_files(after, 16384)?;
-                let Some(&last) = ids.last() else { break };
-                for id in ids {
-                    total = total.saturating_add(blocks.allocated(id, copies)?.unwrap_or(0));
-                }
-                after = last;
-            }
-            Ok(total)
-        })
-        .await?;
-        let (disk_total, disk_free) = self.disk();
-        let (leases, recalls) = {
-            let st = self.leases.lock();
-            (st.table.lease_count(), st.table.recalls_sent())
-        };
-        let sessions = self.sessions.lock().by_client.len() as u64;
-        let store = self.store.clone();
-        let stale_by_server = if formatted.is_some() {
-            blocking(move || store.stale_counts()).await?
-        } else {
-            Vec::new()
-        };
-        Ok(ServerStats {
-            index: formatted.as_ref().map(|f| f.index),
-            volume: formatted.as_ref().map(|f| f.descriptor.uuid),
-            inodes: self.store.inode_count(),
-            entries: self.store.entry_count(),
-            data_files: self.store.data_file_count(),
-            data_bytes,
-            leases,
-            sessions,
-            requests: self.requests.load(Ordering::Relaxed),
-            requests_by_op: OPS
-                .iter()
-                .zip(&self.by_op)
-                .map(|(n, c)| (n.to_string(), c.load(Ordering::Relaxed)))
-                .filter(|(_, c)| *c > 0)
-                .collect(),
-            recalls,
-            uptime_secs: self.started.elapsed().as_secs(),
-            disk_free,
-            disk_total,
-            io_inflight: self.load.inflight(),
-            read_service_us: self.load.service_us().0,
-            write_service_us: self.load.service_us().1,
-            stale_by_server,
-            resync: self.resync.lock().clone(),
-            ranges: self
-                .ranges()
-                .map(|r| r.list.iter().map(|x| x.status(self.now_ms())).collect())
-                .unwrap_or_default(),
-        })
-    }
-
     fn disconnect(&self, conn: &Conn) {
         let removed = {
             let mut s = self.sessions.lock();
@@ -1566,29 +1478,6 @@ fn random_gen() -> u32 {
             return g;
         }
     }
-}
-
-/// (total, free-for-unprivileged) bytes of the file system holding `path`.
-// The statvfs field types are u32 or u64 depending on the platform.
-#[allow(clippy::useless_conversion)]
-fn statvfs(path: &std::path::Path) -> std::io::Result<(u64, u64)> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let mut v = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
-    // SAFETY: `c` is a valid NUL-terminated path and `v` points to writable
-    // memory of the right size; statvfs fills it on success.
-    let r = unsafe { libc::statvfs(c.as_ptr(), v.as_mut_ptr()) };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: statvfs returned 0, so the struct is initialized.
-    let v = unsafe { v.assume_init() };
-    let frsize = u64::from(v.f_frsize);
-    Ok((
-        u64::from(v.f_blocks).saturating_mul(frsize),
-        u64::from(v.f_bavail).saturating_mul(frsize),
-    ))
 }
 
 impl Service for Server {
