@@ -180,6 +180,22 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 
+def ns_cpu(hosts):
+    """{"NS/comm[pid]": user+system CPU seconds so far} of every process in the hosts."""
+    tck = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for h in hosts:
+        for pid in h.pids():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    head, tail = f.read().rsplit(")", 1)
+                v = tail.split()
+                out[f"{h.ns}/{head.split('(', 1)[1]}[{pid}]"] = (int(v[11]) + int(v[12])) / tck
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
 # ------------------------------------------------------------------------------------ the bench
 class Bench:
     """The cluster, home, the volumes and the client, and the operations the experiments use."""
@@ -202,7 +218,7 @@ class Bench:
         log(f"writing {a.size / MiB:.0f} MiB at home")
         write_file(os.path.join(self.export, "big"), a.size, seed=a.seed)
         self.home_sum = sha256_file(os.path.join(self.export, "big"))
-        for n in a.entries:
+        for n in (a.entries if "b" in a.parts else []):
             d = os.path.join(self.export, "ls", f"d{n}")
             os.makedirs(d)
             t = time.perf_counter()
@@ -311,9 +327,13 @@ class Bench:
                 pass
 
     def read(self, job):
-        """One timed read (cold caches already arranged by the caller)."""
+        """One timed read (cold caches already arranged by the caller); with the CPU seconds
+        each long-lived process of the cluster (servers, mount daemon, ganesha, relay) used."""
+        c0 = ns_cpu(self.cl.hosts)
         r = concurrent_reads([job], expect_size=self.a.size)
+        c1 = ns_cpu(self.cl.hosts)
         out = {"mib_s": r["aggregate"], "secs": r["wall_s"], "cpu_busy": r["cpu"]["busy"],
+               "cpu_s": {k: round(v - c0.get(k, 0.0), 2) for k, v in c1.items() if v - c0.get(k, 0.0) >= 0.01},
                "links_MiB": {ns: {k: round(v, 1) for k, v in x.items()} for ns, x in r["links"].items()},
                "link_series": r["link_series"]}
         return out
@@ -340,17 +360,27 @@ class Bench:
 
 
 # ------------------------------------------------------------------------------------ (a), (c)
+def cpu_brief(r):
+    """'cb-h2/morris 1.2, cb-h1/morris 0.8, ...': CPU seconds of a read by host and program."""
+    agg = {}
+    for key, v in r.get("cpu_s", {}).items():
+        who = key.split("[")[0]  # NS/comm (comm: first 15 characters of the program's name)
+        agg[who] = agg.get(who, 0.0) + v
+    return ", ".join(f"{k} {v:.1f}" for k, v in sorted(agg.items(), key=lambda x: -x[1]))
+
+
 def run_direct(b, rep, relay):
     """Home read by libnfs from the client host (through the relay if relay)."""
     r = b.direct_read(relay)
     log(f"run {rep + 1} direct{'+relay' if relay else ''}: {r['mib_s']:.1f} MiB/s "
-        f"({r['secs']:.1f} s, CPU {r['cpu_busy']:.0%})")
+        f"({r['secs']:.1f} s, CPU {r['cpu_busy']:.0%}; CPU s: {cpu_brief(r)})")
     return r
 
 
 def run_plain(b, rep, k):
     r = b.fuse_read(k, "plain/big", home_read=False)
-    log(f"run {rep + 1} plain k={k}: {r['mib_s']:.1f} MiB/s ({r['secs']:.1f} s, CPU {r['cpu_busy']:.0%})")
+    log(f"run {rep + 1} plain k={k}: {r['mib_s']:.1f} MiB/s ({r['secs']:.1f} s, CPU {r['cpu_busy']:.0%}; "
+        f"CPU s: {cpu_brief(r)})")
     return r
 
 
@@ -374,9 +404,9 @@ def run_cache_pair(b, rep, k, relay, name=None):
     st = miss["status"]
     log(f"run {rep + 1} miss {tag}: {miss['mib_s']:.1f} MiB/s ({miss['secs']:.1f} s, CPU {miss['cpu_busy']:.0%}); "
         f"fetched {st['fetched_bytes']} B of {size} ({'= size' if miss['fetched_eq_size'] else 'NOT the size'}), "
-        f"unit misses {st['misses']}, home sent {miss['home_tx_MiB']:.0f} MiB")
+        f"unit misses {st['misses']}, home sent {miss['home_tx_MiB']:.0f} MiB; CPU s: {cpu_brief(miss)}")
     log(f"run {rep + 1} hit  {tag}: {hit['mib_s']:.1f} MiB/s ({hit['secs']:.1f} s, CPU {hit['cpu_busy']:.0%}); "
-        f"unit hits {hit['status']['hits']}, fetched {hit['status']['fetched_bytes']} B")
+        f"unit hits {hit['status']['hits']}, fetched {hit['status']['fetched_bytes']} B; CPU s: {cpu_brief(hit)}")
     m = b.mount(k)
     try:
         ev = b.morris("cache", "evict", os.path.join(m, name, "big")).strip()
@@ -418,16 +448,18 @@ def run_listing(b, rep, n, k, bound_name):
     if not b.a.no_nfs_ls:
         cold()
         out["nfs_ls"] = b.host_json(b.client, ["python3", "-c", _NFSLS, b.url(f"ls/d{n}")])
-    s0, _ = b.status(k)
     for what in ("miss", "hit"):
+        s0, _ = b.status(k)
         cold()
         m = b.mount(k)
         try:
             out[what] = b.host_json(b.client, ["python3", "-c", _LISTDIR, os.path.join(m, bound_name, f"d{n}")])
         finally:
             b.umount(k)
-    s1, _ = b.status(k)
-    out["status"] = b.status_diff(s0, s1)
+        s1, _ = b.status(k)
+        st = b.status_diff(s0, s1)
+        out[what]["home_meta_requests"] = st["meta_requests"]
+        out[what]["home_unreachable"] = st["unreachable"]
     for what in ("direct", "miss", "hit"):
         if out[what]["entries"] != n:
             raise RuntimeError(f"listing d{n} {what}: {out[what]['entries']} entries, expected {n}")
@@ -436,7 +468,7 @@ def run_listing(b, rep, n, k, bound_name):
         f"hit {out['hit']['secs']:.3f} s"
         + (f", nfs-ls wall {ls['secs']:.3f} s ({ls['entries']} entries{', rc ' + str(ls['rc']) if ls['rc'] else ''})"
            if ls else "")
-        + f"; home meta requests {out['status']['meta_requests']}")
+        + f"; requests to home: miss {out['miss']['home_meta_requests']}, hit {out['hit']['home_meta_requests']}")
     return out
 
 
@@ -485,7 +517,9 @@ def summarize(res, a, srv_goodput):
             hit = med([r["hit"]["secs"] for r in rs])
             ls = med([r["nfs_ls"]["secs"] for r in rs if "nfs_ls" in r and r["nfs_ls"]["rc"] == 0])
             row = {"direct": d, "nfs_ls_wall": ls, "miss": miss, "hit": hit, "miss_over_direct": ratio(miss, d),
-                   "hit_over_direct": ratio(hit, d), "meta_requests": [r["status"]["meta_requests"] for r in rs],
+                   "hit_over_direct": ratio(hit, d),
+                   "home_meta_requests_miss": [r["miss"]["home_meta_requests"] for r in rs],
+                   "home_meta_requests_hit": [r["hit"]["home_meta_requests"] for r in rs],
                    "panache_miss": PANACHE_LS.get(n, (None, None))[0], "panache_hit": PANACHE_LS.get(n, (None, None))[1]}
             s["listing"][str(n)] = row
             goals[f"(b) {n} entries miss <= 1.25 x direct"] = (row["miss_over_direct"] or 1e9) <= 1.25

@@ -145,10 +145,17 @@ impl Client {
     }
 
     /// The inode of `id` under a read lease, and its home link if cached.
+    /// An ordinary object costs no request when its lease is cached: a
+    /// binding or a home link never appears or changes without a recall.
+    /// A cached one is refetched if the server changed it behind our copy
+    /// (its `listed` flag).
     async fn cached_link(&self, id: FileId) -> Result<(Handle, Option<HomeLink>)> {
         let h = self.leases.handle(id)?;
         let g = self.leases.get(h, Mode::Read).await?;
-        let i = self.fresh(&g).await?;
+        let mut i = g.inode();
+        if i.home.is_some() {
+            i = self.fresh(&g).await?;
+        }
         Ok((i.handle(), i.home.map(|l| *l)))
     }
 
