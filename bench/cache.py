@@ -5,7 +5,7 @@ reading and listing home directly, on the emulated cluster (bench/cluster).
     python3 bench/cache.py [--size 500M] [--runs 3] [--servers 1,2,4]
                            [--entries 100,1000,10000,100000] [--parts abc | --no-delay]
                            [--delay-ms 15] [--nfs-depth 16] [--server-rate 200mbit]
-                           [--home-rate 800mbit] [--client-rate 800mbit]
+                           [--home-rate 800mbit] [--client-rate 800mbit]   (all options: --help)
 
 Topology (network namespaces + tbf on veths, as bench/cluster; prefix cb-, subnet 10.83.0):
   cb-h0  home: nfs-ganesha (bench/lib/ganesha.py, FSAL VFS, Attr_Expiration_Time = 0) exporting
@@ -37,6 +37,13 @@ Topology (network namespaces + tbf on veths, as bench/cluster; prefix cb-, subne
     home's own link counter (bytes out of cb-h0) beside it. After each hit the run's copy is freed
     with `morris cache evict` (disk space). After all runs the file is read once more through a
     new binding (miss) and again (hit), both checksummed (SHA-256) against home's file, untimed.
+    Also per k and run, "duplex TCP": the miss's traffic without morris -- k bulk TCP streams
+    home -> server and k server -> client at once (each server link full in both directions),
+    4 s each; the MiB/s the server -> client streams deliver is printed beside the miss. With
+    tbf's FIFO queues a link full both ways can starve one direction's ACK clock (seen while
+    writing this: server -> client at 13-90 Mbit/s of 191 in some runs while home -> server ran
+    at 191, in others both at 191): the column shows whether the emulated network itself carried
+    the miss's pattern in that run (--tbf-latency-ms sets the queue; 50 is bench/cluster's).
     Goals: miss >= 0.95 x min(direct, k x server link goodput); hit >= 0.95 x plain.
     (Panache, Table 1: 1.456 vs 1.776 Gb/s direct with 2 gateway nodes, 1.952 vs 2.552 with 3:
     a miss at 0.76-0.82x direct.)
@@ -47,12 +54,18 @@ Topology (network namespaces + tbf on veths, as bench/cluster; prefix cb-, subne
               wall time (process start, portmapper, MOUNT and printing included) is recorded
               beside it as a cross-check;
       miss    os.listdir(DIR/dN) in the client host, DIR bound to home's ls/ just before (fresh
-              binding per run: dN is not even looked up yet), fresh mount, caches dropped;
-      hit     the same listing again (fresh mount, caches dropped: the names come from the
-              servers, not the client).
-    Each figure is timed inside one process around the listing alone. Goals: miss <= 1.25x
-    direct, hit <= 0.2x direct. (Panache, Table 2: 100/1,000/10,000/100,000 entries: miss 0.77,
-    1.26, 2.825, 25.45 s (orphan inodes); hit 0.032, 0.097, 0.15, 1.212 s.)
+              binding per run: dN is not even looked up yet), on a fresh mount;
+      hit     the same listing again on a fresh mount (the names come from the servers, not
+              the client); "hit same mount", the listing repeated at once in the miss's mount
+              (what the client keeps itself), is recorded beside it.
+    Each figure is timed inside one process around the listing alone. Home is warm for direct
+    and miss alike: right before each of them home's directory is listed once, untimed (ganesha
+    keeps directory entries in a cache of its own, which drop_caches does not empty and 100,000
+    entries overflow; without this whoever listed a directory second would find it warm). The
+    page caches are not dropped (the morris mount is fresh for miss and hit, so the client holds
+    nothing); --list-cold drops every page cache before each listing instead of warming home.
+    Goals: miss <= 1.25x direct, hit <= 0.2x direct. (Panache, Table 2, 100/1,000/10,000/100,000
+    entries: miss 0.77, 1.26, 2.825, 25.45 s (orphan inodes); hit 0.032, 0.097, 0.15, 1.212 s.)
 
 (c) The (a) reads of home (direct, miss; and hit) with 30 ms added to every round trip to home:
     bench/lib/delay_relay.py runs inside cb-h0 (as bench/home.py runs it) and relays h0:12049 ->
@@ -72,7 +85,8 @@ per-link bytes, the cache status counters, the servers' WARN/ERROR log lines) an
 (if matplotlib is installed). Everything (mounts, processes, namespaces) is removed on exit.
 Needs root, iproute2, fuse3, nfs-ganesha(-vfs), rpcbind, libnfs-dev, libnfs-utils, gcc.
 
-Duration with the defaults: about 45 min (3 runs; the k = 1 reads at 23 MiB/s dominate).
+Duration with the defaults: about 25-30 min (3 runs; the k = 1 reads at 23 MiB/s dominate; setup,
+the link checks and the final data check add ~5 min).
 """
 
 import argparse
@@ -88,7 +102,7 @@ BENCH = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(BENCH)
 sys.path.insert(0, BENCH)
 
-from cluster.hosts import (PAYLOAD_EFF, Cluster, ShapingError, fmt_rate, parse_rate,  # noqa: E402
+from cluster.hosts import (PAYLOAD_EFF, Cluster, ShapingError, parse_rate,  # noqa: E402
                            require_root_and_tools)
 from cluster.systems import (MORRIS, MiB, Morris, build_nfsread, cold, concurrent_reads,  # noqa: E402
                              fuse_reader, nfs_reader, write_file)
@@ -360,6 +374,23 @@ class Bench:
 
 
 # ------------------------------------------------------------------------------------ (a), (c)
+def run_duplex(b, rep, k, dur=4.0, warm=1.0):
+    """The miss's traffic as plain TCP: at once, one bulk stream home -> each of the k servers and
+    one each server -> client (every server link full in both directions, as in a miss). Their
+    goodputs are what the emulated network itself gives that pattern; the miss is compared to the
+    sum of the server -> client streams too."""
+    srv = b.servers[:k]
+    pairs = [(b.home, h) for h in srv] + [(h, b.client) for h in srv]
+    got = b.cl._stream(pairs, dur, warm)
+    ingest, serve = got[:k], got[k:]
+    r = {"home_to_server_mbit": [round(g / 1e6, 1) for g in ingest],
+         "server_to_client_mbit": [round(g / 1e6, 1) for g in serve],
+         "to_client_mib_s": sum(serve) / 8 / MiB}
+    log(f"run {rep + 1} duplex TCP k={k}: home->servers {r['home_to_server_mbit']} Mbit/s, servers->client "
+        f"{r['server_to_client_mbit']} Mbit/s (into the client {r['to_client_mib_s']:.1f} MiB/s)")
+    return r
+
+
 def cpu_brief(r):
     """'cb-h2/morris 1.2, cb-h1/morris 0.8, ...': CPU seconds of a read by host and program."""
     agg = {}
@@ -412,7 +443,9 @@ def run_cache_pair(b, rep, k, relay, name=None):
         ev = b.morris("cache", "evict", os.path.join(m, name, "big")).strip()
     finally:
         b.umount(k)
-    return {"miss": miss, "hit": hit, "evict": ev}
+    s3, _ = b.status(k)
+    cached_after = b.status_diff(s2, s3)["cached_bytes_per_server"]
+    return {"miss": miss, "hit": hit, "evict": ev, "cached_bytes_after_evict": cached_after}
 
 
 def verify_data(b, k):
@@ -443,29 +476,45 @@ def run_listing(b, rep, n, k, bound_name):
     """Home's ls/dN listed directly (nfslist, and nfs-ls as a cross-check), then through the
     fresh binding bound_name (-> home's ls/) of volume k: miss, then hit."""
     out = {}
-    cold()
-    out["direct"] = b.host_json(b.client, [b.nfslist, b.url(), f"/ls/d{n}"])
+    nfslist = [b.nfslist, b.url(), f"/ls/d{n}"]
+
+    def prep(home_read):
+        # --list-cold: every page cache dropped. Otherwise, before a listing that reads home, home
+        # lists the directory once untimed: ganesha keeps directory entries in a cache of its own
+        # (drop_caches does not empty it, and 100,000 entries overflow it), so whoever listed last
+        # would otherwise find it warm and the one after a bigger directory cold.
+        if b.a.list_cold:
+            cold()
+        elif home_read:
+            b.host_json(b.client, nfslist)
+
+    prep(True)
+    out["direct"] = b.host_json(b.client, nfslist)
     if not b.a.no_nfs_ls:
-        cold()
+        prep(True)
         out["nfs_ls"] = b.host_json(b.client, ["python3", "-c", _NFSLS, b.url(f"ls/d{n}")])
     for what in ("miss", "hit"):
         s0, _ = b.status(k)
-        cold()
+        prep(what == "miss")
         m = b.mount(k)
         try:
-            out[what] = b.host_json(b.client, ["python3", "-c", _LISTDIR, os.path.join(m, bound_name, f"d{n}")])
+            argv = ["python3", "-c", _LISTDIR, os.path.join(m, bound_name, f"d{n}")]
+            out[what] = b.host_json(b.client, argv)
+            if what == "miss":
+                # Again at once in the same mount: what the client itself keeps (leases, names).
+                out["hit_same_mount"] = b.host_json(b.client, argv)
         finally:
             b.umount(k)
         s1, _ = b.status(k)
         st = b.status_diff(s0, s1)
         out[what]["home_meta_requests"] = st["meta_requests"]
         out[what]["home_unreachable"] = st["unreachable"]
-    for what in ("direct", "miss", "hit"):
+    for what in ("direct", "miss", "hit", "hit_same_mount"):
         if out[what]["entries"] != n:
             raise RuntimeError(f"listing d{n} {what}: {out[what]['entries']} entries, expected {n}")
     ls = out.get("nfs_ls")
     log(f"run {rep + 1} list {n:>6}: direct {out['direct']['secs']:.3f} s, miss {out['miss']['secs']:.3f} s, "
-        f"hit {out['hit']['secs']:.3f} s"
+        f"hit {out['hit']['secs']:.3f} s (same mount {out['hit_same_mount']['secs']:.3f} s)"
         + (f", nfs-ls wall {ls['secs']:.3f} s ({ls['entries']} entries{', rc ' + str(ls['rc']) if ls['rc'] else ''})"
            if ls else "")
         + f"; requests to home: miss {out['miss']['home_meta_requests']}, hit {out['hit']['home_meta_requests']}")
@@ -487,7 +536,10 @@ def summarize(res, a, srv_goodput):
             miss = med([p["miss"]["mib_s"] for p in pairs])
             hit = med([p["hit"]["mib_s"] for p in pairs])
             bound = min(direct, k * srv_goodput)
+            dx = [d["to_client_mib_s"] for d in raw["duplex"][str(k)]]
             row = {"plain": plain, "miss": miss, "hit": hit, "bound": bound, "miss_over_bound": ratio(miss, bound),
+                   "duplex_tcp": med(dx), "duplex_tcp_min": min(dx) if dx else None,
+                   "duplex_tcp_max": max(dx) if dx else None,
                    "miss_over_direct": ratio(miss, direct), "hit_over_plain": ratio(hit, plain),
                    "fetched_eq_size_runs": f"{sum(p['miss']['fetched_eq_size'] for p in pairs)}/{len(pairs)}",
                    "fetched_bytes": [p["miss"]["status"]["fetched_bytes"] for p in pairs],
@@ -515,8 +567,10 @@ def summarize(res, a, srv_goodput):
             d = med([r["direct"]["secs"] for r in rs])
             miss = med([r["miss"]["secs"] for r in rs])
             hit = med([r["hit"]["secs"] for r in rs])
+            hit_same = med([r["hit_same_mount"]["secs"] for r in rs])
             ls = med([r["nfs_ls"]["secs"] for r in rs if "nfs_ls" in r and r["nfs_ls"]["rc"] == 0])
-            row = {"direct": d, "nfs_ls_wall": ls, "miss": miss, "hit": hit, "miss_over_direct": ratio(miss, d),
+            row = {"direct": d, "nfs_ls_wall": ls, "miss": miss, "hit": hit, "hit_same_mount": hit_same,
+                   "miss_over_direct": ratio(miss, d),
                    "hit_over_direct": ratio(hit, d),
                    "home_meta_requests_miss": [r["miss"]["home_meta_requests"] for r in rs],
                    "home_meta_requests_hit": [r["hit"]["home_meta_requests"] for r in rs],
@@ -541,25 +595,31 @@ def table(res, a, srv_goodput, home_goodput):
         L += ["", f"(a) reading a {a.size / MiB:.0f} MiB file, MiB/s (direct: libnfs, {a.nfs_depth} x 1 MiB READs in "
                   f"flight; bound = min(direct, k x server goodput))",
               f"{'k':>3}{'direct':>9}{'plain':>9}{'miss':>9}{'hit':>9}{'bound':>9}{'miss/bound':>12}{'miss/direct':>13}"
-              f"{'hit/plain':>11}{'fetched=size':>14}"]
+              f"{'hit/plain':>11}{'fetched=size':>14}{'duplex TCP (min-max)':>24}"]
         for k in a.servers:
             r = s["reads"][str(k)]
             L.append(f"{k:>3}{fmt(s['reads']['direct']):>9}{fmt(r['plain']):>9}{fmt(r['miss']):>9}{fmt(r['hit']):>9}"
                      f"{fmt(r['bound']):>9}{fmt(r['miss_over_bound'], '.2f'):>12}{fmt(r['miss_over_direct'], '.2f'):>13}"
-                     f"{fmt(r['hit_over_plain'], '.2f'):>11}{r['fetched_eq_size_runs']:>14}")
+                     f"{fmt(r['hit_over_plain'], '.2f'):>11}{r['fetched_eq_size_runs']:>14}"
+                     f"{fmt(r['duplex_tcp']) + (' (' + fmt(r['duplex_tcp_min']) + '-' + fmt(r['duplex_tcp_max']) + ')' if r['duplex_tcp'] is not None else ''):>24}")
         L.append("    goals: miss/bound >= 0.95 (Panache: 0.76-0.82 x direct), hit/plain >= 0.95; fetched=size: runs "
                  "whose miss fetched exactly the file size from home (sum over servers, `morris cache status`)")
+        L.append("    duplex TCP: MiB/s into the client of k bulk TCP streams server -> client while k more run "
+                 "home -> server (the miss's traffic as plain TCP, no morris; median and range over runs). Well "
+                 "below the bound, it means a server link full both ways starved one direction's ACKs in the "
+                 "tbf FIFOs in that run: an emulation limit the miss may meet as well")
     if "b" in a.parts:
         L += ["", f"(b) listing N home entries, seconds (volume of {a.list_servers} servers; direct: libnfs "
                   f"opendir/readdir after the mount; nfs-ls: whole process)",
               f"{'entries':>8}{'direct':>9}{'nfs-ls':>9}{'miss':>9}{'hit':>9}{'miss/dir':>10}{'hit/dir':>9}"
-              f"{'Panache miss':>14}{'hit':>7}"]
+              f"{'hit same mnt':>14}{'Panache miss':>14}{'hit':>7}"]
         for n in a.entries:
             r = s["listing"][str(n)]
             L.append(f"{n:>8}{fmt(r['direct'], '.3f'):>9}{fmt(r['nfs_ls_wall'], '.3f'):>9}{fmt(r['miss'], '.3f'):>9}"
                      f"{fmt(r['hit'], '.3f'):>9}{fmt(r['miss_over_direct'], '.2f'):>10}{fmt(r['hit_over_direct'], '.2f'):>9}"
-                     f"{fmt(r['panache_miss'], '.3f'):>14}{fmt(r['panache_hit'], '.3f'):>7}")
-        L.append("    goals: miss/direct <= 1.25, hit/direct <= 0.2")
+                     f"{fmt(r['hit_same_mount'], '.3f'):>14}{fmt(r['panache_miss'], '.3f'):>14}{fmt(r['panache_hit'], '.3f'):>7}")
+        L.append("    goals: miss/direct <= 1.25, hit/direct <= 0.2 (hit: a fresh mount, names from the servers; "
+                 "hit same mnt: listed again at once in the miss's mount, informational)")
     if "c" in a.parts:
         rtt = res.get("rtt", {})
         L += ["", f"(c) the reads with +{2 * a.delay_ms:g} ms per round trip to home, MiB/s -- a DELAYING TCP RELAY "
@@ -596,32 +656,38 @@ def plot(res, a, out):
     for ax, p in zip(axes[0], panels):
         if p in "ac":
             part = s["reads"] if p == "a" else s["relay"]
-            series = ["plain", "miss", "hit"] if p == "a" else ["miss", "hit"]
+            series = [("direct", "#999999", "home direct (libnfs)" + (" via relay" if p == "c" else ""))]
+            series += [("plain", "C0", "plain morris")] if p == "a" else []
+            series += [("miss", "C1", "cache miss"), ("hit", "C2", "cache hit")]
             ks = a.servers
-            w = 0.8 / (len(series) + 1)
+            w = 0.8 / len(series)
             xs = list(range(len(ks)))
-            ax.bar([x - 0.4 + w / 2 for x in xs], [part["direct"]] * len(ks), w,
-                   label="home direct (libnfs)" + (" via relay" if p == "c" else ""), color="#999999")
-            for i, name in enumerate(series):
-                ys = [part[str(k)][name] or 0 for k in ks]
-                bars = ax.bar([x - 0.4 + w * (i + 1.5) for x in xs], ys, w, label=name)
+            top = 0
+            for i, (name, col, label) in enumerate(series):
+                ys = [(part["direct"] if name == "direct" else part[str(k)][name]) or 0 for k in ks]
+                top = max(top, *ys)
+                bars = ax.bar([x - 0.4 + w * (i + 0.5) for x in xs], ys, w, label=label, color=col)
                 for bb, y in zip(bars, ys):
                     ax.annotate(f"{y:.0f}", (bb.get_x() + bb.get_width() / 2, y), ha="center", va="bottom", fontsize=7)
-            ax.scatter(xs, [part[str(k)]["bound"] for k in ks], marker="_", s=900, color="k", zorder=5,
-                       label="min(direct, k x server goodput)")
-            ax.set_xticks(xs, [f"k={k}" for k in ks])
+            ax.hlines([part[str(k)]["bound"] for k in ks], [x - 0.4 for x in xs], [x + 0.4 for x in xs],
+                      colors="k", linestyles="--", lw=1, label="min(direct, k x server goodput)")
+            ax.set_xticks(xs, [f"k={k} servers" for k in ks])
             ax.set_ylabel("MiB/s (median)")
-            ax.set_title(f"({p}) {a.size // MiB} MiB read" + (f", +{2 * a.delay_ms:g} ms RTT (TCP relay, not netem)"
-                                                              if p == "c" else ""), fontsize=9)
-            ax.legend(fontsize=7)
+            ax.set_ylim(0, top * 1.35)
+            ax.set_title(f"({p}) reading a {a.size // MiB} MiB file"
+                         + (f", +{2 * a.delay_ms:g} ms RTT to home (TCP relay, not netem)" if p == "c" else ""),
+                         fontsize=9)
+            ax.legend(fontsize=7, ncol=3, loc="upper center")
         else:
             ns = a.entries
             xs = list(range(len(ns)))
             w = 0.8 / 3
-            for i, (name, col) in enumerate((("direct", "#999999"), ("miss", "C1"), ("hit", "C2"))):
+            for i, (name, col, label) in enumerate((("direct", "#999999", "home direct (libnfs)"),
+                                                     ("miss", "C1", "cache miss"), ("hit", "C2", "cache hit"))):
                 ys = [s["listing"][str(n)][name] for n in ns]
-                ax.bar([x - 0.4 + w * (i + 0.5) for x in xs], ys, w, label=f"{name}" + (" (libnfs)" if name == "direct" else ""),
-                       color=col)
+                bars = ax.bar([x - 0.4 + w * (i + 0.5) for x in xs], ys, w, label=label, color=col)
+                for bb, y in zip(bars, ys):
+                    ax.annotate(f"{y:.3g}", (bb.get_x() + bb.get_width() / 2, y), ha="center", va="bottom", fontsize=6)
             pm = [PANACHE_LS.get(n, (None, None)) for n in ns]
             ax.scatter([x - 0.4 + w * 1.5 for x in xs], [m for m, _ in pm], marker="x", color="C1", label="Panache miss")
             ax.scatter([x - 0.4 + w * 2.5 for x in xs], [h for _, h in pm], marker="x", color="C2", label="Panache hit")
@@ -655,7 +721,15 @@ def parse_args():
     ap.add_argument("--morris-readahead", default=None, help="passed to every `morris mount --readahead`")
     ap.add_argument("--cold-home", action="store_true", help="do not warm home's page cache before home reads")
     ap.add_argument("--no-nfs-ls", action="store_true", help="(b) skip the nfs-ls cross-check")
+    ap.add_argument("--list-cold", action="store_true",
+                    help="(b) drop every page cache before each listing (default: only the mount is fresh)")
     ap.add_argument("--no-data-check", action="store_true", help="skip the untimed SHA-256 check of cached reads")
+    ap.add_argument("--no-duplex", action="store_true", help="(a) skip the duplex TCP measurement")
+    ap.add_argument("--no-ack-prio", action="store_true",
+                    help="plain tbf FIFOs (default: pure ACKs ahead of data in each link's queue, "
+                         "bench/cluster/hosts.py Cluster(ack_prio=True))")
+    ap.add_argument("--tbf-latency-ms", type=int, default=50,
+                    help="tbf queue of every link in ms (bench/cluster's default: 50)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--prefix", default="cb-")
     ap.add_argument("--subnet", default="10.83.0")
@@ -680,6 +754,8 @@ def jobs_for(b, a, raw):
     if "a" in a.parts:
         jobs.append(("direct", lambda rep: raw["direct"].append(run_direct(b, rep, False))))
         for k in a.servers:
+            if not a.no_duplex:
+                jobs.append((f"duplex k={k}", lambda rep, k=k: raw["duplex"][str(k)].append(run_duplex(b, rep, k))))
             jobs.append((f"plain k={k}", lambda rep, k=k: raw["plain"][str(k)].append(run_plain(b, rep, k))))
             jobs.append((f"cache k={k}", lambda rep, k=k: raw["cache"][str(k)].append(run_cache_pair(b, rep, k, False))))
     if "c" in a.parts:
@@ -710,6 +786,7 @@ def main():
     n_hosts = 2 + max(a.servers)
     rates = {0: hrate, 1: crate, **{i: srate for i in range(2, n_hosts)}}
     raw = {"direct": [], "plain": {str(k): [] for k in a.servers}, "cache": {str(k): [] for k in a.servers},
+           "duplex": {str(k): [] for k in a.servers},
            "direct_relay": [], "cache_relay": {str(k): [] for k in a.servers},
            "listing": {str(n): [] for n in a.entries}}
     res = {"experiment": "cache", "date": started, "command": "python3 bench/cache.py " + " ".join(sys.argv[1:]),
@@ -718,7 +795,8 @@ def main():
            "morris_binary": binary, "args": vars(a), "rates_bps": {"server": srate, "home": hrate, "client": crate},
            "goodput_mib_s": {"server": srv_goodput, "home_client": home_goodput}, "raw": raw}
     failure = None
-    with Cluster(n_hosts, srate, rates=rates, prefix=a.prefix, subnet=a.subnet, keep_workdir=a.keep_workdir) as cl:
+    with Cluster(n_hosts, srate, rates=rates, prefix=a.prefix, subnet=a.subnet, keep_workdir=a.keep_workdir,
+                 latency_ms=a.tbf_latency_ms, ack_prio=not a.no_ack_prio) as cl:
         if a.keep_workdir:
             log(f"work dir (kept): {cl.workdir}")
         try:

@@ -42,7 +42,13 @@ impl DirLocks {
         idx.dedup();
         let mut guards = Vec::with_capacity(idx.len());
         for i in idx {
-            guards.push(self.shards[i].lock().await);
+            guards.push(
+                crate::slow::watch(
+                    || format!("another change in directory (lock shard {i}) of {dirs:?}"),
+                    self.shards[i].lock(),
+                )
+                .await,
+            );
         }
         DirsLocked { _guards: guards }
     }

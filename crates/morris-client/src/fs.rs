@@ -966,13 +966,22 @@ impl Client {
         max: u32,
     ) -> Result<(Vec<DirEntry>, bool)> {
         let g = self.dir_guard(dir, Mode::Read).await?;
+        let max = max.clamp(1, 4096);
+        let generation = g.entry.generation;
+        let version = g.entry.state.lock().version;
+        if let Some(page) = self
+            .dir_pages
+            .take(dir, cookie, generation, version, max as usize)
+        {
+            return Ok(page);
+        }
         let r = self
             .call_owner(
                 g.entry.id,
                 Request::ReadDir {
                     dir: g.handle(),
                     cookie,
-                    max: max.clamp(1, 4096),
+                    max: max.max(crate::dirpages::PAGE),
                 },
             )
             .await?;
@@ -1009,7 +1018,9 @@ impl Client {
             }
         }
         drop(st);
-        Ok((entries, eof))
+        Ok(self
+            .dir_pages
+            .split(dir, entries, eof, generation, version, max as usize))
     }
 
     /// Capacity summed over the servers that answer within [`STATFS_WAIT`];

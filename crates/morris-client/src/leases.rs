@@ -349,7 +349,11 @@ impl Leases {
                     ));
                 }
                 if self.usable(&e, want) {
-                    let g = e.uses.clone().read_owned().await;
+                    let g = crate::slow::watch(
+                        || format!("a use of the lease on {} ({want:?})", h.id),
+                        e.uses.clone().read_owned(),
+                    )
+                    .await;
                     if self.usable(&e, want) {
                         return Ok(LeaseGuard { entry: e, _use: g });
                     }
@@ -359,7 +363,11 @@ impl Leases {
                 if recalled {
                     // A recall is giving it back; asking again before its
                     // Release reaches the server would be undone by that Release.
-                    e.wait_gone().await;
+                    crate::slow::watch(
+                        || format!("the give-back of the lease on {}", h.id),
+                        e.wait_gone(),
+                    )
+                    .await;
                     continue;
                 }
                 // Expired or too weak: drop what it protected before asking again.
@@ -378,9 +386,11 @@ impl Leases {
     /// Takes the lease from its owner and returns a use of it; `None` if a
     /// recall gave it back before the use could be taken (ask again).
     async fn acquire(self: &Arc<Self>, h: Handle, want: Mode) -> Result<Option<LeaseGuard>> {
-        let _serial = self.acquiring[(h.id as usize) % ACQUIRE_SHARDS]
-            .lock()
-            .await;
+        let _serial = crate::slow::watch(
+            || format!("another acquire of (an inode sharing a lock with) {}", h.id),
+            self.acquiring[(h.id as usize) % ACQUIRE_SHARDS].lock(),
+        )
+        .await;
         // Someone else may have taken it while we waited.
         let cached = self.map.lock().get(&h.id).cloned();
         if let Some(e) = cached {
@@ -611,7 +621,16 @@ impl Leases {
     /// drops caches, and (if `release`) tells the server.
     async fn give_back(self: Arc<Self>, entry: Arc<LeaseEntry>, release: bool) {
         let uses = entry.uses.clone();
-        let _all = uses.write().await;
+        let _all = crate::slow::watch(
+            || {
+                format!(
+                    "this client's uses of {} before giving its lease back",
+                    entry.id
+                )
+            },
+            uses.write(),
+        )
+        .await;
         if entry.state.lock().released {
             entry.gone.send_replace(true);
             return;

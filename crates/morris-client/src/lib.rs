@@ -15,6 +15,7 @@
 mod cache;
 mod copies;
 mod dirlock;
+mod dirpages;
 mod fs;
 mod io;
 mod leases;
@@ -25,6 +26,7 @@ mod pool;
 mod reaper;
 mod replicas;
 mod resync;
+mod slow;
 
 pub use reaper::ORPHAN_AGE;
 
@@ -194,6 +196,8 @@ pub struct Client {
     pub(crate) cache: cache::CacheView,
     /// One namespace change at a time per directory (`dirlock.rs`).
     pub(crate) dir_locks: dirlock::DirLocks,
+    /// Listing pages read ahead (`dirpages.rs`).
+    pub(crate) dir_pages: dirpages::DirPages,
     /// One append at a time per inode (sharded).
     pub(crate) appending: Vec<tokio::sync::Mutex<()>>,
     pub(crate) next_server: AtomicU32,
@@ -247,6 +251,7 @@ impl Client {
             me: OnceLock::new(),
             cache: cache::CacheView::default(),
             dir_locks: dirlock::DirLocks::new(),
+            dir_pages: dirpages::DirPages::default(),
             appending: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
             next_server: AtomicU32::new(rand::random::<u32>()),
             loads: Arc::new(replicas::Loads::new(layout.servers)),

@@ -40,6 +40,8 @@ const SERVER_CLIENT: ClientId = 0;
 const SERVER_CONN: u64 = u64::MAX;
 /// Entries asked of home per listing page.
 const LIST_PAGE: usize = 1000;
+/// Names stored per transaction while a directory is listed from home.
+const FILL_BATCH: usize = 10_000;
 /// How long a `HomeList` waits for the listing before answering "not yet".
 const LIST_WAIT: Duration = Duration::from_secs(5);
 /// Units one server fetches at once in the background (prefetch of the rest
@@ -639,14 +641,60 @@ impl Server {
                     return Ok(());
                 }
                 let started = Instant::now();
-                let mut added = 0;
-                let r = me
+                // Home's pages are stored by a blocking task of their own,
+                // in batches of FILL_BATCH names, while the next pages are
+                // fetched: the store's cost is mostly per transaction
+                // (WAL frames of the pages it touches), not per name.
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Option<Vec<Seed>>>();
+                let filling = store.clone();
+                let filler = tokio::task::spawn_blocking(move || {
+                    let mut added = 0;
+                    let mut batch: Vec<Seed> = Vec::new();
+                    while let Some(msg) = rx.blocking_recv() {
+                        match msg {
+                            Some(page) => {
+                                batch.extend(page);
+                                if batch.len() >= FILL_BATCH {
+                                    added += filling.fill(dir, &batch, false)?;
+                                    batch.clear();
+                                }
+                            }
+                            // The listing is whole: the rest, and `listed`.
+                            None => {
+                                added += filling.fill(dir, &batch, true)?;
+                                return Ok(added);
+                            }
+                        }
+                    }
+                    // Stopped short: what came is kept, not marked listed.
+                    filling.fill(dir, &batch, false)?;
+                    Err(err(
+                        ErrorCode::Io,
+                        format!("listing from home stopped short ({added} names stored)"),
+                    ))
+                });
+                let listed = me
                     .list_home(&b, link.binding, dir.id, &link.handle, |seeds| {
-                        added += metadata(|| store.fill(dir, &seeds, false))?;
-                        Ok(())
+                        tx.send(Some(seeds))
+                            .map_err(|_| err(ErrorCode::Io, "storing the listing failed"))
                     })
                     .await
-                    .and_then(|()| metadata(|| store.fill(dir, &[], true)).map(|_| ()));
+                    .and_then(|()| {
+                        tx.send(None)
+                            .map_err(|_| err(ErrorCode::Io, "storing the listing failed"))
+                    });
+                drop(tx);
+                let stored = match filler.await {
+                    Ok(r) => r,
+                    Err(e) => Err(err(
+                        ErrorCode::Io,
+                        format!("listing store task failed: {e}"),
+                    )),
+                };
+                let (r, added) = match (listed, stored) {
+                    (Ok(()), Ok(n)) => (Ok(()), n),
+                    (Err(e), _) | (Ok(()), Err(e)) => (Err(e), 0),
+                };
                 match &r {
                     Ok(()) => info!(
                         dir = dir.id,

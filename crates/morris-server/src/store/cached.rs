@@ -250,11 +250,16 @@ impl Store {
             let mut link = cached_link(&d.inode, "directory")?;
             let mut added = 0;
             for s in seeds {
-                if find_entry(tx, dir.id, &s.name)?.is_some() {
-                    continue;
+                if cookies::insert_if_absent(
+                    tx,
+                    dir.id,
+                    &s.name,
+                    s.inode.handle(),
+                    s.inode.attr.kind,
+                )? {
+                    put_seed(tx, dir.id, s)?;
+                    added += 1;
                 }
-                add_seeded(tx, dir.id, s)?;
-                added += 1;
             }
             if listed && !link.listed {
                 link.listed = true;
@@ -699,6 +704,11 @@ impl Store {
 /// Adds entry `s.name` → `s.inode` to `dir` with its seed.
 fn add_seeded(tx: &Transaction<'_>, dir: FileId, s: &Seed) -> Result<(), WireError> {
     cookies::insert(tx, dir, &s.name, s.inode.handle(), s.inode.attr.kind)?;
+    put_seed(tx, dir, s)
+}
+
+/// Stores the seed of entry `s.name` of `dir`.
+fn put_seed(tx: &Transaction<'_>, dir: FileId, s: &Seed) -> Result<(), WireError> {
     let b = encode(&s.inode)?;
     tx.prepare_cached("INSERT OR REPLACE INTO cache_seeds (dir, name, seed) VALUES (?1, ?2, ?3)")
         .and_then(|mut st| st.execute(params![sql_id(dir), &s.name, b]))

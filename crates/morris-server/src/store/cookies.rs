@@ -74,6 +74,45 @@ pub(super) fn insert(
     Ok(())
 }
 
+/// Adds the entry `name → child` unless `name` is there already; returns
+/// whether it was added. One indexed insert when the name's own cookie is
+/// free (nearly always), so that filling a directory with many names
+/// (cache mode's listings) costs one B-tree insert per name, not a lookup,
+/// a cookie probe and an insert.
+pub(super) fn insert_if_absent(
+    tx: &Transaction<'_>,
+    dir: FileId,
+    name: &[u8],
+    child: Handle,
+    kind: FileKind,
+) -> Result<bool, WireError> {
+    let added = tx
+        .prepare_cached(
+            "INSERT OR IGNORE INTO entries (dir, name, cookie, child, gen, kind)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )
+        .and_then(|mut s| {
+            s.execute(params![
+                sql_id(dir),
+                name,
+                of(name) as i64,
+                sql_id(child.id),
+                i64::from(child.gen),
+                kind_code(kind)
+            ])
+        })
+        .map_err(db_err)?;
+    if added == 1 {
+        return Ok(true);
+    }
+    // Ignored: the name is there, or another name holds its cookie.
+    if super::find_entry(tx, dir, name)?.is_some() {
+        return Ok(false);
+    }
+    insert(tx, dir, name, child, kind)?;
+    Ok(true)
+}
+
 /// Makes the existing entry `name` name `child` instead, keeping its cookie.
 pub(super) fn repoint(
     tx: &Transaction<'_>,
