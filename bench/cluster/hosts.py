@@ -324,13 +324,30 @@ class Cluster:
             sh(["tc", "qdisc", "replace", "dev", h.veth, "root", *args])  # traffic into the host
             h.run(["tc", "qdisc", "replace", "dev", NS_IF, "root", *args])  # traffic out of the host
             return
+        # ack_prio: htb (this kernel has neither prio nor fq_codel) with the
+        # host's rate split in two classes that may each use all of it: small
+        # packets (IPv4 under 128 bytes: pure ACKs, SYNs, small RPCs) first,
+        # in a queue of their own; everything else in a byte FIFO as deep as
+        # tbf's latency.
+        rate = int(h.rate)
+        burst = self.burst or max(128 * 1024, int(rate / 8 * 0.002))
+        limit = max(2 * burst, int(rate / 8 * self.latency_ms / 1000))
+        quantum = 60000
         for run, dev in ((sh, h.veth), (h.run, NS_IF)):
-            run(["tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", *args])
-            run(["tc", "qdisc", "replace", "dev", dev, "parent", "1:1", "handle", "10:", "prio",
-                 "bands", "2", "priomap", *(["1"] * 16)])
-            # IPv4 packets shorter than 128 bytes (pure ACKs, SYNs, small RPCs) -> band 0.
-            run(["tc", "filter", "replace", "dev", dev, "parent", "10:", "protocol", "ip", "prio", "1",
-                 "u32", "match", "u16", "0x0000", "0xff80", "at", "2", "flowid", "10:1"])
+            run(["tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "20"])
+            run(["tc", "class", "replace", "dev", dev, "parent", "1:", "classid", "1:1", "htb",
+                 "rate", str(rate), "ceil", str(rate), "burst", str(burst), "cburst", str(burst),
+                 "quantum", str(quantum)])
+            for cid, share, prio in (("1:10", rate // 10, 0), ("1:20", rate - rate // 10, 1)):
+                run(["tc", "class", "replace", "dev", dev, "parent", "1:1", "classid", cid, "htb",
+                     "rate", str(share), "ceil", str(rate), "burst", str(burst), "cburst", str(burst),
+                     "prio", str(prio), "quantum", str(quantum)])
+            run(["tc", "qdisc", "replace", "dev", dev, "parent", "1:10", "handle", "10:", "bfifo",
+                 "limit", str(256 * 1024)])
+            run(["tc", "qdisc", "replace", "dev", dev, "parent", "1:20", "handle", "20:", "bfifo",
+                 "limit", str(limit)])
+            run(["tc", "filter", "replace", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1",
+                 "u32", "match", "u16", "0x0000", "0xff80", "at", "2", "flowid", "1:10"])
 
     def qdisc_ok(self, h):
         """True if both tbf qdiscs of h are in place with h's rate."""
@@ -339,6 +356,11 @@ class Cluster:
                 h.run(["tc", "-j", "qdisc", "show", "dev", NS_IF]).stdout]
         import json
         for o in outs:
+            if self.ack_prio:
+                # htb: the rate is its classes'; the link check measures it.
+                if not [x for x in json.loads(o) if x.get("kind") == "htb" and x.get("root")]:
+                    return False
+                continue
             q = [x for x in json.loads(o) if x.get("kind") == "tbf" and x.get("root")]
             if not q:
                 return False

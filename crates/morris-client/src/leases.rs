@@ -391,18 +391,35 @@ impl Leases {
             self.acquiring[(h.id as usize) % ACQUIRE_SHARDS].lock(),
         )
         .await;
-        // Someone else may have taken it while we waited.
+        // Someone else may have taken it while we waited. Nothing here may
+        // wait for a give-back while holding the shard lock: the shard is
+        // shared with other inodes, and a request of this client that holds
+        // a use of the inode being given back (a directory) may be waiting
+        // for this very shard to acquire another one (a child whose id falls
+        // in it) — the give-back would wait for that use, the use for the
+        // shard, the shard for the give-back (the checker saw the NFS
+        // gateway wedged this way). So: take a use only if one is free at
+        // once, and otherwise let go of the shard and start again.
         let cached = self.map.lock().get(&h.id).cloned();
         if let Some(e) = cached {
             if self.usable(&e, want) {
-                let g = e.uses.clone().read_owned().await;
-                if self.usable(&e, want) {
-                    return Ok(Some(LeaseGuard { entry: e, _use: g }));
+                if let Ok(g) = e.uses.clone().try_read_owned() {
+                    if self.usable(&e, want) {
+                        return Ok(Some(LeaseGuard { entry: e, _use: g }));
+                    }
                 }
+                drop(_serial);
+                return Ok(None);
             }
             let recalled = e.state.lock().recalled;
             if recalled {
-                e.wait_gone().await;
+                drop(_serial);
+                crate::slow::watch(
+                    || format!("the give-back of the lease on {}", h.id),
+                    e.wait_gone(),
+                )
+                .await;
+                return Ok(None);
             }
         }
         let range = self.layout.inode_server(h.id);
@@ -857,3 +874,7 @@ impl Leases {
             .collect()
     }
 }
+
+#[cfg(test)]
+#[path = "leases_tests.rs"]
+mod tests;
