@@ -84,13 +84,17 @@ impl ReadAhead {
     /// not queue for seconds behind prefetched data (at 4 MiB/s a 64 MiB
     /// window is 16 s of queue, longer than a lease). Unlimited (`max`)
     /// once the stream is fast enough.
-    fn window_cap(&self, unit: u64, max: u64) -> u64 {
+    /// `floor` units at least (two; for a cached file two per server, since
+    /// its first reads each wait for a fetch from home and would otherwise
+    /// hold the window small while the rate is being learnt).
+    fn window_cap(&self, unit: u64, max: u64, floor: u64) -> u64 {
+        let least = floor.max(2) * unit;
         let Some(start) = self.stream_start else {
-            return 2 * unit;
+            return least;
         };
         let secs = start.elapsed().as_secs_f64().max(0.25);
         let cap = (self.stream_bytes as f64 / secs * RA_QUEUE.as_secs_f64()) as u64;
-        cap.clamp(2 * unit, max.max(2 * unit))
+        cap.clamp(least, max.max(least))
     }
 }
 
@@ -337,7 +341,12 @@ impl Client {
                     ra.stream_start = Some(std::time::Instant::now());
                 }
                 ra.stream_bytes += end - offset;
-                let cap = ra.window_cap(unit, self.config.readahead_max);
+                let floor = if src.home.is_some() {
+                    2 * u64::from(self.layout.servers)
+                } else {
+                    2
+                };
+                let cap = ra.window_cap(unit, self.config.readahead_max, floor);
                 ra.window = (ra.window * 2).clamp(2 * unit, cap);
                 ra.next = ra.next.max(end);
             } else {
@@ -674,17 +683,18 @@ mod tests {
     #[test]
     fn window_follows_the_streams_rate() {
         let mut ra = ReadAhead::default();
-        assert_eq!(ra.window_cap(MIB, 64 * MIB), 2 * MIB, "no stream yet");
+        assert_eq!(ra.window_cap(MIB, 64 * MIB, 2), 2 * MIB, "no stream yet");
         // 8 MiB delivered in 2 s: 4 MiB/s, so about 4 MiB in flight.
         ra.stream_start = Instant::now().checked_sub(Duration::from_secs(2));
         ra.stream_bytes = 8 * MIB;
-        let cap = ra.window_cap(MIB, 64 * MIB);
+        let cap = ra.window_cap(MIB, 64 * MIB, 2);
         assert!((3 * MIB..=4 * MIB).contains(&cap), "{cap}");
         // A fast stream is held only by the configured maximum.
         ra.stream_bytes = 4096 * MIB;
-        assert_eq!(ra.window_cap(MIB, 64 * MIB), 64 * MIB);
-        // Never below two units.
+        assert_eq!(ra.window_cap(MIB, 64 * MIB, 2), 64 * MIB);
+        // Never below two units, or the floor asked for (a cached file).
         ra.stream_bytes = 1;
-        assert_eq!(ra.window_cap(MIB, 64 * MIB), 2 * MIB);
+        assert_eq!(ra.window_cap(MIB, 64 * MIB, 2), 2 * MIB);
+        assert_eq!(ra.window_cap(MIB, 64 * MIB, 8), 8 * MIB);
     }
 }
