@@ -40,10 +40,13 @@ Topology (network namespaces + tbf on veths, as bench/cluster; prefix cb-, subne
     Also per k and run, "duplex TCP": the miss's traffic without morris -- k bulk TCP streams
     home -> server and k server -> client at once (each server link full in both directions),
     4 s each; the MiB/s the server -> client streams deliver is printed beside the miss. With
-    tbf's FIFO queues a link full both ways can starve one direction's ACK clock (seen while
-    writing this: server -> client at 13-90 Mbit/s of 191 in some runs while home -> server ran
-    at 191, in others both at 191): the column shows whether the emulated network itself carried
-    the miss's pattern in that run (--tbf-latency-ms sets the queue; 50 is bench/cluster's).
+    plain tbf FIFO queues a link full both ways starves one direction's ACK clock (the ACKs of
+    home -> server wait behind 50 ms of server -> client data: server -> client at 13-90 Mbit/s
+    of 191 in some runs), which a real NIC's short queue does not do; so by default every link
+    gets htb with pure ACKs (packets under 128 bytes) in a class of their own ahead of the data
+    (bench/cluster/hosts.py Cluster(ack_prio=True); this kernel has no prio or fq_codel qdisc),
+    and the column shows 191 both ways. --no-ack-prio gives the plain FIFOs back
+    (--tbf-latency-ms sets the queue; 50 is bench/cluster's).
     Goals: miss >= 0.95 x min(direct, k x server link goodput); hit >= 0.95 x plain.
     (Panache, Table 1: 1.456 vs 1.776 Gb/s direct with 2 gateway nodes, 1.952 vs 2.552 with 3:
     a miss at 0.76-0.82x direct.)

@@ -34,11 +34,15 @@ const LIST_LIMIT: Duration = Duration::from_secs(3600);
 /// What this client knows of bindings and validations.
 #[derive(Default)]
 pub(crate) struct CacheView {
-    /// Bindings' settings, by bound directory.
-    specs: parking_lot::Mutex<HashMap<FileId, Binding>>,
+    /// Bindings' settings, by bound directory, and when they were read.
+    specs: parking_lot::Mutex<HashMap<FileId, (Binding, Instant)>>,
     /// When this client last had each cached object compared with home.
     validated: parking_lot::Mutex<HashMap<FileId, Instant>>,
 }
+
+/// How long a binding's settings are used before they are read again (a
+/// directory unbound and bound again elsewhere by another client).
+const SPEC_FOR: Duration = Duration::from_secs(30);
 
 /// Most validation times kept before the old ones are dropped.
 const VALIDATED_KEEP: usize = 100_000;
@@ -47,8 +51,10 @@ impl Client {
     /// The settings of the binding rooted at `binding` (read once from the
     /// bound directory's inode).
     pub(crate) async fn binding_spec(&self, binding: FileId) -> Result<Binding> {
-        if let Some(b) = self.cache.specs.lock().get(&binding) {
-            return Ok(b.clone());
+        if let Some((b, at)) = self.cache.specs.lock().get(&binding) {
+            if at.elapsed() < SPEC_FOR {
+                return Ok(b.clone());
+            }
         }
         let r = self
             .call_owner(binding, Request::GetInode { ino: binding })
@@ -59,7 +65,10 @@ impl Client {
         let spec = i.home.and_then(|l| l.bound).ok_or_else(|| {
             Error::new(ErrorCode::Io, format!("{binding} is not bound to a home"))
         })?;
-        self.cache.specs.lock().insert(binding, spec.clone());
+        self.cache
+            .specs
+            .lock()
+            .insert(binding, (spec.clone(), Instant::now()));
         Ok(spec)
     }
 
@@ -376,7 +385,10 @@ impl Client {
         let Reply::Inode(i) = r else {
             return Err(unexpected(&r));
         };
-        self.cache.specs.lock().insert(dir, binding);
+        self.cache
+            .specs
+            .lock()
+            .insert(dir, (binding, Instant::now()));
         self.open_home_everywhere(dir).await?;
         self.leases.attr_changed(dir);
         Ok(i)

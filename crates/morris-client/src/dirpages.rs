@@ -15,7 +15,7 @@ use morris_proto::{DirEntry, FileId};
 use parking_lot::Mutex;
 
 /// Entries asked of the server per listing request.
-pub(crate) const PAGE: u32 = 2048;
+pub(crate) const PAGE: u32 = 4096;
 /// Directories whose next page is kept at most.
 const KEEP: usize = 256;
 

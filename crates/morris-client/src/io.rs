@@ -84,7 +84,7 @@ impl ReadAhead {
     /// not queue for seconds behind prefetched data (at 4 MiB/s a 64 MiB
     /// window is 16 s of queue, longer than a lease). Unlimited (`max`)
     /// once the stream is fast enough.
-    /// `floor` units at least (two; for a cached file two per server, since
+    /// `floor` units at least (two; for a cached file four per server, since
     /// its first reads each wait for a fetch from home and would otherwise
     /// hold the window small while the rate is being learnt).
     fn window_cap(&self, unit: u64, max: u64, floor: u64) -> u64 {
@@ -342,7 +342,7 @@ impl Client {
                 }
                 ra.stream_bytes += end - offset;
                 let floor = if src.home.is_some() {
-                    2 * u64::from(self.layout.servers)
+                    4 * u64::from(self.layout.servers)
                 } else {
                     2
                 };

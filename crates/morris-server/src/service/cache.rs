@@ -44,6 +44,8 @@ const LIST_PAGE: usize = 1000;
 const FILL_BATCH: usize = 10_000;
 /// How long a `HomeList` waits for the listing before answering "not yet".
 const LIST_WAIT: Duration = Duration::from_secs(5);
+/// Units one server fetches from home at once (all bindings).
+const UNIT_FETCHES: usize = 3;
 /// Units one server fetches at once in the background (prefetch of the rest
 /// of a file read sequentially), so that foreground misses keep most of
 /// the link.
@@ -226,7 +228,14 @@ pub(crate) struct CacheState {
     prefetching: Mutex<std::collections::HashSet<(FileId, u8)>>,
     /// Background unit fetches in flight.
     background: Arc<tokio::sync::Semaphore>,
+    /// This server's own changes, one at a time per inode (sharded).
+    own: Vec<Arc<tokio::sync::Mutex<()>>>,
+    /// Unit fetches from home in flight on this server.
+    fetching: tokio::sync::Semaphore,
 }
+
+/// Shards of [`CacheState::own`].
+const OWN_SHARDS: usize = 64;
 
 impl Default for CacheState {
     fn default() -> Self {
@@ -238,6 +247,10 @@ impl Default for CacheState {
             touched: Mutex::default(),
             prefetching: Mutex::default(),
             background: Arc::new(tokio::sync::Semaphore::new(BACKGROUND_FETCHES)),
+            own: (0..OWN_SHARDS)
+                .map(|_| Arc::new(tokio::sync::Mutex::new(())))
+                .collect(),
+            fetching: tokio::sync::Semaphore::new(UNIT_FETCHES),
         }
     }
 }
@@ -338,6 +351,10 @@ fn link_of(ino: &Inode) -> Result<&HomeLink, WireError> {
 struct OwnLease<'a> {
     server: &'a Server,
     ino: FileId,
+    /// One change of this server's at a time per inode: the lease table
+    /// counts one holder (client 0), so a second change must not start
+    /// under the first one's lease and outlive its release.
+    _one: tokio::sync::OwnedMutexGuard<()>,
 }
 
 impl Drop for OwnLease<'_> {
@@ -350,9 +367,17 @@ impl Server {
     /// Takes this server's own write lease on `ino` (every client's lease
     /// on it is recalled first), for a change found at home.
     async fn own_write_lease(&self, ino: FileId) -> Result<OwnLease<'_>, WireError> {
+        let one = self.cache.own[(ino % OWN_SHARDS as u64) as usize]
+            .clone()
+            .lock_owned()
+            .await;
         self.lease(SERVER_CLIENT, SERVER_CONN, ino, LeaseMode::Write)
             .await?;
-        Ok(OwnLease { server: self, ino })
+        Ok(OwnLease {
+            server: self,
+            ino,
+            _one: one,
+        })
     }
 
     /// The binding rooted at `binding`; `UnknownBinding` if no client has
@@ -651,19 +676,24 @@ impl Server {
                     let mut added = 0;
                     let mut batch: Vec<Seed> = Vec::new();
                     while let Some(msg) = rx.blocking_recv() {
-                        match msg {
-                            Some(page) => {
-                                batch.extend(page);
-                                if batch.len() >= FILL_BATCH {
-                                    added += filling.fill(dir, &batch, false)?;
-                                    batch.clear();
-                                }
+                        // Everything that has come meanwhile goes into one
+                        // transaction (up to FILL_BATCH names): while home is
+                        // faster than the store the batches grow, while it
+                        // is slower each page is stored as it comes.
+                        let mut done = msg.is_none();
+                        batch.extend(msg.unwrap_or_default());
+                        while !done && batch.len() < FILL_BATCH {
+                            match rx.try_recv() {
+                                Ok(Some(page)) => batch.extend(page),
+                                Ok(None) => done = true,
+                                Err(_) => break,
                             }
-                            // The listing is whole: the rest, and `listed`.
-                            None => {
-                                added += filling.fill(dir, &batch, true)?;
-                                return Ok(added);
-                            }
+                        }
+                        added += filling.fill(dir, &batch, done)?;
+                        batch.clear();
+                        if done {
+                            // The listing is whole, and marked `listed`.
+                            return Ok(added);
                         }
                     }
                     // Stopped short: what came is kept, not marked listed.
@@ -782,6 +812,12 @@ impl Server {
         }
         debug!(id = h.id, "changed at home");
         let _own = self.own_write_lease(h.id).await?;
+        // Another revalidation may have taken this very change meanwhile.
+        let ino = metadata(|| store.get_handle(h))?;
+        if ino.home.as_ref().is_some_and(|l| l.seen == stamp_of(&now)) {
+            self.cache.checked.lock().insert(h.id, started);
+            return Ok(ino);
+        }
         let attr = attr_of(&now);
         let out = if ino.attr.kind == FileKind::Dir && now.kind == HomeKind::Dir {
             let mut seeds = Vec::new();
@@ -969,6 +1005,16 @@ impl Server {
         let end = r.size.min(start.saturating_add(unit));
         let want = end.saturating_sub(start);
         let home = b.home().await?;
+        // A few units at a time, first come first served: the units a
+        // reader asked for first arrive first (eight fetched at once would
+        // share this server's link and all arrive late), and a few in
+        // flight keep the link busy across home's round trips.
+        let _turn = self
+            .cache
+            .fetching
+            .acquire()
+            .await
+            .map_err(|_| err(ErrorCode::Unavailable, "server is stopping"))?;
         let t0 = Instant::now();
         let mut data = bytes::BytesMut::with_capacity(want as usize);
         let hh = HomeHandle(r.handle.clone());
