@@ -657,14 +657,7 @@ impl Store {
                 )
                 .map_err(db_err)?;
             let rows = st
-                .query_map(params![i64::from(max)], |r| {
-                    Ok(Evictable {
-                        id: super::from_sql_id(r.get(0)?),
-                        copy: u8::try_from(r.get::<_, i64>(1)?).unwrap_or(0),
-                        block: super::from_sql_id(r.get(2)?),
-                        bytes: u64::try_from(r.get::<_, i64>(3)?).unwrap_or(0),
-                    })
-                })
+                .query_map(params![i64::from(max)], unit_row)
                 .map_err(db_err)?;
             rows.collect::<Result<Vec<_>, _>>().map_err(db_err)
         })
@@ -677,14 +670,7 @@ impl Store {
                 .prepare_cached("SELECT id, copy, block, bytes FROM cache_units WHERE id = ?1")
                 .map_err(db_err)?;
             let rows = st
-                .query_map(params![sql_id(id)], |r| {
-                    Ok(Evictable {
-                        id: super::from_sql_id(r.get(0)?),
-                        copy: u8::try_from(r.get::<_, i64>(1)?).unwrap_or(0),
-                        block: super::from_sql_id(r.get(2)?),
-                        bytes: u64::try_from(r.get::<_, i64>(3)?).unwrap_or(0),
-                    })
-                })
+                .query_map(params![sql_id(id)], unit_row)
                 .map_err(db_err)?;
             rows.collect::<Result<Vec<_>, _>>().map_err(db_err)
         })
@@ -699,6 +685,16 @@ impl Store {
             Ok(())
         })
     }
+}
+
+/// A `cache_units` row read as (id, copy, block, bytes).
+fn unit_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Evictable> {
+    Ok(Evictable {
+        id: super::from_sql_id(r.get(0)?),
+        copy: u8::try_from(r.get::<_, i64>(1)?).unwrap_or(0),
+        block: super::from_sql_id(r.get(2)?),
+        bytes: u64::try_from(r.get::<_, i64>(3)?).unwrap_or(0),
+    })
 }
 
 /// Adds entry `s.name` → `s.inode` to `dir` with its seed.
