@@ -170,8 +170,36 @@ pub struct ClientStats {
 /// its lookup; the reaper removes a nameless file a second after its
 /// last name, so this rarely matters beyond that.
 const LOOKED_UP_FOR: std::time::Duration = std::time::Duration::from_secs(5);
-/// Recent lookups kept before old ones are pruned.
-const LOOKED_UP_KEEP: usize = 4096;
+/// Files looked up in the last [`LOOKED_UP_FOR`] or two: the current
+/// period's and the previous one's, the older dropped whole when a period
+/// ends (no scan per lookup, whatever the rate).
+#[derive(Default)]
+pub(crate) struct RecentLookups {
+    current: HashMap<Handle, std::time::Instant>,
+    previous: HashMap<Handle, std::time::Instant>,
+    since: Option<std::time::Instant>,
+}
+
+impl RecentLookups {
+    fn insert(&mut self, h: Handle) {
+        let now = std::time::Instant::now();
+        match self.since {
+            Some(t) if now.duration_since(t) < LOOKED_UP_FOR => {}
+            _ => {
+                self.previous = std::mem::take(&mut self.current);
+                self.since = Some(now);
+            }
+        }
+        self.current.insert(h, now);
+    }
+
+    fn recent(&self, h: Handle) -> bool {
+        self.current
+            .get(&h)
+            .or_else(|| self.previous.get(&h))
+            .is_some_and(|t| t.elapsed() < LOOKED_UP_FOR)
+    }
+}
 
 /// A connection to a volume; one per mount or gateway. Cheap to share (`Arc`).
 pub struct Client {
@@ -189,7 +217,7 @@ pub struct Client {
     /// Files a front end looked up a moment ago, and when: an `open()`
     /// that follows such a lookup may open the file even if another
     /// mount has removed its name since (`Client::opened_by_name`).
-    pub(crate) looked_up: Mutex<HashMap<Handle, std::time::Instant>>,
+    pub(crate) looked_up: Mutex<RecentLookups>,
     /// This client, for the tasks it starts.
     pub(crate) me: OnceLock<Weak<Client>>,
     /// Cache mode: bindings' settings, validation times (`cache.rs`).
@@ -247,7 +275,7 @@ impl Client {
             next_fh: AtomicU64::new(1),
             opens,
             reaps: Mutex::new(HashSet::new()),
-            looked_up: Mutex::new(HashMap::new()),
+            looked_up: Mutex::new(RecentLookups::default()),
             me: OnceLock::new(),
             cache: cache::CacheView::default(),
             dir_locks: dirlock::DirLocks::new(),
@@ -386,12 +414,7 @@ impl Client {
         let i = self.do_lookup(dir, name).await?;
         let i = self.after_find(i).await?;
         if i.attr.kind == morris_proto::FileKind::File {
-            let now = std::time::Instant::now();
-            let mut seen = self.looked_up.lock();
-            if seen.len() >= LOOKED_UP_KEEP {
-                seen.retain(|_, t| now.duration_since(*t) < LOOKED_UP_FOR);
-            }
-            seen.insert(i.handle(), now);
+            self.looked_up.lock().insert(i.handle());
         }
         Ok(i)
     }
@@ -405,10 +428,7 @@ impl Client {
     /// the kernel retries only once, so a name removed and made again in
     /// a loop could make `open()` fail.
     pub(crate) fn opened_by_name(&self, h: Handle) -> bool {
-        self.looked_up
-            .lock()
-            .get(&h)
-            .is_some_and(|t| t.elapsed() < LOOKED_UP_FOR)
+        self.looked_up.lock().recent(h)
     }
 
     /// Checks `mask` (R_OK=4, W_OK=2, X_OK=1) for `caller` on `id`.

@@ -44,6 +44,8 @@ const LIST_PAGE: usize = 1000;
 const FILL_BATCH: usize = 10_000;
 /// How long a `HomeList` waits for the listing before answering "not yet".
 const LIST_WAIT: Duration = Duration::from_secs(5);
+/// Most comparison times kept in memory (see `mark_checked`).
+const CHECKED_KEEP: usize = 1_000_000;
 /// Units one server fetches from home at once (all bindings).
 const UNIT_FETCHES: usize = 3;
 /// Units one server fetches at once in the background (prefetch of the rest
@@ -447,7 +449,7 @@ impl Server {
         let _own = self.own_write_lease(dir.id).await?;
         let ino = metadata(|| store.bind(dir, &link))?;
         self.cache.bound.lock().insert(dir.id, b);
-        self.cache.checked.lock().insert(dir.id, Instant::now());
+        self.mark_checked(dir.id, Instant::now());
         info!(dir = dir.id, url = %spec.url, "bound to a home");
         Ok(ino)
     }
@@ -807,7 +809,7 @@ impl Server {
         };
         b.ok();
         if stamp_of(&now) == link.seen && ino.attr.kind == kind_of(now.kind) {
-            self.cache.checked.lock().insert(h.id, started);
+            self.mark_checked(h.id, started);
             return Ok(ino);
         }
         debug!(id = h.id, "changed at home");
@@ -815,7 +817,7 @@ impl Server {
         // Another revalidation may have taken this very change meanwhile.
         let ino = metadata(|| store.get_handle(h))?;
         if ino.home.as_ref().is_some_and(|l| l.seen == stamp_of(&now)) {
-            self.cache.checked.lock().insert(h.id, started);
+            self.mark_checked(h.id, started);
             return Ok(ino);
         }
         let attr = attr_of(&now);
@@ -846,8 +848,19 @@ impl Server {
                 "the object changed kind at home: look its name up again",
             ));
         };
-        self.cache.checked.lock().insert(h.id, started);
+        self.mark_checked(h.id, started);
         Ok(out)
+    }
+
+    /// Records that `id` was compared with home at `at` (the record of
+    /// all objects is dropped whole past [`CHECKED_KEEP`]: they are then
+    /// simply compared again at their next use).
+    fn mark_checked(&self, id: FileId, at: Instant) {
+        let mut c = self.cache.checked.lock();
+        if c.len() >= CHECKED_KEEP {
+            c.clear();
+        }
+        c.insert(id, at);
     }
 
     /// Makes sure this server holds unit (`id`, copy `replica`, block
