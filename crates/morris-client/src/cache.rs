@@ -4,7 +4,9 @@
 //!
 //! * before looking a name up in a cached directory that is not listed
 //!   whole, `HomeLookup` at the directory's owner (which asks home if it
-//!   lacks the name); before listing one, `HomeList` until it is listed;
+//!   lacks the name); before listing one, `HomeList`, which starts the
+//!   owner's listing from home (the listing's pages then wait at the owner
+//!   for the names still to come);
 //! * a name whose object has no inode yet (a placeholder) is made real
 //!   with its seed (`Seed` at the directory's owner, `CreateCached` at the
 //!   object's owner) the first time it is looked up;
@@ -27,9 +29,6 @@ use morris_proto::{ErrorCode, FileId, Handle, Inode, Reply, Request};
 use crate::leases::Mode;
 use crate::pool::unexpected;
 use crate::{Client, Error, Result};
-
-/// Longest a client waits for a directory to be listed from home.
-const LIST_LIMIT: Duration = Duration::from_secs(3600);
 
 /// What this client knows of bindings and validations.
 #[derive(Default)]
@@ -230,27 +229,20 @@ impl Client {
         if link.listed {
             return Ok(());
         }
-        let deadline = Instant::now() + LIST_LIMIT;
-        loop {
-            let r = self
-                .with_binding(link.binding, || {
-                    self.call_owner(dir, Request::HomeList { dir: h })
-                })
-                .await?;
-            match r {
-                Reply::Listed { done: true } => break,
-                Reply::Listed { done: false } if Instant::now() < deadline => continue,
-                Reply::Listed { done: false } => {
-                    return Err(Error::new(
-                        ErrorCode::Io,
-                        "listing from home takes too long",
-                    ))
-                }
-                other => return Err(unexpected(&other)),
-            }
+        // The owner lists it from home; until every name is there, the
+        // owner's pages of it wait for the names still to come, so the
+        // listing goes on while the directory fills.
+        let r = self
+            .with_binding(link.binding, || {
+                self.call_owner(dir, Request::HomeList { dir: h })
+            })
+            .await?;
+        match r {
+            // Listed: the directory inode we cached says otherwise.
+            Reply::Listed { done: true } => self.leases.attr_changed(dir),
+            Reply::Listed { done: false } => {}
+            other => return Err(unexpected(&other)),
         }
-        // Listed: the directory inode we cached says otherwise.
-        self.leases.attr_changed(dir);
         Ok(())
     }
 

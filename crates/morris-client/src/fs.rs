@@ -975,18 +975,26 @@ impl Client {
         {
             return Ok(page);
         }
-        let r = self
-            .call_owner(
-                g.entry.id,
-                Request::ReadDir {
-                    dir: g.handle(),
-                    cookie,
-                    max: max.max(crate::dirpages::PAGE),
-                },
-            )
-            .await?;
-        let Reply::Entries { entries, eof } = r else {
-            return Err(unexpected(&r));
+        // A directory being listed from home answers an empty page that is
+        // not the end while no new name has come for a while: ask again.
+        let (entries, eof) = loop {
+            let r = self
+                .call_owner(
+                    g.entry.id,
+                    Request::ReadDir {
+                        dir: g.handle(),
+                        cookie,
+                        max: max.max(crate::dirpages::PAGE),
+                    },
+                )
+                .await?;
+            match r {
+                Reply::Entries { entries, eof } if !entries.is_empty() || eof => {
+                    break (entries, eof)
+                }
+                Reply::Entries { .. } => continue,
+                other => return Err(unexpected(&other)),
+            }
         };
         for e in &entries {
             self.leases.learn(e.child);

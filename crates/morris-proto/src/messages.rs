@@ -161,6 +161,9 @@ pub enum Request {
     },
     /// Lists entries with cookie > `cookie`, in cookie order, at most `max`;
     /// takes the read lease on the directory implicitly. [`Reply::Entries`].
+    /// In a cached directory still being listed from home, the end so far
+    /// waits for more names; an empty page that is not the end means none
+    /// came for a while (ask again).
     ReadDir {
         /// The directory.
         dir: Handle,
@@ -474,8 +477,9 @@ pub enum Request {
     },
     /// Brings every entry of the cached directory `dir` from home (at its
     /// owner), so that it is listed whole. Answers [`Reply::Listed`] once
-    /// done, or after a few seconds with `done: false` (the listing goes
-    /// on; ask again).
+    /// done, or with `done: false` once the first names are stored (or
+    /// after a few seconds): the listing goes on, and `ReadDir` of the
+    /// directory waits for the names still to come.
     HomeList {
         /// The directory.
         dir: Handle,

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use morris_proto::messages::LeaseMode;
@@ -32,6 +32,10 @@ mod peer;
 mod stats;
 
 /// Every request name, in a fixed order, for the per-request counters.
+/// Longest a `ReadDir` waits for names of a directory being listed from
+/// home before answering an empty page that is not the end.
+const LIST_PAGE_WAIT: Duration = Duration::from_secs(2);
+
 const OPS: [&str; 49] = [
     "Hello",
     "Format",
@@ -1139,11 +1143,18 @@ impl Server {
             }
             Request::ReadDir { dir, cookie, max } => {
                 Self::check_owner(vol, dir.id)?;
-                self.leased(client, conn_id, dir, LeaseMode::Read, move || {
-                    store.read_dir(dir, cookie, max)
-                })
-                .await
-                .map(|(entries, eof)| Reply::Entries { entries, eof })
+                let filling = self.fill_progress(dir.id);
+                let st = store.clone();
+                let page = self
+                    .leased(client, conn_id, dir, LeaseMode::Read, move || {
+                        st.read_dir_page(dir, cookie, max)
+                    })
+                    .await?;
+                // Well within the client's patience for an answer.
+                let wait = Duration::from_millis(u64::from(self.lease_ms)).min(LIST_PAGE_WAIT);
+                self.read_dir_filling(store, dir, (cookie, max), page, filling, wait)
+                    .await
+                    .map(|(entries, eof)| Reply::Entries { entries, eof })
             }
             Request::Link {
                 dir,

@@ -338,6 +338,17 @@ pub struct Store {
     ops_stored: AtomicU64,
 }
 
+/// A page of a directory listing ([`Store::read_dir_page`]).
+#[derive(Debug)]
+pub struct DirPage {
+    /// The entries, in cookie order.
+    pub entries: Vec<DirEntry>,
+    /// No entry follows the last one.
+    pub eof: bool,
+    /// The directory is cached and not yet listed whole from home.
+    pub unlisted: bool,
+}
+
 impl Store {
     /// Opens (creating if needed) the database at `path`.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
@@ -777,16 +788,25 @@ impl Store {
 
     /// Lists entries of `dir` with cookie > `cookie`; returns them and whether
     /// the listing is complete.
+    #[cfg(test)]
     pub fn read_dir(
         &self,
         dir: Handle,
         cookie: u64,
         max: u32,
     ) -> Result<(Vec<DirEntry>, bool), WireError> {
+        self.read_dir_page(dir, cookie, max)
+            .map(|p| (p.entries, p.eof))
+    }
+
+    /// [`Store::read_dir`], saying also whether `dir` is a cached directory
+    /// not yet listed whole from home (its end so far is not its end).
+    pub fn read_dir_page(&self, dir: Handle, cookie: u64, max: u32) -> Result<DirPage, WireError> {
         let max = max.clamp(1, MAX_PAGE);
         self.with_reader(|c| {
             let tx = c.unchecked_transaction().map_err(db_err)?;
-            check_dir(check_handle(dir, load_inode(&tx, dir.id)?)?)?;
+            let d = check_dir(check_handle(dir, load_inode(&tx, dir.id)?)?)?;
+            let unlisted = d.home.as_ref().is_some_and(|l| !l.listed);
             let mut stmt = tx
                 .prepare_cached(
                     "SELECT name, cookie, child, gen, kind FROM entries
@@ -813,7 +833,11 @@ impl Store {
             }
             drop(stmt);
             tx.finish().map_err(db_err)?;
-            Ok((out, eof))
+            Ok(DirPage {
+                entries: out,
+                eof,
+                unlisted,
+            })
         })
     }
 

@@ -32,7 +32,7 @@ use tracing::{debug, info, warn};
 
 use super::{blocking, err, metadata, Server};
 use crate::leases::ClientId;
-use crate::store::{Formatted, Seed, Store};
+use crate::store::{DirPage, Formatted, Seed, Store};
 
 /// The lease-table client id of this server's own changes to cached objects.
 const SERVER_CLIENT: ClientId = 0;
@@ -215,6 +215,18 @@ type UnitKey = (FileId, u8, u64);
 /// A directory's listing from home: its outcome once done.
 type ListSlot = tokio::sync::Mutex<Option<Result<(), WireError>>>;
 
+/// How far a directory's listing from home has come, for the listings of
+/// it that go on meanwhile ([`Server::read_dir_filling`]).
+#[derive(Clone, Debug)]
+pub(crate) enum Fill {
+    /// Names stored so far by this server's listing from home.
+    Going(usize),
+    /// Every name is stored and the directory marked listed.
+    Done,
+    /// The listing stopped short.
+    Failed(WireError),
+}
+
 /// What this server keeps for cache mode.
 pub(crate) struct CacheState {
     bound: Mutex<HashMap<FileId, Arc<Bound>>>,
@@ -222,6 +234,8 @@ pub(crate) struct CacheState {
     units: Mutex<HashMap<UnitKey, Arc<tokio::sync::Mutex<()>>>>,
     /// One listing at a time per directory, and its outcome.
     lists: Mutex<HashMap<FileId, Arc<ListSlot>>>,
+    /// The progress of the listings from home under way.
+    fills: Mutex<HashMap<FileId, Arc<tokio::sync::watch::Sender<Fill>>>>,
     /// When each object was last compared with home here.
     checked: Mutex<HashMap<FileId, Instant>>,
     /// Units read since the last flush of their use times.
@@ -245,6 +259,7 @@ impl Default for CacheState {
             bound: Mutex::default(),
             units: Mutex::default(),
             lists: Mutex::default(),
+            fills: Mutex::default(),
             checked: Mutex::default(),
             touched: Mutex::default(),
             prefetching: Mutex::default(),
@@ -633,7 +648,10 @@ impl Server {
     }
 
     /// `HomeList`: fills directory `dir` with every name home has, once
-    /// (later callers wait for the first); answers within [`LIST_WAIT`].
+    /// (later callers wait for the first). Answers `true` once every name
+    /// is stored, `false` as soon as the first ones are (or after
+    /// [`LIST_WAIT`]): listings of `dir` go on meanwhile, each page waiting
+    /// for names still to come ([`Server::read_dir_filling`]).
     pub(super) async fn home_list(
         &self,
         store: Arc<Store>,
@@ -655,100 +673,200 @@ impl Server {
             .entry(dir.id)
             .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(None)))
             .clone();
+        let progress = self
+            .cache
+            .fills
+            .lock()
+            .entry(dir.id)
+            .or_insert_with(|| Arc::new(tokio::sync::watch::channel(Fill::Going(0)).0))
+            .clone();
+        let mut watch = progress.subscribe();
         let Some(me) = self.this.get().and_then(std::sync::Weak::upgrade) else {
             return Err(err(ErrorCode::Unavailable, "server is stopping"));
         };
         // The listing runs in its own task, so a caller that gives up does
-        // not stop it; callers wait for it at most LIST_WAIT.
-        let task = {
-            let slot = slot.clone();
-            tokio::spawn(async move {
-                let mut g = slot.lock().await;
-                if let Some(Ok(())) = &*g {
-                    return Ok(());
+        // not stop it.
+        let task = tokio::spawn(async move {
+            let mut g = slot.lock().await;
+            let r = match &*g {
+                Some(Ok(())) => Ok(()),
+                _ => me.fill_from_home(&b, &link, store, dir, &progress).await,
+            };
+            // Whoever follows the listing learns how it ended; the next
+            // `HomeList` after a failure starts a new one.
+            progress.send_replace(match &r {
+                Ok(()) => Fill::Done,
+                Err(e) => Fill::Failed(e.clone()),
+            });
+            {
+                let mut fills = me.cache.fills.lock();
+                if fills
+                    .get(&dir.id)
+                    .is_some_and(|p| Arc::ptr_eq(p, &progress))
+                {
+                    fills.remove(&dir.id);
                 }
-                let started = Instant::now();
-                // Home's pages are stored by a blocking task of their own,
-                // in batches of FILL_BATCH names, while the next pages are
-                // fetched: the store's cost is mostly per transaction
-                // (WAL frames of the pages it touches), not per name.
-                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Option<Vec<Seed>>>();
-                let filling = store.clone();
-                let filler = tokio::task::spawn_blocking(move || {
-                    let mut added = 0;
-                    let mut batch: Vec<Seed> = Vec::new();
-                    while let Some(msg) = rx.blocking_recv() {
-                        // Everything that has come meanwhile goes into one
-                        // transaction (up to FILL_BATCH names): while home is
-                        // faster than the store the batches grow, while it
-                        // is slower each page is stored as it comes.
-                        let mut done = msg.is_none();
-                        batch.extend(msg.unwrap_or_default());
-                        while !done && batch.len() < FILL_BATCH {
-                            match rx.try_recv() {
-                                Ok(Some(page)) => batch.extend(page),
-                                Ok(None) => done = true,
-                                Err(_) => break,
-                            }
-                        }
-                        added += filling.fill(dir, &batch, done)?;
-                        batch.clear();
-                        if done {
-                            // The listing is whole, and marked `listed`.
-                            return Ok(added);
-                        }
-                    }
-                    // Stopped short: what came is kept, not marked listed.
-                    filling.fill(dir, &batch, false)?;
-                    Err(err(
-                        ErrorCode::Io,
-                        format!("listing from home stopped short ({added} names stored)"),
-                    ))
-                });
-                let listed = me
-                    .list_home(&b, link.binding, dir.id, &link.handle, |seeds| {
-                        tx.send(Some(seeds))
-                            .map_err(|_| err(ErrorCode::Io, "storing the listing failed"))
-                    })
-                    .await
-                    .and_then(|()| {
-                        tx.send(None)
-                            .map_err(|_| err(ErrorCode::Io, "storing the listing failed"))
-                    });
-                drop(tx);
-                let stored = match filler.await {
-                    Ok(r) => r,
-                    Err(e) => Err(err(
-                        ErrorCode::Io,
-                        format!("listing store task failed: {e}"),
-                    )),
-                };
-                let (r, added) = match (listed, stored) {
-                    (Ok(()), Ok(n)) => (Ok(()), n),
-                    (Err(e), _) | (Ok(()), Err(e)) => (Err(e), 0),
-                };
-                match &r {
-                    Ok(()) => info!(
-                        dir = dir.id,
-                        added,
-                        ms = started.elapsed().as_millis() as u64,
-                        "listed from home"
-                    ),
-                    Err(e) => warn!(dir = dir.id, error = %e, "listing from home failed"),
-                }
-                // A failure is not kept: the next caller tries again.
-                *g = r.as_ref().ok().map(|()| Ok(()));
-                r
-            })
-        };
-        match tokio::time::timeout(LIST_WAIT, task).await {
-            Ok(Ok(Ok(()))) => {
-                self.cache.lists.lock().remove(&dir.id);
-                Ok(true)
             }
-            Ok(Ok(Err(e))) => Err(e),
-            Ok(Err(e)) => Err(err(ErrorCode::Io, format!("listing task failed: {e}"))),
-            Err(_) => Ok(false),
+            if r.is_ok() {
+                me.cache.lists.lock().remove(&dir.id);
+            }
+            // A failure is not kept: the next caller tries again.
+            *g = r.as_ref().ok().map(|()| Ok(()));
+            r
+        });
+        let first = watch.wait_for(|f| !matches!(f, Fill::Going(0)));
+        tokio::select! {
+            r = task => match r {
+                Ok(Ok(())) => Ok(true),
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(err(ErrorCode::Io, format!("listing task failed: {e}"))),
+            },
+            f = first => match f.map(|f| f.clone()) {
+                Ok(Fill::Done) => Ok(true),
+                Ok(Fill::Failed(e)) => Err(e),
+                Ok(Fill::Going(_)) | Err(_) => Ok(false),
+            },
+            () = tokio::time::sleep(LIST_WAIT) => Ok(false),
+        }
+    }
+
+    /// Lists home directory `link` into `dir`: home's pages are stored by a
+    /// blocking task of their own while the next pages are fetched, in
+    /// batches of whatever has come meanwhile (up to [`FILL_BATCH`]
+    /// names: the store's cost is mostly per transaction), each batch
+    /// announced on `progress`.
+    async fn fill_from_home(
+        &self,
+        b: &Bound,
+        link: &HomeLink,
+        store: Arc<Store>,
+        dir: Handle,
+        progress: &Arc<tokio::sync::watch::Sender<Fill>>,
+    ) -> Result<(), WireError> {
+        let started = Instant::now();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Option<Vec<Seed>>>();
+        let announce = progress.clone();
+        let filler = tokio::task::spawn_blocking(move || {
+            let mut added = 0;
+            let mut batch: Vec<Seed> = Vec::new();
+            while let Some(msg) = rx.blocking_recv() {
+                // While home is faster than the store the batches grow,
+                // while it is slower each page is stored as it comes.
+                let mut done = msg.is_none();
+                batch.extend(msg.unwrap_or_default());
+                while !done && batch.len() < FILL_BATCH {
+                    match rx.try_recv() {
+                        Ok(Some(page)) => batch.extend(page),
+                        Ok(None) => done = true,
+                        Err(_) => break,
+                    }
+                }
+                added += store.fill(dir, &batch, done)?;
+                batch.clear();
+                if done {
+                    // The listing is whole, and marked `listed`.
+                    return Ok(added);
+                }
+                announce.send_replace(Fill::Going(added.max(1)));
+            }
+            // Stopped short: what came is kept, not marked listed.
+            store.fill(dir, &batch, false)?;
+            Err(err(
+                ErrorCode::Io,
+                format!("listing from home stopped short ({added} names stored)"),
+            ))
+        });
+        let listed = self
+            .list_home(b, link.binding, dir.id, &link.handle, |seeds| {
+                tx.send(Some(seeds))
+                    .map_err(|_| err(ErrorCode::Io, "storing the listing failed"))
+            })
+            .await
+            .and_then(|()| {
+                tx.send(None)
+                    .map_err(|_| err(ErrorCode::Io, "storing the listing failed"))
+            });
+        drop(tx);
+        let stored = match filler.await {
+            Ok(r) => r,
+            Err(e) => Err(err(
+                ErrorCode::Io,
+                format!("listing store task failed: {e}"),
+            )),
+        };
+        match (listed, stored) {
+            (Ok(()), Ok(added)) => {
+                info!(
+                    dir = dir.id,
+                    added,
+                    ms = started.elapsed().as_millis() as u64,
+                    "listed from home"
+                );
+                Ok(())
+            }
+            (Err(e), _) | (Ok(()), Err(e)) => {
+                warn!(dir = dir.id, error = %e, "listing from home failed");
+                Err(e)
+            }
+        }
+    }
+
+    /// The progress of `dir`'s listing from home, if one is under way: taken
+    /// before the first read of a `ReadDir`, so that a listing that ends
+    /// between the two is seen ended (its last names and `listed` are one
+    /// transaction).
+    pub(super) fn fill_progress(&self, dir: FileId) -> Option<tokio::sync::watch::Receiver<Fill>> {
+        self.cache.fills.lock().get(&dir).map(|p| p.subscribe())
+    }
+
+    /// The answer to a `ReadDir` of `dir` from `cookie` whose store read
+    /// gave `page`: if that is the end so far of a directory still being
+    /// listed from home, the names that come next, waiting for them (at
+    /// most `wait`: the client asks again after an empty page that is not
+    /// the end). A cached directory that is neither listed whole nor being
+    /// listed never ends: that listing fails, and the next one starts over.
+    pub(super) async fn read_dir_filling(
+        &self,
+        store: Arc<Store>,
+        dir: Handle,
+        (cookie, max): (u64, u32),
+        mut page: DirPage,
+        filling: Option<tokio::sync::watch::Receiver<Fill>>,
+        wait: Duration,
+    ) -> Result<(Vec<DirEntry>, bool), WireError> {
+        let Some(mut rx) = filling else {
+            if page.eof && page.unlisted {
+                return Err(err(
+                    ErrorCode::Io,
+                    "the listing from home did not finish; list the directory again",
+                ));
+            }
+            return Ok((page.entries, page.eof));
+        };
+        let mut done = false;
+        loop {
+            if !page.eof || !page.unlisted || !page.entries.is_empty() {
+                // A page of names, or the real end: an unlisted
+                // directory's end so far is not its end.
+                let end = page.eof && !page.unlisted;
+                return Ok((page.entries, end));
+            }
+            let state = rx.borrow_and_update().clone();
+            match state {
+                Fill::Failed(e) => return Err(e),
+                Fill::Done if done => {
+                    return Err(err(ErrorCode::Io, "listed from home, yet not whole"))
+                }
+                Fill::Done => done = true,
+                Fill::Going(_) => match tokio::time::timeout(wait, rx.changed()).await {
+                    Ok(Ok(())) => {}
+                    // Nothing yet (the client asks again), or the listing's
+                    // task is gone (the next ask fails).
+                    Ok(Err(_)) | Err(_) => return Ok((Vec::new(), false)),
+                },
+            }
+            let st = store.clone();
+            page = metadata(move || st.read_dir_page(dir, cookie, max))?;
         }
     }
 

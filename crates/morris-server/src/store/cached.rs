@@ -249,14 +249,16 @@ impl Store {
             let mut d = load_dir_row(tx, dir)?;
             let mut link = cached_link(&d.inode, "directory")?;
             let mut added = 0;
-            for s in seeds {
-                if cookies::insert_if_absent(
-                    tx,
-                    dir.id,
-                    &s.name,
-                    s.inode.handle(),
-                    s.inode.attr.kind,
-                )? {
+            // In name order within the batch (the entries and seeds
+            // B-trees are keyed by name), each at the next cookie, so that
+            // a listing in progress sees every name stored after it began.
+            let mut sorted: Vec<&Seed> = seeds.iter().collect();
+            sorted.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+            let mut next = cookies::next_in_order(tx, dir.id)?;
+            for s in sorted {
+                let (h, kind) = (s.inode.handle(), s.inode.attr.kind);
+                let stored = cookies::insert_in_order(tx, dir.id, &s.name, h, kind, &mut next)?;
+                if stored {
                     put_seed(tx, dir.id, s)?;
                     added += 1;
                 }

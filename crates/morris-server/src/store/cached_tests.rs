@@ -247,3 +247,50 @@ fn a_binding_is_purged_whole_and_then_unbound() {
     assert_eq!((plain.attr.size, plain.attr.nlink), (0, 2));
     assert!(s.get_inode(ROOT_ID).unwrap().unwrap().home.is_none());
 }
+
+#[test]
+fn a_listing_under_way_sees_every_name_filled_after_it_began() {
+    // Hashed cookies would put some later names before the listing's
+    // position: it would miss them.
+    let (_d, s) = store();
+    let r = bound_root(&s);
+    let names = |from: u64, n: u64| -> Vec<Seed> {
+        (from..from + n)
+            .map(|i| {
+                seed(
+                    r.id,
+                    &format!("n{}", (i * 7919) % 1000),
+                    i + 10,
+                    &i.to_le_bytes(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(s.fill(r, &names(0, 300), false).unwrap(), 300);
+    let first = s.read_dir_page(r, 0, 200).unwrap();
+    assert_eq!(
+        (first.entries.len(), first.eof, first.unlisted),
+        (200, false, true)
+    );
+    let at = first.entries.last().unwrap().cookie;
+    assert_eq!(s.fill(r, &names(300, 700), true).unwrap(), 700);
+    let mut seen: Vec<Vec<u8>> = first.entries.into_iter().map(|e| e.name).collect();
+    let mut cookie = at;
+    loop {
+        let p = s.read_dir_page(r, cookie, 128).unwrap();
+        assert!(!p.unlisted, "listed whole by the last fill");
+        if let Some(e) = p.entries.last() {
+            cookie = e.cookie;
+        }
+        seen.extend(p.entries.into_iter().map(|e| e.name));
+        if p.eof {
+            break;
+        }
+    }
+    assert_eq!(seen.len(), 1000);
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), 1000, "no name twice");
+    // A name filled again (home listed twice) keeps its place.
+    assert_eq!(s.fill(r, &names(0, 10), true).unwrap(), 0);
+}

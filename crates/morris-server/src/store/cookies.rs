@@ -11,6 +11,14 @@
 //! takes the next free one. A name replaced in place ([`repoint`]) keeps
 //! its cookie. Entries made before cookies were hashed keep their old
 //! (small, sequential) cookies.
+//!
+//! Names a cached directory gets from home ([`insert_in_order`]) are the
+//! exception: each takes the cookie after the largest in the directory, so
+//! they are listed in the order they were stored, and a listing can go on
+//! while the directory is being filled (every name stored later comes
+//! after its position). Home is the only writer of such a directory: a
+//! name removed and made again there between two revalidations is the one
+//! case that can show twice in one long listing.
 
 use std::hash::Hasher;
 
@@ -111,6 +119,58 @@ pub(super) fn insert_if_absent(
     }
     insert(tx, dir, name, child, kind)?;
     Ok(true)
+}
+
+/// The cookie after the largest in `dir` (1 in an empty one); `None` once
+/// the cookies run out (then [`insert_if_absent`]'s hashed ones are used).
+pub(super) fn next_in_order(tx: &Transaction<'_>, dir: FileId) -> Result<Option<u64>, WireError> {
+    let max: Option<i64> = tx
+        .prepare_cached("SELECT MAX(cookie) FROM entries WHERE dir = ?1")
+        .and_then(|mut s| s.query_row(params![sql_id(dir)], |r| r.get(0)))
+        .map_err(db_err)?;
+    let next = max.map_or(1, |m| m.saturating_add(1).max(1) as u64);
+    Ok((next <= MAX_COOKIE).then_some(next))
+}
+
+/// Adds `name → child` unless `name` is there already, at cookie `*next`
+/// (from [`next_in_order`]), which then moves past it; once `*next` is
+/// `None`, at a hashed cookie. Returns whether it was added.
+pub(super) fn insert_in_order(
+    tx: &Transaction<'_>,
+    dir: FileId,
+    name: &[u8],
+    child: Handle,
+    kind: FileKind,
+    next: &mut Option<u64>,
+) -> Result<bool, WireError> {
+    while let Some(c) = *next {
+        let added = tx
+            .prepare_cached(
+                "INSERT OR IGNORE INTO entries (dir, name, cookie, child, gen, kind)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    sql_id(dir),
+                    name,
+                    c as i64,
+                    sql_id(child.id),
+                    i64::from(child.gen),
+                    kind_code(kind)
+                ])
+            })
+            .map_err(db_err)?;
+        if added == 1 {
+            *next = (c < MAX_COOKIE).then_some(c + 1);
+            return Ok(true);
+        }
+        if super::find_entry(tx, dir, name)?.is_some() {
+            return Ok(false);
+        }
+        // A hashed cookie of an earlier name sits here: the next one up.
+        *next = (c < MAX_COOKIE).then_some(c + 1);
+    }
+    insert_if_absent(tx, dir, name, child, kind)
 }
 
 /// Makes the existing entry `name` name `child` instead, keeping its cookie.
