@@ -8,6 +8,10 @@
 //! directory since (same change count), continuing exactly where the last
 //! answer stopped: another client's change recalls the lease first, so a
 //! stashed page is never older than what a fresh request would return.
+//!
+//! The end of a listing is kept the same way: the kernel asks once more
+//! after the last entries (an empty answer is how it learns the end), and
+//! that answer needs no request.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -29,6 +33,19 @@ struct Stash {
     entries: VecDeque<DirEntry>,
     /// The server said the listing ends with these entries.
     eof: bool,
+}
+
+impl Stash {
+    /// Nothing after `after`: the listing's end.
+    fn end(after: u64, generation: u64, version: u64) -> Stash {
+        Stash {
+            after,
+            generation,
+            version,
+            entries: VecDeque::new(),
+            eof: true,
+        }
+    }
 }
 
 /// Pages read ahead, per directory.
@@ -56,10 +73,13 @@ impl DirPages {
         }
         let mut rest = s.entries;
         let now: Vec<DirEntry> = rest.drain(..max.min(rest.len())).collect();
+        let after = now.last().map_or(cookie, |e| e.cookie);
         if rest.is_empty() {
+            if s.eof && !now.is_empty() {
+                map.insert(dir, Stash::end(after, generation, version));
+            }
             return Some((now, s.eof));
         }
-        let after = now.last().map_or(cookie, |e| e.cookie);
         map.insert(
             dir,
             Stash {
@@ -85,7 +105,18 @@ impl DirPages {
         max: usize,
     ) -> (Vec<DirEntry>, bool) {
         if page.len() <= max {
-            self.map.lock().remove(&dir);
+            let mut map = self.map.lock();
+            match page.last() {
+                Some(last) if eof => {
+                    if map.len() >= KEEP {
+                        map.clear();
+                    }
+                    map.insert(dir, Stash::end(last.cookie, generation, version));
+                }
+                _ => {
+                    map.remove(&dir);
+                }
+            }
             return (page, eof);
         }
         let mut rest: VecDeque<DirEntry> = page.into();
@@ -144,6 +175,25 @@ mod tests {
         assert_eq!((now[0].cookie, now.len(), eof), (5, 4, false));
         let (now, eof) = p.take(7, 8, 3, 0, 4).unwrap();
         assert_eq!((now[0].cookie, now.len(), eof), (9, 2, true));
+        // The kernel's last ask, after the end: answered here, once.
+        assert_eq!(p.take(7, 10, 3, 0, 4), Some((Vec::new(), true)));
         assert!(p.take(7, 10, 3, 0, 4).is_none());
+    }
+
+    #[test]
+    fn the_end_of_a_listing_is_kept_under_its_lease_only() {
+        let p = DirPages::default();
+        let (now, eof) = p.split(7, (1..=3).map(e).collect(), true, 3, 0, 4);
+        assert_eq!((now.len(), eof), (3, true));
+        assert!(p.take(7, 3, 3, 1, 4).is_none(), "changed since");
+        p.split(7, (1..=3).map(e).collect(), true, 3, 0, 4);
+        assert!(p.take(7, 3, 4, 0, 4).is_none(), "another lease");
+        p.split(7, (1..=3).map(e).collect(), true, 3, 0, 4);
+        assert!(p.take(7, 2, 3, 0, 4).is_none(), "elsewhere");
+        p.split(7, (1..=3).map(e).collect(), true, 3, 0, 4);
+        assert_eq!(p.take(7, 3, 3, 0, 4), Some((Vec::new(), true)));
+        // A page that does not end the listing leaves nothing.
+        p.split(7, (1..=3).map(e).collect(), false, 3, 0, 4);
+        assert!(p.take(7, 3, 3, 0, 4).is_none());
     }
 }
