@@ -1016,10 +1016,11 @@ impl Client {
         } else {
             // Names this client changed while the page was on its way are
             // already cached as they are now; the page may predate that.
+            st.names.reserve(entries.len());
             for e in &entries {
-                st.names
-                    .entry(e.name.clone())
-                    .or_insert_with(|| Some(e.clone()));
+                if !st.names.contains_key(&e.name) {
+                    st.names.insert(e.name.clone(), Some(e.clone()));
+                }
             }
             if contiguous && eof {
                 st.complete = true;

@@ -10,6 +10,11 @@
 //! on a higher id (see [`Leases::lock_many`]).
 
 use std::collections::HashMap;
+
+/// A hash map for the big per-directory and per-file tables a listing fills
+/// (a name and a generation per entry): foldhash, seeded per process, is
+/// several times cheaper per key than the standard SipHash.
+pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -42,7 +47,7 @@ pub(crate) struct EntryState {
     /// Size and mtime changed locally and not yet stored at the owner.
     pub dirty: bool,
     /// Directory entry cache: name → entry, `None` for known-absent.
-    pub names: HashMap<Vec<u8>, Option<DirEntry>>,
+    pub names: FastMap<Vec<u8>, Option<DirEntry>>,
     /// `names` holds every entry of the directory (answers absent names
     /// without asking the server).
     pub complete: bool,
@@ -155,7 +160,7 @@ pub(crate) struct Leases {
     layout: Layout,
     map: Mutex<HashMap<FileId, Arc<LeaseEntry>>>,
     /// Generation numbers of every file handed out, to rebuild handles by id.
-    gens: Mutex<HashMap<FileId, u32>>,
+    gens: Mutex<FastMap<FileId, u32>>,
     /// Recalls received per inode; an acquire that sees this change while its
     /// request was in flight treats the fresh grant as already recalled.
     recall_seq: Mutex<HashMap<FileId, u64>>,
@@ -185,7 +190,7 @@ impl Leases {
             opens,
             layout,
             map: Mutex::new(HashMap::new()),
-            gens: Mutex::new(HashMap::new()),
+            gens: Mutex::new(FastMap::default()),
             recall_seq: Mutex::new(HashMap::new()),
             inflight: Mutex::new(HashMap::new()),
             acquiring: (0..ACQUIRE_SHARDS)
@@ -517,7 +522,7 @@ impl Leases {
                 inode,
                 attr_valid: true,
                 dirty: false,
-                names: HashMap::new(),
+                names: FastMap::default(),
                 complete: false,
                 listed_upto: None,
                 local_writes: 0,
