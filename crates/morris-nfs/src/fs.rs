@@ -432,7 +432,7 @@ impl NfsReadFileSystem for MorrisNfs {
             .get(id.id(), false)
             .await
             .map_err(|e| fail("read", id.id(), &e))?;
-        let data = match self.client.read(fh, offset, count).await {
+        let data = match self.client.read(fh.fh(), offset, count).await {
             Ok(d) => d,
             Err(e) => {
                 self.files.drop_file(id.id()).await;
@@ -641,7 +641,11 @@ impl NfsFileSystem for MorrisNfs {
         let mut done = 0usize;
         while done < data.len() {
             let chunk = Bytes::copy_from_slice(&data[done..]);
-            match self.client.write(fh, offset + done as u64, chunk).await {
+            match self
+                .client
+                .write(fh.fh(), offset + done as u64, chunk)
+                .await
+            {
                 Ok(0) => return Err(nfsstat3::NFS3ERR_IO),
                 Ok(n) => done += n as usize,
                 Err(e) => {
@@ -650,7 +654,7 @@ impl NfsFileSystem for MorrisNfs {
                 }
             }
         }
-        if let Err(e) = self.stabilize(id.id(), fh, stable).await {
+        if let Err(e) = self.stabilize(id.id(), fh.fh(), stable).await {
             self.files.drop_file(id.id()).await;
             return Err(fail("write", id.id(), &e));
         }
@@ -817,7 +821,7 @@ impl NfsFileSystem for MorrisNfs {
                 .map_err(|e| fail("commit", id.id(), &e))?,
         };
         self.client
-            .fsync(fh, false)
+            .fsync(fh.fh(), false)
             .await
             .map_err(|e| fail("commit", id.id(), &e))
     }
