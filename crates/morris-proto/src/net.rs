@@ -308,6 +308,10 @@ pub trait Service: Send + Sync + 'static {
 /// Most requests one connection may have in progress on the server.
 pub const MAX_IN_FLIGHT_PER_CONN: usize = 256;
 
+/// A request or a connection waiting this long is logged (once), with what
+/// it waits for: a stall must say where it is.
+const SLOW: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Requests that move block data (and may wait for the disk).
 fn is_data_request(req: &Request) -> bool {
     matches!(
@@ -334,7 +338,18 @@ async fn respond<S: Service>(
     payload: Bytes,
 ) {
     let (result, payload) = match req {
-        Ok(req) => svc.call(conn.clone(), req, payload).await,
+        Ok(req) => {
+            let op = req.name();
+            let call = svc.call(conn.clone(), req, payload);
+            tokio::pin!(call);
+            tokio::select! {
+                r = &mut call => r,
+                () = tokio::time::sleep(SLOW) => {
+                    warn!(peer = %conn.peer, op, id, "slow request: no answer after 30 s (still waiting)");
+                    call.await
+                }
+            }
+        }
         Err(e) => (Err(e), Bytes::new()),
     };
     let head = match encode_frame_head(FrameKind::Response, id, &result, payload.len()) {
@@ -428,7 +443,25 @@ pub async fn serve_connection<S: Service>(
         let data = req.as_ref().is_ok_and(is_data_request);
         let fut = respond(conn.clone(), svc.clone(), frame.id, req, frame.payload);
         if data {
-            let Ok(permit) = limit.clone().acquire_owned().await else {
+            // Wait for a slot while driving this connection's metadata
+            // requests: one of them may hold what a data request waits for
+            // (not polled, it would never let go, and the connection would
+            // stop for good, even its end unseen).
+            let waiting = tokio::time::Instant::now();
+            let mut told = false;
+            let permit = loop {
+                tokio::select! {
+                    biased;
+                    p = limit.clone().acquire_owned() => break p,
+                    Some(()) = inline.next(), if !inline.is_empty() => {}
+                    () = tokio::time::sleep_until(waiting + SLOW), if !told => {
+                        told = true;
+                        warn!(%peer, conn = id, inline = inline.len(),
+                            "slow wait: every data slot of this connection busy for 30 s");
+                    }
+                }
+            };
+            let Ok(permit) = permit else {
                 break;
             };
             tokio::spawn(async move {
@@ -446,4 +479,77 @@ pub async fn serve_connection<S: Service>(
     drop(conn);
     writer.close().await;
     debug!(%peer, conn = id, "connection closed");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use tokio::sync::{watch, Notify};
+
+    /// Data requests (`Status`) wait until a metadata request (`Renew`)
+    /// lets them go, which it does once every data slot is taken.
+    struct Gate {
+        busy: AtomicUsize,
+        all_busy: Notify,
+        renew_started: Notify,
+        go: watch::Sender<bool>,
+    }
+
+    impl Service for Gate {
+        fn call(self: Arc<Self>, _conn: Arc<Conn>, req: Request, _p: Bytes) -> ServiceFuture {
+            Box::pin(async move {
+                if let Request::Status = req {
+                    if self.busy.fetch_add(1, Ordering::SeqCst) + 1 == MAX_IN_FLIGHT_PER_CONN {
+                        self.all_busy.notify_one();
+                    }
+                    let mut rx = self.go.subscribe();
+                    let _ = rx.wait_for(|g| *g).await;
+                } else {
+                    self.renew_started.notify_one();
+                    self.all_busy.notified().await;
+                    self.go.send_replace(true);
+                }
+                (Ok(Reply::Ok), Bytes::new())
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_whose_data_slots_are_full_still_drives_its_metadata_requests() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let gate = Arc::new(Gate {
+            busy: AtomicUsize::new(0),
+            all_busy: Notify::new(),
+            renew_started: Notify::new(),
+            go: watch::channel(false).0,
+        });
+        tokio::spawn(serve(listener, gate.clone()));
+        let c = Arc::new(RpcClient::connect(&addr, None).await.unwrap());
+        let renew = {
+            let c = c.clone();
+            tokio::spawn(async move { c.call(&Request::Renew, Bytes::new()).await })
+        };
+        gate.renew_started.notified().await;
+        // One more data request than there are slots: the connection waits
+        // for a slot, which only the Renew in progress can free.
+        let data: Vec<_> = (0..=MAX_IN_FLIGHT_PER_CONN)
+            .map(|_| {
+                let c = c.clone();
+                tokio::spawn(async move { c.call(&Request::Status, Bytes::new()).await })
+            })
+            .collect();
+        let all = async {
+            assert!(matches!(renew.await.unwrap(), Ok((Reply::Ok, _))));
+            for d in data {
+                assert!(matches!(d.await.unwrap(), Ok((Reply::Ok, _))));
+            }
+        };
+        // Before: the Renew was never polled again, and the connection
+        // stopped for good.
+        tokio::time::timeout(std::time::Duration::from_secs(60), all)
+            .await
+            .expect("every request answered");
+    }
 }
