@@ -477,9 +477,9 @@ pub enum Request {
     },
     /// Brings every entry of the cached directory `dir` from home (at its
     /// owner), so that it is listed whole. Answers [`Reply::Listed`] once
-    /// done, or with `done: false` once the first names are stored (or
-    /// after a few seconds): the listing goes on, and `ReadDir` of the
-    /// directory waits for the names still to come.
+    /// done, or after a few seconds with `done: false`: the listing goes
+    /// on, and `ReadDir` of the directory waits for the names still to
+    /// come.
     HomeList {
         /// The directory.
         dir: Handle,
