@@ -82,6 +82,35 @@ pub(super) fn insert(
     Ok(())
 }
 
+/// Adds `name → child` at `cookie` unless the name or the cookie is taken
+/// in `dir`; returns whether it was added (one indexed insert).
+fn insert_at(
+    tx: &Transaction<'_>,
+    dir: FileId,
+    name: &[u8],
+    child: Handle,
+    kind: FileKind,
+    cookie: u64,
+) -> Result<bool, WireError> {
+    let added = tx
+        .prepare_cached(
+            "INSERT OR IGNORE INTO entries (dir, name, cookie, child, gen, kind)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )
+        .and_then(|mut s| {
+            s.execute(params![
+                sql_id(dir),
+                name,
+                cookie as i64,
+                sql_id(child.id),
+                i64::from(child.gen),
+                kind_code(kind)
+            ])
+        })
+        .map_err(db_err)?;
+    Ok(added == 1)
+}
+
 /// Adds the entry `name → child` unless `name` is there already; returns
 /// whether it was added. One indexed insert when the name's own cookie is
 /// free (nearly always), so that filling a directory with many names
@@ -94,23 +123,7 @@ pub(super) fn insert_if_absent(
     child: Handle,
     kind: FileKind,
 ) -> Result<bool, WireError> {
-    let added = tx
-        .prepare_cached(
-            "INSERT OR IGNORE INTO entries (dir, name, cookie, child, gen, kind)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        )
-        .and_then(|mut s| {
-            s.execute(params![
-                sql_id(dir),
-                name,
-                of(name) as i64,
-                sql_id(child.id),
-                i64::from(child.gen),
-                kind_code(kind)
-            ])
-        })
-        .map_err(db_err)?;
-    if added == 1 {
+    if insert_at(tx, dir, name, child, kind, of(name))? {
         return Ok(true);
     }
     // Ignored: the name is there, or another name holds its cookie.
@@ -144,23 +157,7 @@ pub(super) fn insert_in_order(
     next: &mut Option<u64>,
 ) -> Result<bool, WireError> {
     while let Some(c) = *next {
-        let added = tx
-            .prepare_cached(
-                "INSERT OR IGNORE INTO entries (dir, name, cookie, child, gen, kind)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )
-            .and_then(|mut s| {
-                s.execute(params![
-                    sql_id(dir),
-                    name,
-                    c as i64,
-                    sql_id(child.id),
-                    i64::from(child.gen),
-                    kind_code(kind)
-                ])
-            })
-            .map_err(db_err)?;
-        if added == 1 {
+        if insert_at(tx, dir, name, child, kind, c)? {
             *next = (c < MAX_COOKIE).then_some(c + 1);
             return Ok(true);
         }
