@@ -214,6 +214,8 @@ pub struct Client {
     pub(crate) opens: Arc<opens::Opens>,
     /// Orphans waiting for their reap (`reaper.rs`).
     pub(crate) reaps: Mutex<HashSet<Handle>>,
+    /// Reaps running at once (`reaper.rs`).
+    pub(crate) reaping: tokio::sync::Semaphore,
     /// Files a front end looked up a moment ago, and when: an `open()`
     /// that follows such a lookup may open the file even if another
     /// mount has removed its name since (`Client::opened_by_name`).
@@ -275,6 +277,7 @@ impl Client {
             next_fh: AtomicU64::new(1),
             opens,
             reaps: Mutex::new(HashSet::new()),
+            reaping: tokio::sync::Semaphore::new(reaper::REAPS_AT_ONCE),
             looked_up: Mutex::new(RecentLookups::default()),
             me: OnceLock::new(),
             cache: cache::CacheView::default(),

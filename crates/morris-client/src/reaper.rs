@@ -31,6 +31,10 @@ use crate::{Client, Result};
 pub(crate) const REAP_DELAY: Duration = Duration::from_secs(1);
 /// Orphans older than this are reaped by the servers' background clients.
 pub const ORPHAN_AGE: Duration = Duration::from_secs(30);
+/// Orphans one client reaps at once: a program removing thousands of
+/// files must not send each server thousands of `DeleteData` at once
+/// (they fill its connection's data slots, and its other requests wait).
+pub(crate) const REAPS_AT_ONCE: usize = 16;
 /// Orphans asked for per `ScanOrphans`.
 const SCAN_PAGE: u32 = 1024;
 
@@ -45,6 +49,9 @@ impl Client {
         }
         tokio::spawn(async move {
             tokio::time::sleep(REAP_DELAY).await;
+            let Ok(_slot) = me.reaping.acquire().await else {
+                return;
+            };
             if me.reaps.lock().remove(&h) {
                 me.reap_now(h).await;
             }
