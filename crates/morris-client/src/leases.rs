@@ -10,11 +10,6 @@
 //! on a higher id (see [`Leases::lock_many`]).
 
 use std::collections::HashMap;
-
-/// A hash map for the big per-directory and per-file tables a listing fills
-/// (a name and a generation per entry): foldhash, seeded per process, is
-/// several times cheaper per key than the standard SipHash.
-pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -29,6 +24,11 @@ use tracing::{debug, warn};
 use crate::opens::Opens;
 use crate::pool::{unexpected, Pool};
 use crate::{Error, Invalidator, Result};
+
+/// A hash map for the big per-directory and per-file tables a listing fills
+/// (a name and a generation per entry): foldhash, seeded per process, is
+/// several times cheaper per key than the standard SipHash.
+pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Shared or exclusive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -31,11 +31,11 @@ mod orphans;
 mod peer;
 mod stats;
 
-/// Every request name, in a fixed order, for the per-request counters.
 /// Longest a `ReadDir` waits for names of a directory being listed from
 /// home before answering an empty page that is not the end.
 const LIST_PAGE_WAIT: Duration = Duration::from_secs(2);
 
+/// Every request name, in a fixed order, for the per-request counters.
 const OPS: [&str; 49] = [
     "Hello",
     "Format",
