@@ -737,3 +737,86 @@ fn unbind_removes_the_cached_tree_and_leaves_a_plain_empty_directory() {
         &cdir.join("dir/a.txt")
     ));
 }
+
+/// Requests of `op` served so far, summed over the servers.
+fn served(c: &Cluster, op: &str) -> u64 {
+    let st = status(c);
+    st["servers"]
+        .as_array()
+        .expect("servers")
+        .iter()
+        .flat_map(|s| {
+            s["stats"]["requests_by_op"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter(|p| p[0] == op)
+        .filter_map(|p| p[1].as_u64())
+        .sum()
+}
+
+/// Requests of each op in `ops` served while `f` ran.
+fn served_during(c: &Cluster, ops: &[&str], f: impl FnOnce()) -> BTreeMap<String, u64> {
+    let before: Vec<u64> = ops.iter().map(|op| served(c, op)).collect();
+    f();
+    ops.iter()
+        .zip(before)
+        .map(|(op, b)| (op.to_string(), served(c, op) - b))
+        .collect()
+}
+
+#[test]
+fn a_first_lookup_and_listing_of_a_home_directory_take_few_requests() {
+    let home = tempdir();
+    fs::create_dir(home.path().join("d")).expect("mkdir");
+    for i in 0..20 {
+        fs::write(home.path().join(format!("d/f{i}")), b"x").expect("write");
+    }
+    let (c, m) = volume();
+    bind(&m, &format!("file://{}", home.path().display()), &[]);
+    let cdir = m.path.join("c");
+    fs::metadata(&cdir).expect("stat c");
+    let ops = [
+        "HomeLookup",
+        "Lookup",
+        "AcquireRead",
+        "AcquireCached",
+        "Seed",
+        "CreateCached",
+        "ReadDir",
+    ];
+    let n = |m: &BTreeMap<String, u64>, op: &str| m.get(op).copied().unwrap_or(0);
+    // A name never seen: home asked once, the object made and its lease
+    // taken in one more request.
+    let got = served_during(&c, &ops, || {
+        assert!(fs::metadata(cdir.join("d")).expect("stat c/d").is_dir());
+    });
+    assert_eq!(n(&got, "HomeLookup"), 1, "{got:?}");
+    assert_eq!(n(&got, "AcquireCached"), 1, "{got:?}");
+    for op in ["Lookup", "AcquireRead", "Seed", "CreateCached"] {
+        assert_eq!(n(&got, op), 0, "{op}: {got:?}");
+    }
+    // Its first listing brings its names from home in one request.
+    let got = served_during(&c, &ops, || {
+        assert_eq!(fs::read_dir(cdir.join("d")).expect("list").count(), 20);
+    });
+    assert_eq!(n(&got, "ReadDir"), 1, "{got:?}");
+    // A name known only from the listing (a placeholder): its seed, then
+    // the object made with its lease.
+    let got = served_during(&c, &ops, || {
+        assert_eq!(fs::read(cdir.join("d/f7")).expect("read"), b"x");
+    });
+    assert_eq!(n(&got, "Seed"), 1, "{got:?}");
+    assert_eq!(n(&got, "AcquireCached"), 1, "{got:?}");
+    assert_eq!(n(&got, "CreateCached"), 0, "{got:?}");
+    // Another mount finds what the first made: no seed needed, no home.
+    let m2 = c.mount();
+    let got = served_during(&c, &["HomeLookup", "Seed", "CreateCached"], || {
+        assert_eq!(fs::read(m2.path.join("c/d/f7")).expect("read"), b"x");
+        assert_eq!(fs::read_dir(m2.path.join("c/d")).expect("list").count(), 20);
+    });
+    assert_eq!(n(&got, "Seed") + n(&got, "CreateCached"), 0, "{got:?}");
+    let (ok, _, all) = fsck(c.addr(0));
+    assert!(ok, "fsck: {all}");
+}

@@ -4,9 +4,9 @@
 //!
 //! * before looking a name up in a cached directory that is not listed
 //!   whole, `HomeLookup` at the directory's owner (which asks home if it
-//!   lacks the name); before listing one, `HomeList`, which starts the
-//!   owner's listing from home (the listing's pages then wait at the owner
-//!   for the names still to come);
+//!   lacks the name); the first page of a listing of one not listed whole
+//!   has the owner list it from home first (its pages then wait at the
+//!   owner for the names still to come);
 //! * a name whose object has no inode yet (a placeholder) is made real
 //!   with its seed (`Seed` at the directory's owner, `CreateCached` at the
 //!   object's owner) the first time it is looked up;
@@ -26,7 +26,7 @@ use bytes::Bytes;
 use morris_proto::home::{is_cache_id, Binding, HomeLink, HomeRef};
 use morris_proto::{ErrorCode, FileId, Handle, Inode, Reply, Request};
 
-use crate::leases::Mode;
+use crate::leases::{FastMap, Mode};
 use crate::pool::unexpected;
 use crate::{Client, Error, Result};
 
@@ -37,6 +37,30 @@ pub(crate) struct CacheView {
     specs: parking_lot::Mutex<HashMap<FileId, (Binding, Instant)>>,
     /// When this client last had each cached object compared with home.
     validated: parking_lot::Mutex<HashMap<FileId, Instant>>,
+    /// Seeds of placeholders this client is about to look up (from
+    /// `HomeLookup` or `Seed`), by object id: the lookup's lease is taken
+    /// with `AcquireCached`, which makes the inode if it is not made yet.
+    seeds: parking_lot::Mutex<FastMap<FileId, Inode>>,
+}
+
+impl CacheView {
+    /// Keeps `seed` for the next lookup of its object.
+    fn keep_seed(&self, seed: Inode) {
+        let mut s = self.seeds.lock();
+        if s.len() >= SEEDS_KEEP {
+            s.clear();
+        }
+        s.insert(seed.id, seed);
+    }
+
+    /// The seed kept for `h`, if it is `h`'s (same generation).
+    pub(crate) fn take_seed(&self, h: Handle) -> Option<Inode> {
+        let mut s = self.seeds.lock();
+        if s.is_empty() {
+            return None;
+        }
+        s.remove(&h.id).filter(|i| i.gen == h.gen)
+    }
 }
 
 /// How long a binding's settings are used before they are read again (a
@@ -45,6 +69,10 @@ const SPEC_FOR: Duration = Duration::from_secs(30);
 
 /// Most validation times kept before the old ones are dropped.
 const VALIDATED_KEEP: usize = 100_000;
+
+/// Most seeds kept for lookups under way (a seed not used is only a lost
+/// shortcut: the lookup then asks for it again).
+const SEEDS_KEEP: usize = 10_000;
 
 impl Client {
     /// The settings of the binding rooted at `binding` (read once from the
@@ -55,11 +83,19 @@ impl Client {
                 return Ok(b.clone());
             }
         }
-        let r = self
-            .call_owner(binding, Request::GetInode { ino: binding })
-            .await?;
-        let Reply::Inode(i) = r else {
-            return Err(unexpected(&r));
+        // Under a lease the bound directory's copy is current: a binding
+        // is made or removed under the directory's write lease.
+        let i = match self.leases.current_inode(binding) {
+            Some(i) if i.home.as_ref().is_some_and(|l| l.bound.is_some()) => i,
+            _ => {
+                let r = self
+                    .call_owner(binding, Request::GetInode { ino: binding })
+                    .await?;
+                let Reply::Inode(i) = r else {
+                    return Err(unexpected(&r));
+                };
+                i
+            }
         };
         let spec = i.home.and_then(|l| l.bound).ok_or_else(|| {
             Error::new(ErrorCode::Io, format!("{binding} is not bound to a home"))
@@ -181,6 +217,7 @@ impl Client {
         if link.listed || self.leases.knows_name(dir, name) {
             return Ok(());
         }
+        let held = self.leases.held_entry(dir);
         let r = self
             .with_binding(link.binding, || {
                 self.call_owner(
@@ -192,9 +229,54 @@ impl Client {
                 )
             })
             .await?;
+        let Reply::HomeEntry { entry, seed } = r else {
+            return Err(unexpected(&r));
+        };
+        // The answer is the lookup's (the lookup that follows needs no
+        // request), and the seed lets it take the object's lease and make
+        // its inode in one request.
+        if let (Some(e), Some(seed)) = (&entry, seed) {
+            if seed.handle() == e.child {
+                self.cache.keep_seed(seed);
+            }
+        }
+        if let Some(before) = held {
+            self.leases.note_name(&before, name, entry);
+        }
+        Ok(())
+    }
+
+    /// Fetches the seed of placeholder `dir/name` (naming `child`) for the
+    /// lookup's next `AcquireCached`; `false` if `child` is not a cached
+    /// object without an inode that `dir` keeps a seed of.
+    pub(crate) async fn seed_for_lookup(
+        &self,
+        dir: FileId,
+        name: &[u8],
+        child: Handle,
+    ) -> Result<bool> {
+        if !is_cache_id(child.id) {
+            return Ok(false);
+        }
+        let dh = self.leases.handle(dir)?;
+        let r = self
+            .call_owner(
+                dir,
+                Request::Seed {
+                    dir: dh,
+                    name: name.to_vec(),
+                },
+            )
+            .await;
         match r {
-            Reply::Entry(_) => Ok(()),
-            other => Err(unexpected(&other)),
+            Ok(Reply::Inode(seed)) if seed.handle() == child => {
+                self.cache.keep_seed(seed);
+                Ok(true)
+            }
+            Ok(Reply::Inode(_)) => Ok(false),
+            Ok(other) => Err(unexpected(&other)),
+            Err(e) if e.code == ErrorCode::NotFound => Ok(false),
+            Err(e) => Err(e),
         }
     }
 
@@ -216,34 +298,14 @@ impl Client {
         Ok(now)
     }
 
-    /// Cache work before listing `dir` from its start: revalidated if due,
-    /// and listed whole from home first if it is not yet.
+    /// Cache work before listing `dir` from its start: revalidated if due.
+    /// (A directory not listed whole yet is listed from home by its owner
+    /// when the listing's first page is asked for.)
     pub(crate) async fn before_list(&self, dir: FileId) -> Result<()> {
         let (h, Some(link)) = self.cached_link(dir).await? else {
             return Ok(());
         };
-        self.revalidate_if_due(h, &link).await?;
-        let (h, Some(link)) = self.cached_link(dir).await? else {
-            return Ok(());
-        };
-        if link.listed {
-            return Ok(());
-        }
-        // The owner lists it from home; until every name is there, the
-        // owner's pages of it wait for the names still to come, so the
-        // listing goes on while the directory fills.
-        let r = self
-            .with_binding(link.binding, || {
-                self.call_owner(dir, Request::HomeList { dir: h })
-            })
-            .await?;
-        match r {
-            // Listed: the directory inode we cached says otherwise.
-            Reply::Listed { done: true } => self.leases.attr_changed(dir),
-            Reply::Listed { done: false } => {}
-            other => return Err(unexpected(&other)),
-        }
-        Ok(())
+        self.revalidate_if_due(h, &link).await
     }
 
     /// Creates the inode of placeholder `dir/name` (naming `child`) from

@@ -243,12 +243,27 @@ impl Client {
             let Some(e) = entry else {
                 return Err(Error::new(ErrorCode::NotFound, "no such entry"));
             };
-            match self.leases.get(e.child, Mode::Read).await {
+            let seed = self.cache.take_seed(e.child);
+            let tried_seed = seed.is_some();
+            match self
+                .leases
+                .get_seeded(e.child, Mode::Read, seed.as_ref())
+                .await
+            {
                 Ok(g) => return self.fresh(&g).await,
                 // The entry changed under us (removed, replaced): look again.
                 Err(err) if err.code == ErrorCode::Stale || err.code == ErrorCode::NotFound => {
                     // Or it names a cached object whose inode is not made
-                    // yet (a placeholder): make it from its seed.
+                    // yet (a placeholder): take its lease with its seed. Or
+                    // one that replaced another object at the same id (this
+                    // client may still hold the old one's lease): make it
+                    // from its seed, which recalls the old one's leases.
+                    if !tried_seed
+                        && !self.leases.holds_other(e.child)
+                        && self.seed_for_lookup(dir, name, e.child).await?
+                    {
+                        continue;
+                    }
                     if self.materialize(dir, name, e.child).await? {
                         continue;
                     }
@@ -977,17 +992,20 @@ impl Client {
         }
         // A directory being listed from home answers an empty page that is
         // not the end while no new name has come for a while: ask again.
+        // (Its first page has the owner list it from home, which needs the
+        // owner to know the binding.)
+        let binding = g.entry.state.lock().inode.home.as_ref().map(|l| l.binding);
         let (entries, eof) = loop {
-            let r = self
-                .call_owner(
-                    g.entry.id,
-                    Request::ReadDir {
-                        dir: g.handle(),
-                        cookie,
-                        max: max.max(crate::dirpages::PAGE),
-                    },
-                )
-                .await?;
+            let req = Request::ReadDir {
+                dir: g.handle(),
+                cookie,
+                max: max.max(crate::dirpages::PAGE),
+            };
+            let call = || self.call_owner(g.entry.id, req.clone());
+            let r = match binding {
+                Some(b) => self.with_binding(b, call).await?,
+                None => call().await?,
+            };
             match r {
                 Reply::Entries { entries, eof } if !entries.is_empty() || eof => {
                     break (entries, eof)

@@ -327,6 +327,59 @@ impl Leases {
         Some(inode)
     }
 
+    /// The inode of `id` if its lease is cached and the copy is current
+    /// (the server changed nothing behind it).
+    pub(crate) fn current_inode(&self, id: FileId) -> Option<Inode> {
+        let e = self.map.lock().get(&id).cloned()?;
+        if !self.usable(&e, Mode::Read) {
+            return None;
+        }
+        let st = e.state.lock();
+        st.attr_valid.then(|| st.inode.clone())
+    }
+
+    /// Whether this client has a lease entry for `h.id` that is another
+    /// object's (another generation): [`Leases::get`] of `h` answers
+    /// `Stale` until it is gone.
+    pub(crate) fn holds_other(&self, h: Handle) -> bool {
+        self.map
+            .lock()
+            .get(&h.id)
+            .is_some_and(|e| e.state.lock().inode.gen != h.gen)
+    }
+
+    /// The cached lease entry of `id`, if usable for reading: captured
+    /// before a request that takes no lease, so that its answer can be
+    /// cached under the lease afterwards ([`Leases::note_name`]).
+    pub(crate) fn held_entry(&self, id: FileId) -> Option<Arc<LeaseEntry>> {
+        let e = self.map.lock().get(&id).cloned()?;
+        self.usable(&e, Mode::Read).then_some(e)
+    }
+
+    /// Caches `entry` as directory `dir`'s answer for `name`, as a lookup
+    /// under the lease would: only if `before` (held when the request was
+    /// sent) is still the lease in use, so the server could not change the
+    /// directory between the answer and now. A name cached meanwhile (this
+    /// client's own change) is kept.
+    pub(crate) fn note_name(&self, before: &Arc<LeaseEntry>, name: &[u8], entry: Option<DirEntry>) {
+        let same = self
+            .map
+            .lock()
+            .get(&before.id)
+            .is_some_and(|e| Arc::ptr_eq(e, before));
+        if !same || !self.usable(before, Mode::Read) {
+            return;
+        }
+        if let Some(e) = &entry {
+            self.learn(e.child);
+        }
+        let mut st = before.state.lock();
+        if st.released || st.recalled {
+            return;
+        }
+        st.names.entry(name.to_vec()).or_insert(entry);
+    }
+
     fn usable(&self, e: &LeaseEntry, want: Mode) -> bool {
         let st = e.state.lock();
         !st.recalled && !st.released && e.mode >= want && self.pool.lease_valid(e.owner, e.epoch)
@@ -336,6 +389,18 @@ impl Leases {
     /// owning server if it is not cached (one round trip, which also returns
     /// the inode).
     pub(crate) async fn get(self: &Arc<Self>, h: Handle, want: Mode) -> Result<LeaseGuard> {
+        self.get_seeded(h, want, None).await
+    }
+
+    /// [`Leases::get`] of a cached object whose inode may not exist yet:
+    /// if a read lease must be taken, `AcquireCached` creates the inode from
+    /// `seed` first (one round trip for a placeholder's first use).
+    pub(crate) async fn get_seeded(
+        self: &Arc<Self>,
+        h: Handle,
+        want: Mode,
+        seed: Option<&Inode>,
+    ) -> Result<LeaseGuard> {
         // Local changes not yet stored must carry over into the next lease,
         // which only a write lease can hold (a read lease would show the
         // owner's older size).
@@ -380,7 +445,7 @@ impl Leases {
                     self.discard(&e);
                 }
             }
-            match self.acquire(h, want).await? {
+            match self.acquire(h, want, seed).await? {
                 Some(g) => return Ok(g),
                 // Given back before it could be used: ask again.
                 None => continue,
@@ -390,7 +455,12 @@ impl Leases {
 
     /// Takes the lease from its owner and returns a use of it; `None` if a
     /// recall gave it back before the use could be taken (ask again).
-    async fn acquire(self: &Arc<Self>, h: Handle, want: Mode) -> Result<Option<LeaseGuard>> {
+    async fn acquire(
+        self: &Arc<Self>,
+        h: Handle,
+        want: Mode,
+        seed: Option<&Inode>,
+    ) -> Result<Option<LeaseGuard>> {
         let _serial = crate::slow::watch(
             || format!("another acquire of (an inode sharing a lock with) {}", h.id),
             self.acquiring[(h.id as usize) % ACQUIRE_SHARDS].lock(),
@@ -429,9 +499,12 @@ impl Leases {
         }
         let range = self.layout.inode_server(h.id);
         let seq_before = self.recall_seq.lock().get(&h.id).copied().unwrap_or(0);
-        let req = match want {
-            Mode::Read => Request::AcquireRead { ino: h },
-            Mode::Write => Request::AcquireWrite { ino: h },
+        let req = match (want, seed) {
+            (Mode::Read, Some(seed)) if seed.handle() == h => {
+                Request::AcquireCached { seed: seed.clone() }
+            }
+            (Mode::Read, _) => Request::AcquireRead { ino: h },
+            (Mode::Write, _) => Request::AcquireWrite { ino: h },
         };
         let guess = self.pool.range_server(range);
         let epoch_before = self.pool.epoch(guess);

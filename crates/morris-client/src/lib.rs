@@ -312,14 +312,24 @@ impl Client {
             }
         });
         client.tasks.lock().extend([pushes, renew]);
+        pool.warm_up();
         // The root's generation, so that every later call can name it.
         let root = client
             .call_owner(ROOT_ID, morris_proto::Request::GetInode { ino: ROOT_ID })
             .await?;
-        match root {
-            morris_proto::Reply::Inode(i) => leases.learn(i.handle()),
+        let root = match root {
+            morris_proto::Reply::Inode(i) => i.handle(),
             other => return Err(pool::unexpected(&other)),
-        }
+        };
+        leases.learn(root);
+        // Every path starts at the root: its read lease is taken now, in
+        // the background, rather than by the mount's first request.
+        let l = leases.clone();
+        tokio::spawn(async move {
+            if let Err(e) = l.get(root, leases::Mode::Read).await {
+                tracing::debug!(error = %e, "root lease not taken ahead of use");
+            }
+        });
         Ok(client)
     }
 

@@ -54,6 +54,15 @@ impl Lane {
     }
 }
 
+/// A request of the data lane (never sent: it picks the lane to warm up).
+const READ_PROBE: Request = Request::Read {
+    id: 0,
+    index: 0,
+    replica: 0,
+    offset: 0,
+    len: 0,
+};
+
 /// One connection of a slot, made on first use and again after it closes.
 #[derive(Default)]
 struct Link {
@@ -192,9 +201,9 @@ fn retryable(req: &Request) -> bool {
                 | Request::OpenHome { .. }
                 | Request::CacheStatus
                 | Request::HomeLookup { .. }
-                | Request::HomeList { .. }
                 | Request::Seed { .. }
                 | Request::CreateCached { .. }
+                | Request::AcquireCached { .. }
                 | Request::Revalidate { .. }
                 | Request::Write { .. }
                 | Request::Truncate { .. }
@@ -321,6 +330,23 @@ impl Pool {
             info!(server = i, addr = %s.addr, "no answer for a lease time; dropping its leases");
             if let Some(h) = self.epoch_hook.get() {
                 h(i);
+            }
+        }
+    }
+
+    /// Opens the connections to every server in the background, so that a
+    /// fresh mount's first request to each does not wait for a connection
+    /// and its `Hello`. A server that cannot be reached now is connected
+    /// to when first needed, as before.
+    pub(crate) fn warm_up(self: &Arc<Self>) {
+        for i in 0..self.slots.len() as u32 {
+            for req in [Request::Renew, READ_PROBE] {
+                let pool = self.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = pool.conn(i, &req).await {
+                        debug!(server = i, error = %e, "not connected ahead of use");
+                    }
+                });
             }
         }
     }

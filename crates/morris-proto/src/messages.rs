@@ -161,9 +161,11 @@ pub enum Request {
     },
     /// Lists entries with cookie > `cookie`, in cookie order, at most `max`;
     /// takes the read lease on the directory implicitly. [`Reply::Entries`].
-    /// In a cached directory still being listed from home, the end so far
-    /// waits for more names; an empty page that is not the end means none
-    /// came for a while (ask again).
+    /// In a cached directory, the listing from cookie 0 first brings every
+    /// name from home if the directory is not listed whole yet (at its
+    /// owner, once however many ask); while names are still coming, the
+    /// end so far waits for more, and an empty page that is not the end
+    /// means none came for a while (ask again).
     ReadDir {
         /// The directory.
         dir: Handle,
@@ -468,21 +470,14 @@ pub enum Request {
     /// entry it has is returned; in a directory not listed whole, a name
     /// it lacks is looked up at home and, if there, added with its seed.
     /// Takes no lease (the caller then looks up under its lease as usual).
-    /// [`Reply::Entry`].
+    /// [`Reply::HomeEntry`]: the entry, with the seed of its object if the
+    /// directory keeps one (so that the caller can take the object's lease
+    /// with `AcquireCached` whether its inode exists yet or not).
     HomeLookup {
         /// The directory.
         dir: Handle,
         /// The name.
         name: Vec<u8>,
-    },
-    /// Brings every entry of the cached directory `dir` from home (at its
-    /// owner), so that it is listed whole. Answers [`Reply::Listed`] once
-    /// done, or after a few seconds with `done: false`: the listing goes
-    /// on, and `ReadDir` of the directory waits for the names still to
-    /// come.
-    HomeList {
-        /// The directory.
-        dir: Handle,
     },
     /// The seed of entry `dir/name`: the inode its home object will have,
     /// to be created at its owner with `CreateCached`. [`Reply::Inode`];
@@ -498,6 +493,15 @@ pub enum Request {
     CreateCached {
         /// The seed.
         inode: Inode,
+    },
+    /// `AcquireRead` of a cached object whose inode may not exist yet (a
+    /// placeholder): at the owner of `seed.id`, the inode is created from
+    /// the seed first if it is missing (as `CreateCached`), then the read
+    /// lease on it is taken. [`Reply::Inode`]; `Stale` if the object at
+    /// that id is not the seed's.
+    AcquireCached {
+        /// The seed (as `Seed` or `HomeLookup` returned it).
+        seed: Inode,
     },
     /// Compares cached object `ino` with home (at its owner) if the
     /// binding's validity has passed since it was last compared: if home
@@ -633,9 +637,9 @@ impl Request {
             Request::Unbind { .. } => "Unbind",
             Request::OpenHome { .. } => "OpenHome",
             Request::HomeLookup { .. } => "HomeLookup",
-            Request::HomeList { .. } => "HomeList",
             Request::Seed { .. } => "Seed",
             Request::CreateCached { .. } => "CreateCached",
+            Request::AcquireCached { .. } => "AcquireCached",
             Request::Revalidate { .. } => "Revalidate",
             Request::ReadCached { .. } => "ReadCached",
             Request::FetchCached { .. } => "FetchCached",
@@ -725,10 +729,12 @@ pub enum Reply {
     Reaped(Option<Inode>),
     /// Answer to [`Request::ScanOrphans`].
     Orphans(Vec<Orphan>),
-    /// Answer to [`Request::HomeList`].
-    Listed {
-        /// Every home entry is here now.
-        done: bool,
+    /// Answer to [`Request::HomeLookup`].
+    HomeEntry {
+        /// The entry, if the name exists (here or at home).
+        entry: Option<DirEntry>,
+        /// The seed of the entry's object, if the directory keeps it.
+        seed: Option<Inode>,
     },
     /// Answer to [`Request::FetchCached`]: bytes fetched from home for it
     /// (0: the unit was here already).

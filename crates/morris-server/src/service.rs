@@ -77,9 +77,9 @@ const OPS: [&str; 49] = [
     "Unbind",
     "OpenHome",
     "HomeLookup",
-    "HomeList",
     "Seed",
     "CreateCached",
+    "AcquireCached",
     "Revalidate",
     "ReadCached",
     "FetchCached",
@@ -205,8 +205,8 @@ fn takes_lease(req: &Request) -> bool {
             | Request::Bind { .. }
             | Request::Unbind { .. }
             | Request::HomeLookup { .. }
-            | Request::HomeList { .. }
             | Request::CreateCached { .. }
+            | Request::AcquireCached { .. }
             | Request::Revalidate { .. }
     )
 }
@@ -226,10 +226,10 @@ fn subject(req: &Request) -> Option<FileId> {
         Request::Bind { dir, .. }
         | Request::Unbind { dir }
         | Request::HomeLookup { dir, .. }
-        | Request::HomeList { dir }
         | Request::Seed { dir, .. } => Some(dir.id),
         Request::Revalidate { ino } => Some(ino.id),
         Request::CreateCached { inode } => Some(inode.id),
+        Request::AcquireCached { seed } => Some(seed.id),
         Request::ReadCached { id, .. }
         | Request::FetchCached { id, .. }
         | Request::Evict { id } => Some(*id),
@@ -926,9 +926,9 @@ impl Server {
             | Request::Bind { .. }
             | Request::Unbind { .. }
             | Request::HomeLookup { .. }
-            | Request::HomeList { .. }
             | Request::Seed { .. }
             | Request::CreateCached { .. }
+            | Request::AcquireCached { .. }
             | Request::Revalidate { .. } => match subject(&req) {
                 Some(id) => Some(ranges.serving_id(id, now)?.clone()),
                 None => None,
@@ -952,8 +952,8 @@ impl Server {
                 | Request::Bind { .. }
                 | Request::Unbind { .. }
                 | Request::HomeLookup { .. }
-                | Request::HomeList { .. }
                 | Request::CreateCached { .. }
+                | Request::AcquireCached { .. }
                 | Request::Revalidate { .. }
         );
         let Some(range) = range else {
@@ -975,10 +975,16 @@ impl Server {
                 format!("metadata range {} has no copy here yet", range.range),
             )
         })?;
+        // The first page of a cached directory may have brought its names
+        // from home: if anything was stored meanwhile, its copies get it
+        // before the names are shown.
+        let listing = matches!(req, Request::ReadDir { cookie: 0, .. });
+        let seq_before = range.store.committed_seq();
         let reply = self
             .metadata_inner(&rvol, range.store.clone(), client, conn_id, req, payload)
             .await?;
-        if mutating && !range.peers.is_empty() {
+        let filled = listing && range.store.committed_seq() != seq_before;
+        if (mutating || filled) && !range.peers.is_empty() {
             self.wait_replicated(&range, range.store.committed_seq())
                 .await?;
         }
@@ -1143,6 +1149,9 @@ impl Server {
             }
             Request::ReadDir { dir, cookie, max } => {
                 Self::check_owner(vol, dir.id)?;
+                if cookie == 0 {
+                    self.fill_if_unlisted(store.clone(), dir).await?;
+                }
                 let filling = self.fill_progress(dir.id);
                 let st = store.clone();
                 let page = self
@@ -1317,13 +1326,12 @@ impl Server {
             }
             Request::HomeLookup { dir, name } => {
                 Self::check_owner(vol, dir.id)?;
-                self.home_lookup(store, dir, name).await.map(Reply::Entry)
-            }
-            Request::HomeList { dir } => {
-                Self::check_owner(vol, dir.id)?;
-                self.home_list(store, dir)
-                    .await
-                    .map(|done| Reply::Listed { done })
+                let entry = self.home_lookup(store.clone(), dir, name).await?;
+                let seed = match &entry {
+                    Some(e) => Self::seed_of(&store, dir, e)?,
+                    None => None,
+                };
+                Ok(Reply::HomeEntry { entry, seed })
             }
             Request::Seed { dir, name } => {
                 Self::check_owner(vol, dir.id)?;
@@ -1335,6 +1343,16 @@ impl Server {
             Request::CreateCached { inode } => {
                 Self::check_owner(vol, inode.id)?;
                 self.create_cached(store, inode).await.map(Reply::Inode)
+            }
+            Request::AcquireCached { seed } => {
+                Self::check_owner(vol, seed.id)?;
+                let ino = seed.handle();
+                self.create_cached(store.clone(), seed).await?;
+                self.leased(client, conn_id, ino, LeaseMode::Read, move || {
+                    store.get_handle(ino)
+                })
+                .await
+                .map(Reply::Inode)
             }
             Request::Revalidate { ino } => {
                 Self::check_owner(vol, ino.id)?;

@@ -4,7 +4,7 @@
 //! | what | fetched here when | where |
 //! |---|---|---|
 //! | a name of a cached directory this server owns | `HomeLookup` misses it | [`Server::home_lookup`] |
-//! | every name of such a directory | `HomeList` (first listing) | [`Server::home_list`] |
+//! | every name of such a directory | its first `ReadDir` from cookie 0 | [`Server::fill_if_unlisted`] |
 //! | home's attributes of an object this server owns | `Revalidate` after the validity lag | [`Server::revalidate`] |
 //! | a stripe unit this server holds | `ReadCached`/`FetchCached` finds it missing at the file's version | [`Server::ensure_unit`] |
 //!
@@ -42,8 +42,8 @@ const SERVER_CONN: u64 = u64::MAX;
 const LIST_PAGE: usize = 1000;
 /// Names stored per transaction while a directory is listed from home.
 const FILL_BATCH: usize = 10_000;
-/// How long a `HomeList` waits for the listing to end before answering
-/// "not yet" (the client's listing then follows the fill). Not at once: on
+/// How long the first page of a listing waits for the listing from home to
+/// end before it follows the fill (answering the names stored so far). Not at once: on
 /// the emulated cluster, where the client, the servers and home share two
 /// cores, a 100,000-entry listing overlapped with its fill made the fill
 /// 0.5 s slower (1.14 -> 1.63 s) and the miss 1.40 -> 1.75 s; a listing
@@ -652,16 +652,32 @@ impl Server {
         }
     }
 
-    /// `HomeList`: fills directory `dir` with every name home has, once
-    /// (later callers wait for the first). Answers `true` once every name
-    /// is stored, `false` if that takes longer than [`LIST_WAIT`]: listings
-    /// of `dir` then go on meanwhile, each page waiting for names still to
-    /// come ([`Server::read_dir_filling`]).
-    pub(super) async fn home_list(
+    /// Before the first page of a listing of `dir`: if it is a cached
+    /// directory not listed whole, its names are brought from home first
+    /// ([`Server::home_list`]). Anything else wrong with `dir` is left for
+    /// the listing itself to report.
+    pub(super) async fn fill_if_unlisted(
         &self,
         store: Arc<Store>,
         dir: Handle,
-    ) -> Result<bool, WireError> {
+    ) -> Result<(), WireError> {
+        let Ok(d) = metadata(|| store.get_handle(dir)) else {
+            return Ok(());
+        };
+        match d.home.as_deref() {
+            Some(l) if !l.listed && d.attr.kind == FileKind::Dir => {
+                self.home_list(store, dir).await.map(|_| ())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Fills directory `dir` with every name home has, once (later callers
+    /// wait for the first). Answers `true` once every name is stored,
+    /// `false` if that takes longer than [`LIST_WAIT`]: listings of `dir`
+    /// then go on meanwhile, each page waiting for names still to come
+    /// ([`Server::read_dir_filling`]).
+    async fn home_list(&self, store: Arc<Store>, dir: Handle) -> Result<bool, WireError> {
         let d = metadata(|| store.get_handle(dir))?;
         if d.attr.kind != FileKind::Dir {
             return Err(err(ErrorCode::NotDir, "not a directory"));
@@ -697,7 +713,7 @@ impl Server {
                 _ => me.fill_from_home(&b, &link, store, dir, &progress).await,
             };
             // Whoever follows the listing learns how it ended; the next
-            // `HomeList` after a failure starts a new one.
+            // listing from cookie 0 after a failure starts a new one.
             progress.send_replace(match &r {
                 Ok(()) => Fill::Done,
                 Err(e) => Fill::Failed(e.clone()),
@@ -876,15 +892,38 @@ impl Server {
         store: Arc<Store>,
         seed: Inode,
     ) -> Result<Inode, WireError> {
-        link_of(&seed)?;
-        let replacing =
-            metadata(|| store.get_inode(seed.id))?.is_some_and(|old| old.gen != seed.gen);
+        let link = link_of(&seed)?;
+        let replacing = match metadata(|| store.get_inode(seed.id))? {
+            Some(old)
+                if old.gen == seed.gen
+                    && old.home.as_ref().is_some_and(|l| l.binding == link.binding) =>
+            {
+                // Made already (by this client's earlier ask or another's).
+                return Ok(old);
+            }
+            Some(_) => true,
+            None => false,
+        };
         let _own = if replacing {
             Some(self.own_write_lease(seed.id).await?)
         } else {
             None
         };
         metadata(|| store.create_cached(&seed))
+    }
+
+    /// The seed `dir` keeps for its entry `e`, if `e` names a cached
+    /// object and the seed is that object's (same id and generation).
+    pub(super) fn seed_of(
+        store: &Store,
+        dir: Handle,
+        e: &DirEntry,
+    ) -> Result<Option<Inode>, WireError> {
+        if !morris_proto::home::is_cache_id(e.child.id) {
+            return Ok(None);
+        }
+        Ok(metadata(|| store.seed(dir, &e.name))?
+            .filter(|s| s.id == e.child.id && s.gen == e.child.gen))
     }
 
     /// `Revalidate`: compares `h` with home if the validity lag has passed
