@@ -192,10 +192,58 @@ pub enum HomeError {
     /// Home did not answer in time, or could not be reached.
     #[error("home unreachable: {0}")]
     Unreachable(String),
+    /// The name exists already (a create, or a rename over a directory
+    /// that is not empty is [`HomeError::NotEmpty`]).
+    #[error("the name exists at home")]
+    Exists,
+    /// A directory to remove (or to rename over) is not empty.
+    #[error("directory not empty at home")]
+    NotEmpty,
+    /// Home is out of space or over a quota.
+    #[error("no space left at home")]
+    NoSpace,
+    /// Home refuses every change (a read-only export or mount).
+    #[error("home is read-only")]
+    ReadOnly,
     /// Home answered with an I/O error, or with something this client
     /// cannot use.
     #[error("home I/O error: {0}")]
     Io(String),
+}
+
+/// Attributes to set at home; `None` leaves one as it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HomeSetAttr {
+    /// Permission bits, with set-uid, set-gid and sticky (`0o7777` at most).
+    pub mode: Option<u32>,
+    /// Owner.
+    pub uid: Option<u32>,
+    /// Group.
+    pub gid: Option<u32>,
+    /// Size in bytes (a regular file only: truncated or extended with zeros).
+    pub size: Option<u64>,
+    /// Last access.
+    pub atime: Option<HomeTime>,
+    /// Last change of the data.
+    pub mtime: Option<HomeTime>,
+}
+
+/// What [`Home::create`] makes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum HomeNew {
+    /// An empty regular file.
+    File,
+    /// An empty directory.
+    Dir,
+    /// A symbolic link to the target (bytes, not empty).
+    Symlink(Vec<u8>),
+    /// A device node of this kind ([`HomeKind::BlockDev`] or
+    /// [`HomeKind::CharDev`]) and device numbers (major, minor).
+    Device(HomeKind, (u32, u32)),
+    /// A named pipe.
+    Fifo,
+    /// A socket.
+    Socket,
 }
 
 /// Result of a home request.
@@ -227,9 +275,16 @@ impl Default for HomeOptions {
     }
 }
 
-/// The home file system of a cached directory: the read side (the write
-/// side comes with cache mode II). Requests on different handles may run
-/// at once; each is bounded by [`HomeOptions::timeout`].
+/// The home file system of a cached directory: what is read from it (cache
+/// mode I) and written back to it (cache mode II). Requests on different
+/// handles may run at once; each is bounded by [`HomeOptions::timeout`].
+///
+/// The write side is what a write-back queue replays, so each request
+/// either applies whole or fails, and says precisely why: a create over an
+/// existing name fails with [`HomeError::Exists`] (never replaces it), a
+/// remove of a missing name with [`HomeError::NotFound`], so that a change
+/// replayed after a crash can be told from one never applied by looking at
+/// home.
 #[async_trait]
 pub trait Home: Send + Sync + std::fmt::Debug {
     /// The URL this home was opened from.
@@ -264,6 +319,68 @@ pub trait Home: Send + Sync + std::fmt::Debug {
 
     /// The most bytes one [`Home::read`] returns (NFS: the server's rtmax).
     fn max_read(&self) -> u32;
+
+    /// Makes `name` in directory `dir` with the attributes `attr` gives
+    /// (mode, owner and times where set; the size of a new file only if
+    /// set); [`HomeError::Exists`] if the name exists. Returns the new
+    /// object's handle and attributes.
+    async fn create(
+        &self,
+        dir: &HomeHandle,
+        name: &[u8],
+        what: &HomeNew,
+        attr: &HomeSetAttr,
+    ) -> Result<(HomeHandle, HomeAttr)>;
+
+    /// Writes `data` to a regular file at `offset`; returns how many bytes
+    /// home took (fewer than given: write the rest again). Not durable at
+    /// home before [`Home::commit`].
+    async fn write(&self, handle: &HomeHandle, offset: u64, data: Bytes) -> Result<u32>;
+
+    /// Makes every write to a regular file so far durable at home. Fails
+    /// with [`HomeError::Io`] if home may have lost writes made through
+    /// this `Home` since the last commit (an NFS server that restarted in
+    /// between, seen by its write verifier): write them again, then commit.
+    /// Only as good as home's verifier: nfs-ganesha 4.3's is its start time
+    /// in whole seconds, so a restart within the second goes unseen.
+    async fn commit(&self, handle: &HomeHandle) -> Result<()>;
+
+    /// Sets the attributes `set` gives; returns the attributes after.
+    /// The mode of a symlink is left as it is (no home can change it), and
+    /// some homes leave a symlink's times too (nfs-ganesha 4.3 answers OK
+    /// and keeps them): the attributes returned say what home has.
+    async fn setattr(&self, handle: &HomeHandle, set: &HomeSetAttr) -> Result<HomeAttr>;
+
+    /// Removes the name `name` of something that is not a directory.
+    async fn remove(&self, dir: &HomeHandle, name: &[u8]) -> Result<()>;
+
+    /// Removes the empty directory `name`.
+    async fn rmdir(&self, dir: &HomeHandle, name: &[u8]) -> Result<()>;
+
+    /// Renames `from_dir/from` to `to_dir/to`, replacing what `to` named
+    /// (as rename(2) does: a file over a file, an empty directory's name
+    /// over a directory).
+    async fn rename(
+        &self,
+        from_dir: &HomeHandle,
+        from: &[u8],
+        to_dir: &HomeHandle,
+        to: &[u8],
+    ) -> Result<()>;
+
+    /// Gives `target` (not a directory) one more name, `dir/name`;
+    /// [`HomeError::Exists`] if the name exists. Returns the handle the
+    /// object has under the new name (a local home's handle carries the
+    /// path) and its attributes.
+    async fn link(
+        &self,
+        target: &HomeHandle,
+        dir: &HomeHandle,
+        name: &[u8],
+    ) -> Result<(HomeHandle, HomeAttr)>;
+
+    /// The most bytes one [`Home::write`] takes (NFS: the server's wtmax).
+    fn max_write(&self) -> u32;
 
     /// The part of `handle` that names the object itself: equal for every
     /// name (hard link) of one object, different for a later object that

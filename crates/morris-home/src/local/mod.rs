@@ -10,19 +10,25 @@
 //! Every file-system call runs on a blocking thread, at most
 //! [`HomeOptions::parallel`] at once, each bounded by
 //! [`HomeOptions::timeout`] (a hung mount gives [`HomeError::Unreachable`]).
-//! Only regular files are read: a fifo or a device is never opened.
+//! Only regular files are read or written: a fifo or a device is never
+//! opened. The write side (`write`) makes changes to names durable before
+//! it returns, as an NFS server does.
 
 mod handle;
 mod ops;
 mod pool;
+mod write;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 
+use bytes::Bytes;
+
 use crate::{
-    DirPage, Home, HomeAttr, HomeError, HomeHandle, HomeOptions, HomeUrl, ReadReply, Result,
+    DirPage, Home, HomeAttr, HomeError, HomeHandle, HomeNew, HomeOptions, HomeSetAttr, HomeUrl,
+    ReadReply, Result,
 };
 use handle::Decoded;
 use ops::Shown;
@@ -30,6 +36,9 @@ use pool::Pool;
 
 /// Most bytes one read returns.
 const MAX_READ: u32 = 1 << 20;
+
+/// Most bytes one write takes.
+const MAX_WRITE: u32 = 1 << 20;
 
 /// A local directory as home.
 #[derive(Debug)]
@@ -141,6 +150,110 @@ impl Home for LocalHome {
 
     fn max_read(&self) -> u32 {
         MAX_READ
+    }
+
+    async fn create(
+        &self,
+        dir: &HomeHandle,
+        name: &[u8],
+        what: &HomeNew,
+        attr: &HomeSetAttr,
+    ) -> Result<(HomeHandle, HomeAttr)> {
+        tracing::trace!(?dir, name = %String::from_utf8_lossy(name), ?what, "create");
+        let (name, what, attr) = (name.to_vec(), what.clone(), attr.clone());
+        self.on(dir, Some(&name.clone()), move |root, d| {
+            write::create(root, d, &name, &what, &attr)
+        })
+        .await
+    }
+
+    async fn write(&self, handle: &HomeHandle, offset: u64, data: Bytes) -> Result<u32> {
+        tracing::trace!(?handle, offset, len = data.len(), "write");
+        if data.len() > MAX_WRITE as usize {
+            return Err(HomeError::Invalid(format!(
+                "a write of {} bytes is more than {MAX_WRITE}",
+                data.len()
+            )));
+        }
+        self.on(handle, None, move |root, d| {
+            write::write(root, d, offset, &data)
+        })
+        .await
+    }
+
+    async fn commit(&self, handle: &HomeHandle) -> Result<()> {
+        tracing::trace!(?handle, "commit");
+        self.on(handle, None, write::commit).await
+    }
+
+    async fn setattr(&self, handle: &HomeHandle, set: &HomeSetAttr) -> Result<HomeAttr> {
+        tracing::trace!(?handle, ?set, "setattr");
+        let set = set.clone();
+        self.on(handle, None, move |root, d| write::setattr(root, d, &set))
+            .await
+    }
+
+    async fn remove(&self, dir: &HomeHandle, name: &[u8]) -> Result<()> {
+        tracing::trace!(?dir, name = %String::from_utf8_lossy(name), "remove");
+        let owned = name.to_vec();
+        self.on(dir, Some(name), move |root, d| {
+            write::remove(root, d, &owned, false)
+        })
+        .await
+    }
+
+    async fn rmdir(&self, dir: &HomeHandle, name: &[u8]) -> Result<()> {
+        tracing::trace!(?dir, name = %String::from_utf8_lossy(name), "rmdir");
+        let owned = name.to_vec();
+        self.on(dir, Some(name), move |root, d| {
+            write::remove(root, d, &owned, true)
+        })
+        .await
+    }
+
+    async fn rename(
+        &self,
+        from_dir: &HomeHandle,
+        from: &[u8],
+        to_dir: &HomeHandle,
+        to: &[u8],
+    ) -> Result<()> {
+        tracing::trace!(
+            ?from_dir,
+            from = %String::from_utf8_lossy(from),
+            ?to_dir,
+            to = %String::from_utf8_lossy(to),
+            "rename"
+        );
+        let Some(td) = Decoded::decode(to_dir) else {
+            return Err(HomeError::Stale);
+        };
+        let (from, to) = (from.to_vec(), to.to_vec());
+        self.on(from_dir, Some(&from.clone()), move |root, fd| {
+            write::rename(root, fd, &from, &td, &to)
+        })
+        .await
+    }
+
+    async fn link(
+        &self,
+        target: &HomeHandle,
+        dir: &HomeHandle,
+        name: &[u8],
+    ) -> Result<(HomeHandle, HomeAttr)> {
+        tracing::trace!(?target, ?dir, name = %String::from_utf8_lossy(name), "link");
+        let Some(t) = Decoded::decode(target) else {
+            return Err(HomeError::Stale);
+        };
+        let owned = name.to_vec();
+        self.on(dir, Some(name), move |root, d| {
+            write::link(root, &t, d, &owned)
+        })
+        .await
+    }
+
+    fn max_write(&self) -> u32 {
+        MAX_WRITE
     }
 
     fn identity<'a>(&self, handle: &'a HomeHandle) -> &'a [u8] {

@@ -46,6 +46,10 @@ pub(crate) fn home_error(e: Errno, doing: Doing, what: &dyn Display) -> HomeErro
         (Errno::NOTDIR, _) => HomeError::NotDir,
         (Errno::ISDIR, _) => HomeError::IsDir,
         (Errno::ACCESS | Errno::PERM, _) => HomeError::Access,
+        (Errno::EXIST, _) => HomeError::Exists,
+        (Errno::NOTEMPTY, _) => HomeError::NotEmpty,
+        (Errno::NOSPC | Errno::DQUOT, _) => HomeError::NoSpace,
+        (Errno::ROFS, _) => HomeError::ReadOnly,
         (Errno::INVAL, _) => HomeError::Invalid(format!("{what}: {e}")),
         (Errno::NAMETOOLONG, _) => HomeError::Invalid(format!("{what}: {e}")),
         _ => HomeError::Io(format!("{what}: {e}")),
@@ -53,16 +57,16 @@ pub(crate) fn home_error(e: Errno, doing: Doing, what: &dyn Display) -> HomeErro
 }
 
 /// The attributes every call asks statx for.
-fn mask() -> StatxFlags {
+pub(super) fn mask() -> StatxFlags {
     StatxFlags::BASIC_STATS | StatxFlags::BTIME
 }
 
 /// How every path below the root is resolved.
-fn beneath() -> ResolveFlags {
+pub(super) fn beneath() -> ResolveFlags {
     ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS
 }
 
-fn stat_fd(fd: impl AsFd, what: &dyn Display) -> Result<Statx> {
+pub(super) fn stat_fd(fd: impl AsFd, what: &dyn Display) -> Result<Statx> {
     rfs::statx(
         fd,
         c"",
@@ -75,7 +79,7 @@ fn stat_fd(fd: impl AsFd, what: &dyn Display) -> Result<Statx> {
 /// The home directory, opened by its path (symlinks in the path itself
 /// are followed: the path is the operator's, not home's). Opened afresh by
 /// every call, so a directory replaced at home is seen as such.
-fn open_root(root: &Path) -> rustix::io::Result<OwnedFd> {
+pub(super) fn open_root(root: &Path) -> rustix::io::Result<OwnedFd> {
     rfs::open(
         root,
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -104,7 +108,7 @@ pub(crate) fn check_root(root: &Path) -> Result<()> {
 
 /// The object `h` names, opened with `flags` (plus `O_NOFOLLOW`), and its
 /// attributes; [`HomeError::Stale`] if its path no longer leads to it.
-fn find(root: &Path, h: &Decoded, flags: OFlags) -> Result<(OwnedFd, Statx)> {
+pub(super) fn find(root: &Path, h: &Decoded, flags: OFlags) -> Result<(OwnedFd, Statx)> {
     let what = Shown(root, &h.path);
     // The root gone (or no directory now): so is every object below it.
     let rootfd = open_root(root).map_err(|e| home_error(e, Doing::Handle, &what))?;
@@ -143,7 +147,7 @@ impl Display for Shown<'_> {
     }
 }
 
-fn kind(stx: &Statx) -> HomeKind {
+pub(super) fn kind(stx: &Statx) -> HomeKind {
     match FileType::from_raw_mode(stx.stx_mode.into()) {
         FileType::RegularFile => HomeKind::File,
         FileType::Directory => HomeKind::Dir,

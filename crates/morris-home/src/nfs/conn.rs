@@ -281,11 +281,15 @@ impl Pool {
         self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop()
     }
 
-    /// Sends one idempotent call and waits for its answer, within the
-    /// pool's timeout in all: a broken connection is dropped and the call
-    /// sent again on a new one; `NFS3ERR_JUKEBOX` is asked again after a
-    /// pause; once the deadline passes, [`HomeError::Unreachable`] says
-    /// what happened last. Other statuses map by [`status_error`].
+    /// Sends one call and waits for its answer, within the pool's timeout
+    /// in all: a broken connection is dropped and the call sent again on a
+    /// new one; `NFS3ERR_JUKEBOX` is asked again after a pause; once the
+    /// deadline passes, [`HomeError::Unreachable`] says what happened last.
+    /// Other statuses map by [`status_error`].
+    ///
+    /// A call that is not idempotent (CREATE, REMOVE, RENAME, ...) sent
+    /// again after its connection broke may find it applied already, and
+    /// fail as a replay would (`Exists`, `NotFound`).
     pub(crate) async fn call<T, E, F>(&self, op: &'static str, f: F) -> Result<T, HomeError>
     where
         F: for<'a> Fn(&'a mut Client) -> CallFuture<'a, T, E>,
@@ -350,6 +354,7 @@ impl Pool {
                 }
                 Ok(Ok(Nfs3Result::Ok(v))) => {
                     self.put(client);
+                    tracing::trace!(op, attempts, elapsed = ?start.elapsed(), "home answered");
                     return Ok(v);
                 }
                 Ok(Ok(Nfs3Result::Err((nfsstat3::NFS3ERR_JUKEBOX, _)))) => {
@@ -359,6 +364,7 @@ impl Pool {
                 }
                 Ok(Ok(Nfs3Result::Err((s, _)))) => {
                     self.put(client);
+                    tracing::trace!(op, attempts, elapsed = ?start.elapsed(), status = %s, "home refused");
                     return Err(status_error(op, s));
                 }
             }

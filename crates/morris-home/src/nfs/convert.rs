@@ -2,11 +2,12 @@
 
 use nfs3_client::nfs3_types::mount::mountstat3;
 use nfs3_client::nfs3_types::nfs3::{
-    fattr3, ftype3, nfs_fh3, nfsstat3, nfstime3, post_op_attr, Nfs3Option, NFS3_FHSIZE,
+    fattr3, ftype3, nfs_fh3, nfsstat3, nfstime3, post_op_attr, sattr3, set_atime, set_mtime,
+    Nfs3Option, NFS3_FHSIZE,
 };
 use nfs3_client::nfs3_types::xdr_codec::Opaque;
 
-use crate::{HomeAttr, HomeError, HomeHandle, HomeKind, HomeTime};
+use crate::{HomeAttr, HomeError, HomeHandle, HomeKind, HomeSetAttr, HomeTime};
 
 /// The home error an NFSv3 status stands for; `op` names the procedure,
 /// for the messages of [`HomeError::Invalid`] and [`HomeError::Io`].
@@ -17,8 +18,16 @@ pub(crate) fn status_error(op: &str, s: nfsstat3) -> HomeError {
         nfsstat3::NFS3ERR_NOTDIR => HomeError::NotDir,
         nfsstat3::NFS3ERR_ISDIR => HomeError::IsDir,
         nfsstat3::NFS3ERR_ACCES | nfsstat3::NFS3ERR_PERM => HomeError::Access,
-        nfsstat3::NFS3ERR_INVAL => HomeError::Invalid(format!("{op}: {s}")),
+        // BADTYPE: a LINK to a directory, a MKNOD of a kind the server
+        // cannot make.
+        nfsstat3::NFS3ERR_INVAL | nfsstat3::NFS3ERR_BADTYPE | nfsstat3::NFS3ERR_NAMETOOLONG => {
+            HomeError::Invalid(format!("{op}: {s}"))
+        }
         nfsstat3::NFS3ERR_BAD_COOKIE => HomeError::BadCookie,
+        nfsstat3::NFS3ERR_EXIST => HomeError::Exists,
+        nfsstat3::NFS3ERR_NOTEMPTY => HomeError::NotEmpty,
+        nfsstat3::NFS3ERR_NOSPC | nfsstat3::NFS3ERR_DQUOT => HomeError::NoSpace,
+        nfsstat3::NFS3ERR_ROFS => HomeError::ReadOnly,
         _ => HomeError::Io(format!("{op}: {s}")),
     }
 }
@@ -122,6 +131,53 @@ pub(crate) fn handle_to_wire(h: &HomeHandle) -> Result<nfs_fh3, HomeError> {
     })
 }
 
+/// A home time as an NFS time: [`HomeError::Invalid`] unless NFSv3 can
+/// carry it (1970 to 2106, nanoseconds below 10^9).
+pub(crate) fn nfs_time(t: HomeTime) -> Result<nfstime3, HomeError> {
+    match u32::try_from(t.secs) {
+        Ok(seconds) if t.nsecs < 1_000_000_000 => Ok(nfstime3 {
+            seconds,
+            nseconds: t.nsecs,
+        }),
+        _ => Err(HomeError::Invalid(format!(
+            "NFSv3 cannot carry the time {}.{:09} (seconds 0 to {}, nanoseconds below 10^9)",
+            t.secs,
+            t.nsecs,
+            u32::MAX
+        ))),
+    }
+}
+
+/// Attributes to set as an NFS `sattr3` (times as the client's): the
+/// fields `set` gives, but the mode only if `with_mode`.
+/// [`HomeError::Invalid`] for a mode above `0o7777` or a time NFSv3 cannot
+/// carry.
+pub(crate) fn sattr(set: &HomeSetAttr, with_mode: bool) -> Result<sattr3, HomeError> {
+    let mode = match set.mode {
+        Some(m) if m > 0o7777 => {
+            return Err(HomeError::Invalid(format!(
+                "mode {m:#o} has bits beyond 0o7777"
+            )))
+        }
+        Some(m) if with_mode => Nfs3Option::Some(m),
+        _ => Nfs3Option::None,
+    };
+    Ok(sattr3 {
+        mode,
+        uid: set.uid.map_or(Nfs3Option::None, Nfs3Option::Some),
+        gid: set.gid.map_or(Nfs3Option::None, Nfs3Option::Some),
+        size: set.size.map_or(Nfs3Option::None, Nfs3Option::Some),
+        atime: match set.atime {
+            Some(t) => set_atime::SET_TO_CLIENT_TIME(nfs_time(t)?),
+            None => set_atime::DONT_CHANGE,
+        },
+        mtime: match set.mtime {
+            Some(t) => set_mtime::SET_TO_CLIENT_TIME(nfs_time(t)?),
+            None => set_mtime::DONT_CHANGE,
+        },
+    })
+}
+
 /// Checks that `name` is one name of a directory: not empty, not `.` or
 /// `..`, without `/` or NUL.
 pub(crate) fn check_name(name: &[u8]) -> Result<(), HomeError> {
@@ -203,6 +259,15 @@ mod tests {
         assert_eq!(status_error("X", NFS3ERR_ACCES), HomeError::Access);
         assert_eq!(status_error("X", NFS3ERR_PERM), HomeError::Access);
         assert_eq!(status_error("X", NFS3ERR_BAD_COOKIE), HomeError::BadCookie);
+        assert_eq!(status_error("X", NFS3ERR_EXIST), HomeError::Exists);
+        assert_eq!(status_error("X", NFS3ERR_NOTEMPTY), HomeError::NotEmpty);
+        assert_eq!(status_error("X", NFS3ERR_NOSPC), HomeError::NoSpace);
+        assert_eq!(status_error("X", NFS3ERR_DQUOT), HomeError::NoSpace);
+        assert_eq!(status_error("X", NFS3ERR_ROFS), HomeError::ReadOnly);
+        assert_eq!(
+            status_error("LINK", NFS3ERR_BADTYPE),
+            HomeError::Invalid("LINK: NFS3ERR_BADTYPE".into())
+        );
         assert_eq!(
             status_error("READLINK", NFS3ERR_INVAL),
             HomeError::Invalid("READLINK: NFS3ERR_INVAL".into())
@@ -211,6 +276,80 @@ mod tests {
             status_error("READ", NFS3ERR_SERVERFAULT),
             HomeError::Io("READ: NFS3ERR_SERVERFAULT".into())
         );
+    }
+
+    #[test]
+    fn attributes_to_set_map_field_by_field() {
+        let t = |secs, nsecs| HomeTime { secs, nsecs };
+        let set = HomeSetAttr {
+            mode: Some(0o4750),
+            uid: Some(12),
+            gid: Some(34),
+            size: Some(56),
+            atime: Some(t(1, 2)),
+            mtime: Some(t(1_700_000_000, 999_999_999)),
+        };
+        let s = sattr(&set, true).unwrap();
+        assert_eq!(
+            (s.mode, s.uid, s.gid, s.size),
+            (
+                Nfs3Option::Some(0o4750),
+                Nfs3Option::Some(12),
+                Nfs3Option::Some(34),
+                Nfs3Option::Some(56)
+            )
+        );
+        assert!(matches!(
+            s.atime,
+            set_atime::SET_TO_CLIENT_TIME(nfstime3 {
+                seconds: 1,
+                nseconds: 2
+            })
+        ));
+        assert!(matches!(
+            s.mtime,
+            set_mtime::SET_TO_CLIENT_TIME(nfstime3 {
+                seconds: 1_700_000_000,
+                nseconds: 999_999_999
+            })
+        ));
+        let s = sattr(&set, false).unwrap();
+        assert_eq!(s.mode, Nfs3Option::None);
+        let s = sattr(&HomeSetAttr::default(), true).unwrap();
+        assert_eq!(
+            (s.mode, s.uid, s.gid, s.size),
+            (
+                Nfs3Option::None,
+                Nfs3Option::None,
+                Nfs3Option::None,
+                Nfs3Option::None
+            )
+        );
+        assert!(matches!(s.atime, set_atime::DONT_CHANGE));
+        assert!(matches!(s.mtime, set_mtime::DONT_CHANGE));
+        for bad in [
+            HomeSetAttr {
+                mode: Some(0o10000),
+                ..HomeSetAttr::default()
+            },
+            HomeSetAttr {
+                atime: Some(t(-1, 0)),
+                ..HomeSetAttr::default()
+            },
+            HomeSetAttr {
+                mtime: Some(t(1 << 32, 0)),
+                ..HomeSetAttr::default()
+            },
+            HomeSetAttr {
+                mtime: Some(t(1, 1_000_000_000)),
+                ..HomeSetAttr::default()
+            },
+        ] {
+            assert!(
+                matches!(sattr(&bad, true), Err(HomeError::Invalid(_))),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

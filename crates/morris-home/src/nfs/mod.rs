@@ -3,12 +3,14 @@
 //! [`NfsHome::open`] finds the server's ports (from the URL, else from its
 //! portmapper), mounts the export with MOUNT v3 as the caller's uid/gid
 //! (AUTH_UNIX), looks the URL's directory up below it and asks FSINFO how
-//! much one READ may carry. Requests then go over a pool of up to
-//! [`HomeOptions::parallel`] TCP connections, each bounded in all by
-//! [`HomeOptions::timeout`] (see [`conn::Pool::call`]).
+//! much one READ and one WRITE may carry. Requests then go over a pool of
+//! up to [`HomeOptions::parallel`] TCP connections, each bounded in all by
+//! [`HomeOptions::timeout`] (see [`conn::Pool::call`]). The write side is
+//! in [`write`].
 
 mod conn;
 mod convert;
+mod write;
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -32,8 +34,8 @@ use self::convert::{
     attr, check_live, check_name, handle_from_wire, handle_to_wire, live_attr, mount_error,
 };
 use crate::{
-    DirPage, Home, HomeAttr, HomeEntry, HomeError, HomeHandle, HomeKind, HomeOptions, HomeUrl,
-    ReadReply, Result,
+    DirPage, Home, HomeAttr, HomeEntry, HomeError, HomeHandle, HomeKind, HomeNew, HomeOptions,
+    HomeSetAttr, HomeUrl, ReadReply, Result,
 };
 
 /// Most bytes one READ asks for, whatever the server allows.
@@ -41,6 +43,12 @@ const MAX_READ: u32 = 1 << 20;
 
 /// READ size when the server's FSINFO gives none.
 const DEFAULT_READ: u32 = 32 << 10;
+
+/// Most bytes one WRITE carries, whatever the server allows.
+const MAX_WRITE: u32 = 1 << 20;
+
+/// WRITE size when the server's FSINFO gives none.
+const DEFAULT_WRITE: u32 = 32 << 10;
 
 /// Bytes of a READDIR reply per entry asked for (an entry is 24 bytes and
 /// its name, padded), and for the reply's header and the `.`/`..` entries.
@@ -58,6 +66,9 @@ pub struct NfsHome {
     pool: Pool,
     root: HomeHandle,
     max_read: u32,
+    max_write: u32,
+    /// Write verifiers of the writes not yet committed.
+    verifiers: write::Verifiers,
 }
 
 /// AUTH_UNIX's flavor number, and AUTH_NULL's (both of which we can send).
@@ -149,6 +160,8 @@ impl NfsHome {
             pool,
             root: root_fh,
             max_read: DEFAULT_READ,
+            max_write: DEFAULT_WRITE,
+            verifiers: write::Verifiers::default(),
         };
         let mut root = home.root.clone();
         for comp in subdir.split('/').filter(|c| !c.is_empty()) {
@@ -173,7 +186,11 @@ impl NfsHome {
             0 => DEFAULT_READ,
             n => n.min(MAX_READ),
         };
-        tracing::debug!(url = %home.url, nfs = %addr, mount = %mnt_addr, rtmax = info.rtmax, max_read = home.max_read, "NFS home open");
+        home.max_write = match info.wtmax {
+            0 => DEFAULT_WRITE,
+            n => n.min(MAX_WRITE),
+        };
+        tracing::debug!(url = %home.url, nfs = %addr, mount = %mnt_addr, rtmax = info.rtmax, max_read = home.max_read, wtmax = info.wtmax, max_write = home.max_write, "NFS home open");
         Ok(home)
     }
 
@@ -539,5 +556,58 @@ impl Home for NfsHome {
 
     fn max_read(&self) -> u32 {
         self.max_read
+    }
+
+    async fn create(
+        &self,
+        dir: &HomeHandle,
+        name: &[u8],
+        what: &HomeNew,
+        attr: &HomeSetAttr,
+    ) -> Result<(HomeHandle, HomeAttr)> {
+        self.create_at(dir, name, what, attr).await
+    }
+
+    async fn write(&self, handle: &HomeHandle, offset: u64, data: Bytes) -> Result<u32> {
+        self.write_at(handle, offset, data).await
+    }
+
+    async fn commit(&self, handle: &HomeHandle) -> Result<()> {
+        self.commit_file(handle).await
+    }
+
+    async fn setattr(&self, handle: &HomeHandle, set: &HomeSetAttr) -> Result<HomeAttr> {
+        self.setattr_of(handle, set).await
+    }
+
+    async fn remove(&self, dir: &HomeHandle, name: &[u8]) -> Result<()> {
+        self.remove_at(dir, name, false).await
+    }
+
+    async fn rmdir(&self, dir: &HomeHandle, name: &[u8]) -> Result<()> {
+        self.remove_at(dir, name, true).await
+    }
+
+    async fn rename(
+        &self,
+        from_dir: &HomeHandle,
+        from: &[u8],
+        to_dir: &HomeHandle,
+        to: &[u8],
+    ) -> Result<()> {
+        self.rename_at(from_dir, from, to_dir, to).await
+    }
+
+    async fn link(
+        &self,
+        target: &HomeHandle,
+        dir: &HomeHandle,
+        name: &[u8],
+    ) -> Result<(HomeHandle, HomeAttr)> {
+        self.link_at(target, dir, name).await
+    }
+
+    fn max_write(&self) -> u32 {
+        self.max_write
     }
 }

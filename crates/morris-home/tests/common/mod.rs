@@ -10,8 +10,10 @@
 //! rightly differ (reading a directory: `IsDir` or `Invalid`; a handle
 //! after a rename at home: the same object or `Stale`) it says so.
 //!
-//! The suite changes the fixture only below `scratch/`, and removes what
-//! it made there, so it can run again on the same tree.
+//! The suite changes the fixture only below `scratch/` (by hand, to make
+//! home change behind the backend's back, and through the backend's write
+//! side, `writes.rs`), and removes what it made there, so it can run again
+//! on the same tree.
 #![allow(dead_code)]
 
 use std::collections::{BTreeSet, HashMap};
@@ -25,6 +27,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 mod tree;
+mod writes;
 
 // Each test binary that includes the suite uses its own part of these.
 #[allow(unused_imports)]
@@ -541,6 +544,9 @@ pub async fn conformance(home: Arc<dyn Home>, tree: &Tree) {
     eprintln!("conformance: reads in {:?}", t.elapsed());
     check_errors(h, tree).await;
     check_stale(h, tree).await;
+    let t = std::time::Instant::now();
+    writes::check_writes(h, tree).await;
+    eprintln!("conformance: writes in {:?}", t.elapsed());
     let left: Vec<_> = ok(fs::read_dir(tree.path(&tree.scratch)), "scratch").collect();
     assert!(
         left.is_empty(),

@@ -210,6 +210,10 @@ fn home_err(url: &str, e: HomeError) -> WireError {
         HomeError::Invalid(m) => err(ErrorCode::Io, format!("home {url}: {m}")),
         HomeError::BadCookie => err(ErrorCode::Io, format!("home {url}: listing changed")),
         HomeError::Unreachable(m) => err(ErrorCode::Io, format!("home {url} unreachable: {m}")),
+        HomeError::Exists => err(ErrorCode::Exists, format!("exists at home {url}")),
+        HomeError::NotEmpty => err(ErrorCode::NotEmpty, format!("not empty at home {url}")),
+        HomeError::NoSpace => err(ErrorCode::NoSpace, format!("no space left at home {url}")),
+        HomeError::ReadOnly => err(ErrorCode::ReadOnly, format!("home {url} is read-only")),
         HomeError::Io(m) => err(ErrorCode::Io, format!("home {url}: {m}")),
     }
 }
