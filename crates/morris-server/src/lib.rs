@@ -37,6 +37,7 @@ mod load;
 mod ranges;
 mod service;
 mod store;
+pub mod writeback;
 
 use service::Server;
 pub use store::StoreError;
