@@ -820,3 +820,66 @@ fn a_first_lookup_and_listing_of_a_home_directory_take_few_requests() {
     let (ok, _, all) = fsck(c.addr(0));
     assert!(ok, "fsck: {all}");
 }
+
+/// The bindings `morris cache status --json` shows for each server:
+/// (binding id, url) per server.
+fn bindings_shown(c: &Cluster) -> Vec<Vec<(u64, String)>> {
+    let o = morris(&["cache", "status", "--server", c.addr(0), "--json"]);
+    assert!(o.status.success(), "cache status: {}", both(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|s| {
+            s["bindings"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or(&[])
+                .iter()
+                .map(|b| {
+                    (
+                        b["binding"].as_u64().unwrap_or(0),
+                        b["url"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn a_restarted_server_knows_its_bindings_before_any_client_names_them() {
+    let home = tempdir();
+    fs::write(home.path().join("f"), b"cached").expect("write");
+    let (mut c, m) = volume();
+    let url = format!("file://{}", home.path().display());
+    bind(&m, &url, &[]);
+    assert_eq!(fs::read(m.path.join("c/f")).expect("read"), b"cached");
+    let before = bindings_shown(&c);
+    assert_eq!(before.len(), 4, "{before:?}");
+    for s in &before {
+        assert_eq!(s.len(), 1, "every server knows the binding: {before:?}");
+        assert_eq!(s[0].1, url);
+    }
+    drop(m);
+    for i in 0..4 {
+        c.kill9(i);
+        c.restart(i);
+    }
+    // No mount, no request naming the binding: still shown by every server.
+    assert_eq!(bindings_shown(&c), before);
+    // And unbinding makes every server forget it, across a restart too.
+    let m = c.mount();
+    assert_eq!(fs::read(m.path.join("c/f")).expect("read"), b"cached");
+    let cdir = m.path.join("c");
+    let o = morris(&["cache", "unbind", cdir.to_str().expect("utf-8")]);
+    assert!(o.status.success(), "cache unbind: {}", both(&o));
+    drop(m);
+    c.kill9(0);
+    c.restart(0);
+    assert!(
+        bindings_shown(&c).iter().all(Vec::is_empty),
+        "{:?}",
+        bindings_shown(&c)
+    );
+}

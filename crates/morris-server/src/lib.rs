@@ -251,6 +251,7 @@ pub async fn start(cfg: ServerConfig) -> Result<ServerHandle, ServerError> {
     server
         .init_ranges(u64::from(cfg.lease_ms))
         .map_err(|e| ServerError::Config(format!("metadata ranges: {e}")))?;
+    server.load_bindings();
     info!(
         %addr,
         data_dir = %cfg.data_dir.display(),

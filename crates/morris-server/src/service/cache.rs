@@ -425,12 +425,43 @@ impl Server {
     /// `OpenHome`: keeps the settings of a binding (a changed one replaces
     /// the old, and its home is opened again when next needed).
     pub(super) fn open_home(&self, binding: FileId, spec: Binding) {
-        let mut b = self.cache.bound.lock();
-        if b.get(&binding).is_some_and(|old| old.spec == spec) {
-            return;
+        {
+            let mut b = self.cache.bound.lock();
+            if b.get(&binding).is_some_and(|old| old.spec == spec) {
+                return;
+            }
+            info!(binding, url = %spec.url, mode = spec.mode.name(), "binding learnt");
+            b.insert(binding, Arc::new(Bound::new(spec.clone())));
         }
-        info!(binding, url = %spec.url, mode = spec.mode.name(), "binding learnt");
-        b.insert(binding, Arc::new(Bound::new(spec)));
+        // Kept, so that after a restart this server knows it at once. A
+        // failure costs only that: clients tell it again when it asks.
+        if let Err(e) = self.store.remember_binding(binding, &spec) {
+            warn!(binding, error = %e, "binding settings not kept");
+        }
+    }
+
+    /// At start: the bindings this server was told of before (their homes
+    /// are opened when first needed).
+    pub(crate) fn load_bindings(&self) {
+        let known = match self.store.known_bindings() {
+            Ok(k) => k,
+            Err(e) => {
+                warn!(error = %e, "kept binding settings not read");
+                return;
+            }
+        };
+        let mut b = self.cache.bound.lock();
+        for (binding, spec) in known {
+            match spec {
+                Ok(spec) => {
+                    debug!(binding, url = %spec.url, "binding known from before");
+                    b.insert(binding, Arc::new(Bound::new(spec)));
+                }
+                Err(e) => {
+                    warn!(binding, error = %e, "kept binding settings unreadable; a client will tell them again")
+                }
+            }
+        }
     }
 
     /// `Bind`: makes the empty directory `dir` (owned here) a cache of
@@ -473,6 +504,9 @@ impl Server {
         let _own = self.own_write_lease(dir.id).await?;
         let ino = metadata(|| store.bind(dir, &link))?;
         self.cache.bound.lock().insert(dir.id, b);
+        if let Err(e) = self.store.remember_binding(dir.id, &spec) {
+            warn!(binding = dir.id, error = %e, "binding settings not kept");
+        }
         self.mark_checked(dir.id, Instant::now());
         info!(dir = dir.id, url = %spec.url, "bound to a home");
         Ok(ino)
@@ -505,6 +539,7 @@ impl Server {
         .await?;
         info!(binding, files = freed, "cached data removed");
         self.cache.bound.lock().remove(&binding);
+        metadata(|| self.store.forget_binding_spec(binding))?;
         Ok(())
     }
 

@@ -14,13 +14,16 @@
 //!   ([`Store::create_cached`]) — Panache's "orphan" inodes;
 //! * `cache_units` (this server's own, never mirrored): which units of
 //!   which cached files this server holds, at which content version, how
-//!   many bytes, and when last read (for eviction).
+//!   many bytes, and when last read (for eviction);
+//! * `cache_bindings` (this server's own): the settings of every binding
+//!   this server has been told of (`OpenHome`), so that a restarted server
+//!   knows its bindings (status, eviction) before any client names them.
 //!
 //! Links and seeds are stored as a format byte and the postcard encoding
 //! of the wire types ([`HomeLink`], [`Inode`]); a change to those types
 //! must keep a frozen copy of the old layout here and convert.
 
-use morris_proto::home::{is_cache_id, HomeLink, HomeStamp};
+use morris_proto::home::{is_cache_id, Binding, HomeLink, HomeStamp};
 use morris_proto::{Attr, ErrorCode, FileId, FileKind, Handle, Inode, WireError};
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
@@ -50,6 +53,7 @@ CREATE TABLE IF NOT EXISTS cache_units (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS cache_units_by_use ON cache_units (used);
 CREATE INDEX IF NOT EXISTS cache_units_by_binding ON cache_units (binding, id);
+CREATE TABLE IF NOT EXISTS cache_bindings (binding INTEGER PRIMARY KEY, spec BLOB NOT NULL);
 ";
 
 /// Format byte of stored links and seeds.
@@ -538,6 +542,51 @@ impl Store {
             rows.map(|r| r.map(super::from_sql_id))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(db_err)
+        })
+    }
+
+    /// Keeps the settings of binding `binding` (replacing older ones).
+    pub fn remember_binding(&self, binding: FileId, spec: &Binding) -> Result<(), WireError> {
+        let b = encode(spec)?;
+        self.write_txn(|tx| {
+            tx.execute(
+                "INSERT OR REPLACE INTO cache_bindings (binding, spec) VALUES (?1, ?2)",
+                params![sql_id(binding), b],
+            )
+            .map_err(db_err)?;
+            Ok(())
+        })
+    }
+
+    /// Forgets the settings of binding `binding`.
+    pub fn forget_binding_spec(&self, binding: FileId) -> Result<(), WireError> {
+        self.write_txn(|tx| {
+            tx.execute(
+                "DELETE FROM cache_bindings WHERE binding = ?1",
+                params![sql_id(binding)],
+            )
+            .map_err(db_err)?;
+            Ok(())
+        })
+    }
+
+    /// Every binding this server keeps the settings of; a record that does
+    /// not decode is reported as an error beside the others.
+    #[allow(clippy::type_complexity)]
+    pub fn known_bindings(&self) -> Result<Vec<(FileId, Result<Binding, WireError>)>, WireError> {
+        self.with_reader(|c| {
+            let mut st = c
+                .prepare_cached("SELECT binding, spec FROM cache_bindings ORDER BY binding")
+                .map_err(db_err)?;
+            let rows = st
+                .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)))
+                .map_err(db_err)?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (id, b) = row.map_err(db_err)?;
+                out.push((super::from_sql_id(id), decode("binding settings", &b)));
+            }
+            Ok(out)
         })
     }
 
