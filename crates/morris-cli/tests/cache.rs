@@ -244,7 +244,6 @@ fn cache_totals(c: &Cluster) -> (u64, u64, u64, u64, u64) {
             t.0 += b["fetched_bytes"].as_u64().unwrap_or(0);
             t.1 += b["misses"].as_u64().unwrap_or(0);
             t.2 += b["hits"].as_u64().unwrap_or(0);
-            // Cached bytes are the server's, not the binding's: one binding here.
             t.3 += b["cached_bytes"].as_u64().unwrap_or(0);
             t.4 += b["evictions"].as_u64().unwrap_or(0);
         }
@@ -882,4 +881,87 @@ fn a_restarted_server_knows_its_bindings_before_any_client_names_them() {
         "{:?}",
         bindings_shown(&c)
     );
+}
+
+/// `morris cache status --json`, per binding URL summed over the servers:
+/// (cached bytes, evictions).
+fn per_binding(c: &Cluster) -> BTreeMap<String, (u64, u64)> {
+    let o = morris(&["cache", "status", "--server", c.addr(0), "--json"]);
+    assert!(o.status.success(), "cache status: {}", both(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    let mut out: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for s in v.as_array().expect("array") {
+        for b in s["bindings"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+            let e = out
+                .entry(b["url"].as_str().unwrap_or("").to_string())
+                .or_default();
+            e.0 += b["cached_bytes"].as_u64().unwrap_or(0);
+            e.1 += b["evictions"].as_u64().unwrap_or(0);
+        }
+    }
+    out
+}
+
+#[test]
+fn each_binding_keeps_to_its_own_space_limit() {
+    let (limited, free) = (tempdir(), tempdir());
+    for i in 0..4 {
+        random_file(&limited.path().join(format!("f{i}")), 6 << 20, i);
+        random_file(&free.path().join(format!("g{i}")), 4 << 20, i + 10);
+    }
+    let c = Cluster::start(4, ClusterOpts::default());
+    let m = c.mount();
+    fs::create_dir(m.path.join("c")).expect("mkdir c");
+    let (lurl, furl) = (
+        format!("file://{}", limited.path().display()),
+        format!("file://{}", free.path().display()),
+    );
+    bind(&m, &lurl, &["--max-bytes", "8M"]);
+    // A second binding, without a limit (it used to switch eviction off
+    // for every binding, and the first one's limit counted its bytes).
+    fs::create_dir(m.path.join("d")).expect("mkdir d");
+    let o = morris(&[
+        "cache",
+        "bind",
+        m.path.join("d").to_str().expect("utf-8"),
+        &furl,
+    ]);
+    assert!(o.status.success(), "cache bind d: {}", both(&o));
+    for i in 0..4 {
+        let g = format!("g{i}");
+        assert!(same_bytes(
+            &free.path().join(&g),
+            &m.path.join("d").join(&g)
+        ));
+    }
+    for i in 0..4 {
+        let f = format!("f{i}");
+        assert!(same_bytes(
+            &limited.path().join(&f),
+            &m.path.join("c").join(&f)
+        ));
+    }
+    wait_for(
+        Duration::from_secs(30),
+        "the limited binding under 8 MiB",
+        || {
+            let b = per_binding(&c);
+            let (cached, evicted) = b.get(&lurl).copied().unwrap_or_default();
+            if cached <= 8 << 20 && evicted > 0 {
+                Ok(())
+            } else {
+                Err(format!("{b:?}"))
+            }
+        },
+    );
+    // The other binding kept all it read (16 MiB), evicted nothing.
+    let b = per_binding(&c);
+    assert_eq!(b.get(&furl).copied(), Some((16 << 20, 0)), "{b:?}");
+    for i in 0..4 {
+        let f = format!("f{i}");
+        assert!(
+            same_bytes(&limited.path().join(&f), &m.path.join("c").join(&f)),
+            "{f} after eviction"
+        );
+    }
 }

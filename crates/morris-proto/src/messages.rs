@@ -774,8 +774,7 @@ pub struct BindingStatus {
     pub meta_requests: u64,
     /// Units evicted to stay under the binding's space limit, and by hand.
     pub evictions: u64,
-    /// Bytes of home's data held here (all bindings: units are not
-    /// counted per binding).
+    /// Bytes of this binding's data held here.
     pub cached_bytes: u64,
 }
 

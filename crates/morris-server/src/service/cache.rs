@@ -1155,7 +1155,7 @@ impl Server {
             let mut next = index + k;
             let mut fetched = 0u64;
             while next <= last {
-                if me.over_budget() {
+                if me.over_budget(home.binding) {
                     break;
                 }
                 let Ok(_slot) = me.cache.background.clone().acquire_owned().await else {
@@ -1175,26 +1175,28 @@ impl Server {
         });
     }
 
-    /// Whether this server holds as much as its share of the bindings'
-    /// space limits allows (never, without limits).
-    fn over_budget(&self) -> bool {
-        let Some(budget) = self.space_budget() else {
+    /// Whether this server holds as much of binding `binding`'s data as
+    /// its share of the binding's space limit allows (never, without one).
+    fn over_budget(&self, binding: FileId) -> bool {
+        let Ok(b) = self.bound(binding) else {
+            return false;
+        };
+        let Some(share) = self.share_of(&b) else {
             return false;
         };
         let store = self.store.clone();
-        metadata(|| store.cached_bytes()).is_ok_and(|(_, held)| held >= budget)
+        metadata(|| store.cached_bytes_of(binding)).is_ok_and(|(_, held)| held >= share)
     }
 
-    /// This server's share of the space limits of the bindings it knows
-    /// (`None`: no limit — no binding known, or one without a limit).
-    fn space_budget(&self) -> Option<u64> {
+    /// This server's share of binding `b`'s space limit (the limit divided
+    /// evenly among the servers; `None`: no limit).
+    fn share_of(&self, b: &Bound) -> Option<u64> {
         let vol = self.store.formatted()?;
-        let bound: Vec<Arc<Bound>> = self.cache.bound.lock().values().cloned().collect();
-        if bound.is_empty() || bound.iter().any(|b| b.spec.max_bytes == 0) {
+        if b.spec.max_bytes == 0 {
             return None;
         }
         let k = u64::from(vol.layout.servers.max(1));
-        Some(bound.iter().map(|b| b.spec.max_bytes.div_ceil(k)).sum())
+        Some(b.spec.max_bytes.div_ceil(k))
     }
 
     /// Fetches one unit from home into this server's extent file.
@@ -1328,36 +1330,44 @@ impl Server {
         let Some(vol) = self.store.formatted() else {
             return;
         };
-        let Some(budget) = self.space_budget() else {
-            return;
-        };
-        let bound: Vec<Arc<Bound>> = self.cache.bound.lock().values().cloned().collect();
-        let store = self.store.clone();
-        let Ok((_, mut held)) = metadata(|| store.cached_bytes()) else {
-            return;
-        };
-        while held > budget {
+        // Each binding within its own share, its least recently read units
+        // first: one binding's reads never evict another's data.
+        let bound: Vec<(FileId, Arc<Bound>)> = self
+            .cache
+            .bound
+            .lock()
+            .iter()
+            .map(|(id, b)| (*id, b.clone()))
+            .collect();
+        for (binding, b) in bound {
+            let Some(share) = self.share_of(&b) else {
+                continue;
+            };
             let store = self.store.clone();
-            let Ok(cold) = metadata(|| store.coldest_units(64)) else {
+            let Ok((_, mut held)) = metadata(|| store.cached_bytes_of(binding)) else {
                 return;
             };
-            if cold.is_empty() {
-                return;
-            }
-            for u in cold {
-                if held <= budget {
+            while held > share {
+                let store = self.store.clone();
+                let Ok(cold) = metadata(|| store.coldest_units_of(binding, 64)) else {
+                    return;
+                };
+                if cold.is_empty() {
                     break;
                 }
-                match self.evict_unit(&vol, u.id, u.copy, u.block, u.bytes).await {
-                    Ok(n) => {
-                        held = held.saturating_sub(n);
-                        if let Some(b) = bound.first() {
+                for u in cold {
+                    if held <= share {
+                        break;
+                    }
+                    match self.evict_unit(&vol, u.id, u.copy, u.block, u.bytes).await {
+                        Ok(n) => {
+                            held = held.saturating_sub(n);
                             b.evictions.fetch_add(1, Ordering::Relaxed);
                         }
-                    }
-                    Err(e) => {
-                        warn!(error = %e, "eviction failed");
-                        return;
+                        Err(e) => {
+                            warn!(binding, error = %e, "eviction failed");
+                            return;
+                        }
                     }
                 }
             }
@@ -1366,19 +1376,21 @@ impl Server {
 
     /// `CacheStatus`.
     pub(super) fn cache_status(&self) -> Result<Vec<BindingStatus>, WireError> {
-        let store = self.store.clone();
-        let (_, bytes) = metadata(|| store.cached_bytes())?;
-        let mut out: Vec<BindingStatus> = self
+        let bound: Vec<(FileId, Arc<Bound>)> = self
             .cache
             .bound
             .lock()
             .iter()
-            .map(|(id, b)| {
-                let mut s = b.status(bytes);
-                s.binding = *id;
-                s
-            })
+            .map(|(id, b)| (*id, b.clone()))
             .collect();
+        let mut out = Vec::with_capacity(bound.len());
+        for (id, b) in bound {
+            let store = self.store.clone();
+            let (_, bytes) = metadata(|| store.cached_bytes_of(id))?;
+            let mut s = b.status(bytes);
+            s.binding = id;
+            out.push(s);
+        }
         out.sort_by_key(|s| s.binding);
         Ok(out)
     }

@@ -53,6 +53,7 @@ CREATE TABLE IF NOT EXISTS cache_units (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS cache_units_by_use ON cache_units (used);
 CREATE INDEX IF NOT EXISTS cache_units_by_binding ON cache_units (binding, id);
+CREATE INDEX IF NOT EXISTS cache_units_by_binding_use ON cache_units (binding, used);
 CREATE TABLE IF NOT EXISTS cache_bindings (binding INTEGER PRIMARY KEY, spec BLOB NOT NULL);
 ";
 
@@ -686,29 +687,34 @@ impl Store {
         })
     }
 
-    /// Bytes of home's data held here, in units.
-    pub fn cached_bytes(&self) -> Result<(u64, u64), WireError> {
+    /// Units and bytes held here for binding `binding`.
+    pub fn cached_bytes_of(&self, binding: FileId) -> Result<(u64, u64), WireError> {
         self.with_reader(|c| {
-            c.query_row(
-                "SELECT count(*), coalesce(sum(bytes), 0) FROM cache_units",
-                [],
-                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
+            c.prepare_cached(
+                "SELECT count(*), coalesce(sum(bytes), 0) FROM cache_units WHERE binding = ?1",
             )
+            .and_then(|mut st| {
+                st.query_row(params![sql_id(binding)], |r| {
+                    Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+                })
+            })
             .map(|(n, b)| (n.max(0) as u64, b.max(0) as u64))
             .map_err(db_err)
         })
     }
 
-    /// The least recently read units, oldest first, at most `max`.
-    pub fn coldest_units(&self, max: u32) -> Result<Vec<Evictable>, WireError> {
+    /// The least recently read units of binding `binding`, oldest first,
+    /// at most `max`.
+    pub fn coldest_units_of(&self, binding: FileId, max: u32) -> Result<Vec<Evictable>, WireError> {
         self.with_reader(|c| {
             let mut st = c
                 .prepare_cached(
-                    "SELECT id, copy, block, bytes FROM cache_units ORDER BY used LIMIT ?1",
+                    "SELECT id, copy, block, bytes FROM cache_units WHERE binding = ?1 \
+                     ORDER BY used LIMIT ?2",
                 )
                 .map_err(db_err)?;
             let rows = st
-                .query_map(params![i64::from(max)], unit_row)
+                .query_map(params![sql_id(binding), i64::from(max)], unit_row)
                 .map_err(db_err)?;
             rows.collect::<Result<Vec<_>, _>>().map_err(db_err)
         })

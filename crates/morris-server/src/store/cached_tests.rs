@@ -208,18 +208,25 @@ fn units_are_recorded_per_version_and_coldest_first() {
     assert!(s.unit(9, 0, 3).unwrap().is_none());
     // A newer version replaces the record and says what it held.
     assert_eq!(s.put_unit(9, 0, 1, 2, 80, 1).unwrap(), 100);
-    assert_eq!(s.cached_bytes().unwrap(), (3, 140));
+    assert_eq!(s.cached_bytes_of(1).unwrap(), (3, 140));
     std::thread::sleep(std::time::Duration::from_millis(5));
     s.touch_units(&[(9, 0, 2)]).unwrap();
-    let cold = s.coldest_units(10).unwrap();
+    let cold = s.coldest_units_of(1, 10).unwrap();
     assert_eq!(
         cold.last().map(|u| (u.copy, u.block)),
         Some((0, 2)),
         "{cold:?}"
     );
+    // Per binding: another binding's units are neither counted nor listed.
+    s.put_unit(12, 0, 1, 1, 1000, 2).unwrap();
+    assert_eq!(s.cached_bytes_of(1).unwrap(), (3, 140));
+    assert_eq!(s.cached_bytes_of(2).unwrap(), (1, 1000));
+    assert_eq!(s.coldest_units_of(1, 10).unwrap().len(), 3);
+    assert_eq!(s.coldest_units_of(2, 10).unwrap().len(), 1);
+    s.drop_units_of(12).unwrap();
     assert_eq!(s.units_of(9).unwrap().len(), 3);
     s.drop_unit(9, 0, 2).unwrap();
-    assert_eq!(s.cached_bytes().unwrap(), (2, 90));
+    assert_eq!(s.cached_bytes_of(1).unwrap(), (2, 90));
 }
 
 #[test]
