@@ -246,17 +246,11 @@ impl Client {
         Ok(())
     }
 
-    /// Fetches the seed of placeholder `dir/name` (naming `child`) for the
-    /// lookup's next `AcquireCached`; `false` if `child` is not a cached
-    /// object without an inode that `dir` keeps a seed of.
-    pub(crate) async fn seed_for_lookup(
-        &self,
-        dir: FileId,
-        name: &[u8],
-        child: Handle,
-    ) -> Result<bool> {
+    /// The seed `dir` keeps for its entry `name`, if it is one of the
+    /// object at `child`'s id (`child` a cached object's id).
+    async fn seed_of(&self, dir: FileId, name: &[u8], child: Handle) -> Result<Option<Inode>> {
         if !is_cache_id(child.id) {
-            return Ok(false);
+            return Ok(None);
         }
         let dh = self.leases.handle(dir)?;
         let r = self
@@ -269,14 +263,28 @@ impl Client {
             )
             .await;
         match r {
-            Ok(Reply::Inode(seed)) if seed.handle() == child => {
+            Ok(Reply::Inode(seed)) => Ok((seed.id == child.id).then_some(seed)),
+            Ok(other) => Err(unexpected(&other)),
+            Err(e) if e.code == ErrorCode::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Fetches the seed of placeholder `dir/name` (naming `child`) for the
+    /// lookup's next `AcquireCached`; `false` if `child` is not a cached
+    /// object without an inode that `dir` keeps a seed of.
+    pub(crate) async fn seed_for_lookup(
+        &self,
+        dir: FileId,
+        name: &[u8],
+        child: Handle,
+    ) -> Result<bool> {
+        match self.seed_of(dir, name, child).await? {
+            Some(seed) if seed.handle() == child => {
                 self.cache.keep_seed(seed);
                 Ok(true)
             }
-            Ok(Reply::Inode(_)) => Ok(false),
-            Ok(other) => Err(unexpected(&other)),
-            Err(e) if e.code == ErrorCode::NotFound => Ok(false),
-            Err(e) => Err(e),
+            _ => Ok(false),
         }
     }
 
@@ -316,28 +324,9 @@ impl Client {
         name: &[u8],
         child: Handle,
     ) -> Result<bool> {
-        if !is_cache_id(child.id) {
+        let Some(seed) = self.seed_of(dir, name, child).await? else {
             return Ok(false);
-        }
-        let dh = self.leases.handle(dir)?;
-        let r = self
-            .call_owner(
-                dir,
-                Request::Seed {
-                    dir: dh,
-                    name: name.to_vec(),
-                },
-            )
-            .await;
-        let seed = match r {
-            Ok(Reply::Inode(i)) => i,
-            Ok(other) => return Err(unexpected(&other)),
-            Err(e) if e.code == ErrorCode::NotFound => return Ok(false),
-            Err(e) => return Err(e),
         };
-        if seed.id != child.id {
-            return Ok(false);
-        }
         let r = self
             .call_owner(child.id, Request::CreateCached { inode: seed })
             .await?;

@@ -334,27 +334,35 @@ fn plus_of(
     }
 }
 
-/// Up to `len` bytes of regular file `h` from `offset`.
-pub(crate) fn read(root: &Path, h: &Decoded, offset: u64, len: u32) -> Result<ReadReply> {
-    let what = Shown(root, &h.path);
-    // First without opening: a fifo or a device is never opened (opening
-    // a fifo blocks until a writer comes; opening a device may act).
+/// The regular file `h` names, opened with `flags`, and its attributes.
+/// A fifo or a device is never opened (opening a fifo blocks until the
+/// other end comes; opening a device may act): the kind is checked first
+/// without opening, and the open is `O_NONBLOCK`, so that should a fifo
+/// have taken the file's place since, its open does not wait (and `find`
+/// refuses it: another inode).
+pub(super) fn open_file(root: &Path, h: &Decoded, flags: OFlags) -> Result<(OwnedFd, Statx)> {
     let (_, stx) = find(root, h, OFlags::PATH)?;
     match kind(&stx) {
         HomeKind::File => {}
         HomeKind::Dir => return Err(HomeError::IsDir),
         k => {
             return Err(HomeError::Invalid(format!(
-                "{what}: only regular files are read, this is a {k:?}"
+                "{}: only regular files are read or written, this is a {k:?}",
+                Shown(root, &h.path)
             )))
         }
     }
-    // O_NONBLOCK: should a fifo have taken the file's place since, its open
-    // does not wait (and `find` then refuses it: another inode).
-    let (fd, stx) = find(root, h, OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY)?;
+    let (fd, stx) = find(root, h, flags | OFlags::NONBLOCK | OFlags::NOCTTY)?;
     if kind(&stx) != HomeKind::File {
         return Err(HomeError::Stale);
     }
+    Ok((fd, stx))
+}
+
+/// Up to `len` bytes of regular file `h` from `offset`.
+pub(crate) fn read(root: &Path, h: &Decoded, offset: u64, len: u32) -> Result<ReadReply> {
+    let what = Shown(root, &h.path);
+    let (fd, stx) = open_file(root, h, OFlags::RDONLY)?;
     let want = usize::try_from(len).unwrap_or(usize::MAX);
     let mut buf = vec![0u8; want];
     let mut got = 0;

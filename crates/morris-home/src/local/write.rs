@@ -25,7 +25,7 @@ use rustix::fs::{
 use rustix::io::Errno;
 
 use super::handle::{valid_name, Decoded};
-use super::ops::{attr, beneath, find, home_error, kind, mask, open_root, Doing, Shown};
+use super::ops::{attr, beneath, find, home_error, kind, mask, open_file, open_root, Doing, Shown};
 use crate::{HomeAttr, HomeError, HomeHandle, HomeKind, HomeNew, HomeSetAttr, HomeTime, Result};
 
 /// Mode of a new object when the caller sets none.
@@ -251,31 +251,10 @@ fn sync_dir(dfd: &OwnedFd, what: &Shown) -> Result<()> {
     rfs::fsync(&fd).map_err(|e| home_error(e, Doing::Object, what))
 }
 
-/// The regular file `h` names, opened with `flags`; a fifo or a device is
-/// never opened.
-fn open_file(root: &Path, h: &Decoded, flags: OFlags) -> Result<OwnedFd> {
-    let (_, stx) = find(root, h, OFlags::PATH)?;
-    match kind(&stx) {
-        HomeKind::File => {}
-        HomeKind::Dir => return Err(HomeError::IsDir),
-        k => {
-            return Err(HomeError::Invalid(format!(
-                "{}: only a regular file is written, this is a {k:?}",
-                Shown(root, &h.path)
-            )))
-        }
-    }
-    let (fd, stx) = find(root, h, flags | OFlags::NONBLOCK | OFlags::NOCTTY)?;
-    if kind(&stx) != HomeKind::File {
-        return Err(HomeError::Stale);
-    }
-    Ok(fd)
-}
-
 /// Writes `data` at `offset` of regular file `h`; returns the bytes written.
 pub(crate) fn write(root: &Path, h: &Decoded, offset: u64, data: &[u8]) -> Result<u32> {
     let what = Shown(root, &h.path);
-    let fd = open_file(root, h, OFlags::WRONLY)?;
+    let (fd, _) = open_file(root, h, OFlags::WRONLY)?;
     let mut done = 0;
     while done < data.len() {
         let at = offset.saturating_add(done as u64);
@@ -296,7 +275,7 @@ pub(crate) fn write(root: &Path, h: &Decoded, offset: u64, data: &[u8]) -> Resul
 /// Makes the writes to regular file `h` durable.
 pub(crate) fn commit(root: &Path, h: &Decoded) -> Result<()> {
     let what = Shown(root, &h.path);
-    let fd = open_file(root, h, OFlags::RDONLY)?;
+    let (fd, _) = open_file(root, h, OFlags::RDONLY)?;
     rfs::fsync(&fd).map_err(|e| home_error(e, Doing::Object, &what))
 }
 

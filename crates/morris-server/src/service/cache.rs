@@ -1175,6 +1175,16 @@ impl Server {
         });
     }
 
+    /// The bindings this server knows, with their state.
+    fn known_bindings(&self) -> Vec<(FileId, Arc<Bound>)> {
+        self.cache
+            .bound
+            .lock()
+            .iter()
+            .map(|(id, b)| (*id, b.clone()))
+            .collect()
+    }
+
     /// Whether this server holds as much of binding `binding`'s data as
     /// its share of the binding's space limit allows (never, without one).
     fn over_budget(&self, binding: FileId) -> bool {
@@ -1332,13 +1342,7 @@ impl Server {
         };
         // Each binding within its own share, its least recently read units
         // first: one binding's reads never evict another's data.
-        let bound: Vec<(FileId, Arc<Bound>)> = self
-            .cache
-            .bound
-            .lock()
-            .iter()
-            .map(|(id, b)| (*id, b.clone()))
-            .collect();
+        let bound = self.known_bindings();
         for (binding, b) in bound {
             let Some(share) = self.share_of(&b) else {
                 continue;
@@ -1376,13 +1380,7 @@ impl Server {
 
     /// `CacheStatus`.
     pub(super) fn cache_status(&self) -> Result<Vec<BindingStatus>, WireError> {
-        let bound: Vec<(FileId, Arc<Bound>)> = self
-            .cache
-            .bound
-            .lock()
-            .iter()
-            .map(|(id, b)| (*id, b.clone()))
-            .collect();
+        let bound = self.known_bindings();
         let mut out = Vec::with_capacity(bound.len());
         for (id, b) in bound {
             let store = self.store.clone();
