@@ -965,3 +965,52 @@ fn each_binding_keeps_to_its_own_space_limit() {
         );
     }
 }
+
+/// Requests to home for names and attributes, summed over the servers.
+fn home_meta_requests(c: &Cluster) -> u64 {
+    let o = morris(&["cache", "status", "--server", c.addr(0), "--json"]);
+    assert!(o.status.success(), "cache status: {}", both(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    v.as_array()
+        .expect("array")
+        .iter()
+        .flat_map(|s| s["bindings"].as_array().cloned().unwrap_or_default())
+        .map(|b| b["meta_requests"].as_u64().unwrap_or(0))
+        .sum()
+}
+
+#[test]
+fn a_name_home_lacks_is_asked_for_once_per_validity_lag() {
+    let home = tempdir();
+    fs::create_dir(home.path().join("lib")).expect("mkdir");
+    fs::write(home.path().join("lib/there.py"), b"x").expect("write");
+    let (c, m) = volume();
+    bind(
+        &m,
+        &format!("file://{}", home.path().display()),
+        &["--validity", "2s"],
+    );
+    let lib = m.path.join("c/lib");
+    assert!(lib.join("there.py").exists());
+    // A program searching a path probes names that are not there, again
+    // and again: home is asked once.
+    let before = home_meta_requests(&c);
+    for _ in 0..20 {
+        expect_errno(fs::metadata(lib.join("missing.py")), libc::ENOENT, "probe");
+    }
+    let asked = home_meta_requests(&c) - before;
+    assert_eq!(asked, 1, "home asked {asked} times for one missing name");
+    // Made at home: seen once the lag has passed.
+    fs::write(home.path().join("lib/missing.py"), b"now here").expect("write");
+    wait_for(Duration::from_secs(30), "the new name seen", || {
+        fs::read(lib.join("missing.py"))
+            .map_err(|e| e.to_string())
+            .and_then(|b| {
+                if b == b"now here" {
+                    Ok(())
+                } else {
+                    Err(format!("{b:?}"))
+                }
+            })
+    });
+}

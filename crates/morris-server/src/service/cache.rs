@@ -49,6 +49,8 @@ const FILL_BATCH: usize = 10_000;
 /// 0.5 s slower (1.14 -> 1.63 s) and the miss 1.40 -> 1.75 s; a listing
 /// longer than this shows its first names without waiting for the rest.
 const LIST_WAIT: Duration = Duration::from_secs(2);
+/// Most names known absent at home kept in memory (see `home_lookup`).
+const ABSENT_KEEP: usize = 100_000;
 /// Most comparison times kept in memory (see `mark_checked`).
 const CHECKED_KEEP: usize = 1_000_000;
 /// Units one server fetches from home at once (all bindings).
@@ -236,6 +238,9 @@ pub(crate) enum Fill {
     Failed(WireError),
 }
 
+/// A name in a directory.
+type DirName = (FileId, Vec<u8>);
+
 /// What this server keeps for cache mode.
 pub(crate) struct CacheState {
     bound: Mutex<HashMap<FileId, Arc<Bound>>>,
@@ -247,6 +252,9 @@ pub(crate) struct CacheState {
     fills: Mutex<HashMap<FileId, Arc<tokio::sync::watch::Sender<Fill>>>>,
     /// When each object was last compared with home here.
     checked: Mutex<HashMap<FileId, Instant>>,
+    /// Names home said it lacks, in directories not listed whole: (dir,
+    /// name) → the directory's content version then, and when.
+    absent: Mutex<HashMap<DirName, (u32, Instant)>>,
     /// Units read since the last flush of their use times.
     touched: Mutex<Vec<UnitKey>>,
     /// Files (and copy) whose units this server is prefetching.
@@ -270,6 +278,7 @@ impl Default for CacheState {
             lists: Mutex::default(),
             fills: Mutex::default(),
             checked: Mutex::default(),
+            absent: Mutex::default(),
             touched: Mutex::default(),
             prefetching: Mutex::default(),
             background: Arc::new(tokio::sync::Semaphore::new(BACKGROUND_FETCHES)),
@@ -572,17 +581,37 @@ impl Server {
             return Ok(None);
         }
         let b = self.bound(link.binding)?;
+        // A name home lacked a moment ago is trusted absent for the
+        // validity lag, as attributes are (programs that search a path
+        // probe many names that do not exist): unless the directory's
+        // content changed since (a revalidation raises its version).
+        let validity = Duration::from_millis(b.spec.validity_ms);
+        let key = (dir.id, name.clone());
+        if let Some(&(version, at)) = self.cache.absent.lock().get(&key) {
+            if version == link.version && at.elapsed() < validity {
+                return Ok(None);
+            }
+        }
         let home = b.home().await?;
         b.meta_requests.fetch_add(1, Ordering::Relaxed);
+        let asked = Instant::now();
         let found = home.lookup(&HomeHandle(link.handle.clone()), &name).await;
         let (h, a) = match found {
             Ok(x) => x,
             Err(HomeError::NotFound) => {
                 b.ok();
+                if !validity.is_zero() {
+                    let mut absent = self.cache.absent.lock();
+                    if absent.len() >= ABSENT_KEEP {
+                        absent.clear();
+                    }
+                    absent.insert(key, (link.version, asked));
+                }
                 return Ok(None);
             }
             Err(e) => return Err(b.failed(e)),
         };
+        self.cache.absent.lock().remove(&key);
         b.ok();
         let target = self.target_of(&b, &home, &h, &a).await?;
         let seed = Seed {
