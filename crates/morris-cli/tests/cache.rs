@@ -1014,3 +1014,50 @@ fn a_name_home_lacks_is_asked_for_once_per_validity_lag() {
             })
     });
 }
+
+#[test]
+fn a_cached_file_reclaimed_by_fsck_and_back_at_home_reads_its_bytes() {
+    // Home is a directory inside a temp dir; a file moved out of it and
+    // back is the same object at home (same inode, same birth time), so
+    // it comes back under the same cache id and generation.
+    let outer = tempdir();
+    let home = outer.path().join("home");
+    fs::create_dir(&home).expect("mkdir home");
+    random_file(&home.join("f"), 3 << 20, 7);
+    let want = fs::read(home.join("f")).expect("read f");
+    let (c, m) = volume();
+    bind(
+        &m,
+        &format!("file://{}", home.display()),
+        &["--validity", "1s"],
+    );
+    let cf = m.path.join("c/f");
+    assert_eq!(fs::read(&cf).expect("read"), want);
+    // Gone at home: once the lag has passed, its name goes, and its inode
+    // and data are garbage for fsck.
+    fs::rename(home.join("f"), outer.path().join("f")).expect("mv out");
+    wait_for(Duration::from_secs(30), "f gone from the cache", || {
+        if fs::metadata(&cf).is_err() {
+            Ok(())
+        } else {
+            Err("still there".into())
+        }
+    });
+    let o = morris(&["fsck", c.addr(0), "--repair", "--min-age", "0"]);
+    assert!(o.status.success(), "fsck --repair: {}", both(&o));
+    let (cached, ..) = {
+        let b = per_binding(&c);
+        b.values().copied().next().unwrap_or_default()
+    };
+    assert_eq!(cached, 0, "bytes still counted as cached after fsck");
+    // Back at home: read again, it is fetched, not taken from the units
+    // whose data fsck removed.
+    fs::rename(outer.path().join("f"), home.join("f")).expect("mv back");
+    wait_for(Duration::from_secs(30), "f back in the cache", || {
+        fs::metadata(&cf).map(|_| ()).map_err(|e| e.to_string())
+    });
+    assert!(
+        fs::read(&cf).expect("read again") == want,
+        "f read back wrong after it was reclaimed and came back"
+    );
+}

@@ -1257,7 +1257,17 @@ impl Server {
             Request::DeleteData { id } => {
                 let blocks = self.blocks.clone();
                 let copies = vol.descriptor.replicas;
-                blocking(move || blocks.delete(id, copies, &store)).await?;
+                blocking(move || {
+                    // A cached file's records of the units it held go
+                    // first: should the object come back (same id, same
+                    // generation), its units are fetched again, never
+                    // read from data that is gone.
+                    if morris_proto::home::is_cache_id(id) {
+                        store.drop_units_of(id)?;
+                    }
+                    blocks.delete(id, copies, &store)
+                })
+                .await?;
                 Ok(Reply::Ok)
             }
             Request::Sync { id } => {
