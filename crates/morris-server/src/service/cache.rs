@@ -1297,11 +1297,15 @@ impl Server {
         let binding = r.binding;
         let data: Bytes = data.freeze();
         blocking(move || {
-            // A unit of zeros (a hole at home) takes no space here.
+            // A unit of zeros (a hole at home) takes no space here. The
+            // bytes are on disk before the record that says they are
+            // held: after a power loss a record never names bytes that
+            // did not make it (they would be read as good data).
             if data.iter().any(|&x| x != 0) {
-                blocks.write(id, replica, pos, &data, false, &store)?;
+                blocks.write(id, replica, pos, &data, true, &store)?;
             } else {
                 blocks.punch(id, replica, pos, unit)?;
+                blocks.sync_file(id, replica.saturating_add(1))?;
             }
             store.put_unit(id, replica, index, tag, got, binding)?;
             Ok(())
