@@ -232,21 +232,33 @@ fn bind(m: &Mount, url: &str, extra: &[&str]) {
     assert!(o.status.success(), "cache bind: {}", both(&o));
 }
 
-/// `morris cache status --json` summed over the servers: (fetched bytes,
-/// misses, hits, cached bytes, evictions).
-fn cache_totals(c: &Cluster) -> (u64, u64, u64, u64, u64) {
+/// Every server's bindings as `morris cache status --json` shows them.
+fn cache_status(c: &Cluster) -> Vec<Vec<serde_json::Value>> {
     let o = morris(&["cache", "status", "--server", c.addr(0), "--json"]);
     assert!(o.status.success(), "cache status: {}", both(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|s| s["bindings"].as_array().cloned().unwrap_or_default())
+        .collect()
+}
+
+/// A number field of one binding's status (0 if absent).
+fn count(b: &serde_json::Value, what: &str) -> u64 {
+    b[what].as_u64().unwrap_or(0)
+}
+
+/// `morris cache status --json` summed over the servers: (fetched bytes,
+/// misses, hits, cached bytes, evictions).
+fn cache_totals(c: &Cluster) -> (u64, u64, u64, u64, u64) {
     let mut t = (0, 0, 0, 0, 0);
-    for s in v.as_array().expect("array") {
-        for b in s["bindings"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
-            t.0 += b["fetched_bytes"].as_u64().unwrap_or(0);
-            t.1 += b["misses"].as_u64().unwrap_or(0);
-            t.2 += b["hits"].as_u64().unwrap_or(0);
-            t.3 += b["cached_bytes"].as_u64().unwrap_or(0);
-            t.4 += b["evictions"].as_u64().unwrap_or(0);
-        }
+    for b in cache_status(c).iter().flatten() {
+        t.0 += count(b, "fetched_bytes");
+        t.1 += count(b, "misses");
+        t.2 += count(b, "hits");
+        t.3 += count(b, "cached_bytes");
+        t.4 += count(b, "evictions");
     }
     t
 }
@@ -820,24 +832,15 @@ fn a_first_lookup_and_listing_of_a_home_directory_take_few_requests() {
     assert!(ok, "fsck: {all}");
 }
 
-/// The bindings `morris cache status --json` shows for each server:
-/// (binding id, url) per server.
+/// The bindings each server shows: (binding id, url).
 fn bindings_shown(c: &Cluster) -> Vec<Vec<(u64, String)>> {
-    let o = morris(&["cache", "status", "--server", c.addr(0), "--json"]);
-    assert!(o.status.success(), "cache status: {}", both(&o));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
-    v.as_array()
-        .expect("array")
+    cache_status(c)
         .iter()
         .map(|s| {
-            s["bindings"]
-                .as_array()
-                .map(Vec::as_slice)
-                .unwrap_or(&[])
-                .iter()
+            s.iter()
                 .map(|b| {
                     (
-                        b["binding"].as_u64().unwrap_or(0),
+                        count(b, "binding"),
                         b["url"].as_str().unwrap_or("").to_string(),
                     )
                 })
@@ -883,21 +886,15 @@ fn a_restarted_server_knows_its_bindings_before_any_client_names_them() {
     );
 }
 
-/// `morris cache status --json`, per binding URL summed over the servers:
-/// (cached bytes, evictions).
+/// Per binding URL, summed over the servers: (cached bytes, evictions).
 fn per_binding(c: &Cluster) -> BTreeMap<String, (u64, u64)> {
-    let o = morris(&["cache", "status", "--server", c.addr(0), "--json"]);
-    assert!(o.status.success(), "cache status: {}", both(&o));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
     let mut out: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-    for s in v.as_array().expect("array") {
-        for b in s["bindings"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
-            let e = out
-                .entry(b["url"].as_str().unwrap_or("").to_string())
-                .or_default();
-            e.0 += b["cached_bytes"].as_u64().unwrap_or(0);
-            e.1 += b["evictions"].as_u64().unwrap_or(0);
-        }
+    for b in cache_status(c).iter().flatten() {
+        let e = out
+            .entry(b["url"].as_str().unwrap_or("").to_string())
+            .or_default();
+        e.0 += count(b, "cached_bytes");
+        e.1 += count(b, "evictions");
     }
     out
 }
@@ -968,14 +965,10 @@ fn each_binding_keeps_to_its_own_space_limit() {
 
 /// Requests to home for names and attributes, summed over the servers.
 fn home_meta_requests(c: &Cluster) -> u64 {
-    let o = morris(&["cache", "status", "--server", c.addr(0), "--json"]);
-    assert!(o.status.success(), "cache status: {}", both(&o));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
-    v.as_array()
-        .expect("array")
+    cache_status(c)
         .iter()
-        .flat_map(|s| s["bindings"].as_array().cloned().unwrap_or_default())
-        .map(|b| b["meta_requests"].as_u64().unwrap_or(0))
+        .flatten()
+        .map(|b| count(b, "meta_requests"))
         .sum()
 }
 
