@@ -8,8 +8,10 @@
 //!   has the owner list it from home first (its pages then wait at the
 //!   owner for the names still to come);
 //! * a name whose object has no inode yet (a placeholder) is made real
-//!   with its seed (`Seed` at the directory's owner, `CreateCached` at the
-//!   object's owner) the first time it is looked up;
+//!   from its seed the first time it is looked up: `AcquireCached` at the
+//!   object's owner makes the inode and takes its read lease in one
+//!   request (the seed comes with `HomeLookup`, or from `Seed` at the
+//!   directory's owner for a name known from a listing);
 //! * after the binding's validity lag, the first lookup, `getattr`, `open`
 //!   or listing of a cached object sends `Revalidate` to its owner, which
 //!   compares it with home and, if home changed it, recalls every lease on
@@ -45,7 +47,7 @@ pub(crate) struct CacheView {
 
 impl CacheView {
     /// Keeps `seed` for the next lookup of its object.
-    fn keep_seed(&self, seed: Inode) {
+    pub(crate) fn keep_seed(&self, seed: Inode) {
         let mut s = self.seeds.lock();
         if s.len() >= SEEDS_KEEP {
             s.clear();
@@ -248,7 +250,12 @@ impl Client {
 
     /// The seed `dir` keeps for its entry `name`, if it is one of the
     /// object at `child`'s id (`child` a cached object's id).
-    async fn seed_of(&self, dir: FileId, name: &[u8], child: Handle) -> Result<Option<Inode>> {
+    pub(crate) async fn seed_of(
+        &self,
+        dir: FileId,
+        name: &[u8],
+        child: Handle,
+    ) -> Result<Option<Inode>> {
         if !is_cache_id(child.id) {
             return Ok(None);
         }
@@ -267,24 +274,6 @@ impl Client {
             Ok(other) => Err(unexpected(&other)),
             Err(e) if e.code == ErrorCode::NotFound => Ok(None),
             Err(e) => Err(e),
-        }
-    }
-
-    /// Fetches the seed of placeholder `dir/name` (naming `child`) for the
-    /// lookup's next `AcquireCached`; `false` if `child` is not a cached
-    /// object without an inode that `dir` keeps a seed of.
-    pub(crate) async fn seed_for_lookup(
-        &self,
-        dir: FileId,
-        name: &[u8],
-        child: Handle,
-    ) -> Result<bool> {
-        match self.seed_of(dir, name, child).await? {
-            Some(seed) if seed.handle() == child => {
-                self.cache.keep_seed(seed);
-                Ok(true)
-            }
-            _ => Ok(false),
         }
     }
 
@@ -327,14 +316,22 @@ impl Client {
         let Some(seed) = self.seed_of(dir, name, child).await? else {
             return Ok(false);
         };
+        self.make_cached(seed).await?;
+        Ok(true)
+    }
+
+    /// Creates a cached object's inode from `seed` at its owner (an object
+    /// of another generation at that id is replaced there, its leases
+    /// recalled).
+    pub(crate) async fn make_cached(&self, seed: Inode) -> Result<()> {
         let r = self
-            .call_owner(child.id, Request::CreateCached { inode: seed })
+            .call_owner(seed.id, Request::CreateCached { inode: seed })
             .await?;
         let Reply::Inode(i) = r else {
             return Err(unexpected(&r));
         };
         self.leases.learn(i.handle());
-        Ok(true)
+        Ok(())
     }
 
     /// Has the servers fetch every unit of cached file `id` that they do

@@ -258,13 +258,15 @@ impl Client {
                     // one that replaced another object at the same id (this
                     // client may still hold the old one's lease): make it
                     // from its seed, which recalls the old one's leases.
-                    if !tried_seed
-                        && !self.leases.holds_other(e.child)
-                        && self.seed_for_lookup(dir, name, e.child).await?
-                    {
-                        continue;
-                    }
-                    if self.materialize(dir, name, e.child).await? {
+                    if let Some(seed) = self.seed_of(dir, name, e.child).await? {
+                        if !tried_seed
+                            && seed.handle() == e.child
+                            && !self.leases.holds_other(e.child)
+                        {
+                            self.cache.keep_seed(seed);
+                        } else {
+                            self.make_cached(seed).await?;
+                        }
                         continue;
                     }
                     self.leases.attr_changed(dir);

@@ -54,15 +54,6 @@ impl Lane {
     }
 }
 
-/// A request of the data lane (never sent: it picks the lane to warm up).
-const READ_PROBE: Request = Request::Read {
-    id: 0,
-    index: 0,
-    replica: 0,
-    offset: 0,
-    len: 0,
-};
-
 /// One connection of a slot, made on first use and again after it closes.
 #[derive(Default)]
 struct Link {
@@ -340,10 +331,10 @@ impl Pool {
     /// to when first needed, as before.
     pub(crate) fn warm_up(self: &Arc<Self>) {
         for i in 0..self.slots.len() as u32 {
-            for req in [Request::Renew, READ_PROBE] {
+            for lane in [Lane::Control, Lane::Data] {
                 let pool = self.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = pool.conn(i, &req).await {
+                    if let Err(e) = pool.conn_on(i, lane).await {
                         debug!(server = i, error = %e, "not connected ahead of use");
                     }
                 });
@@ -353,11 +344,15 @@ impl Pool {
 
     /// The connection to server `i` that `req` travels on.
     async fn conn(&self, i: u32, req: &Request) -> Result<Arc<RpcClient>> {
+        self.conn_on(i, Lane::of(req)).await
+    }
+
+    /// The connection to server `i` of lane `lane`, made if there is none.
+    async fn conn_on(&self, i: u32, lane: Lane) -> Result<Arc<RpcClient>> {
         let slot = self
             .slots
             .get(i as usize)
             .ok_or_else(|| Error::new(ErrorCode::Invalid, format!("no server {i}")))?;
-        let lane = Lane::of(req);
         let link = match lane {
             Lane::Control => &slot.control,
             Lane::Data => &slot.data,

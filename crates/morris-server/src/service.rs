@@ -1149,16 +1149,22 @@ impl Server {
             }
             Request::ReadDir { dir, cookie, max } => {
                 Self::check_owner(vol, dir.id)?;
-                if cookie == 0 {
-                    self.fill_if_unlisted(store.clone(), dir).await?;
-                }
-                let filling = self.fill_progress(dir.id);
+                let mut filling = self.fill_progress(dir.id);
                 let st = store.clone();
-                let page = self
+                let mut page = self
                     .leased(client, conn_id, dir, LeaseMode::Read, move || {
                         st.read_dir_page(dir, cookie, max)
                     })
                     .await?;
+                // A cached directory not listed whole: the first page of a
+                // listing has it listed from home first (or follows the
+                // listing under way), then reads the page again.
+                if cookie == 0 && page.unlisted && filling.is_none() {
+                    self.home_list(store.clone(), dir).await?;
+                    filling = self.fill_progress(dir.id);
+                    let st = store.clone();
+                    page = metadata(move || st.read_dir_page(dir, cookie, max))?;
+                }
                 // Well within the client's patience for an answer.
                 let wait = Duration::from_millis(u64::from(self.lease_ms)).min(LIST_PAGE_WAIT);
                 self.read_dir_filling(store, dir, (cookie, max), page, filling, wait)

@@ -4,7 +4,7 @@
 //! | what | fetched here when | where |
 //! |---|---|---|
 //! | a name of a cached directory this server owns | `HomeLookup` misses it | [`Server::home_lookup`] |
-//! | every name of such a directory | its first `ReadDir` from cookie 0 | [`Server::fill_if_unlisted`] |
+//! | every name of such a directory | its first `ReadDir` from cookie 0 | [`Server::home_list`] |
 //! | home's attributes of an object this server owns | `Revalidate` after the validity lag | [`Server::revalidate`] |
 //! | a stripe unit this server holds | `ReadCached`/`FetchCached` finds it missing at the file's version | [`Server::ensure_unit`] |
 //!
@@ -720,32 +720,17 @@ impl Server {
         }
     }
 
-    /// Before the first page of a listing of `dir`: if it is a cached
-    /// directory not listed whole, its names are brought from home first
-    /// ([`Server::home_list`]). Anything else wrong with `dir` is left for
-    /// the listing itself to report.
-    pub(super) async fn fill_if_unlisted(
-        &self,
-        store: Arc<Store>,
-        dir: Handle,
-    ) -> Result<(), WireError> {
-        let Ok(d) = metadata(|| store.get_handle(dir)) else {
-            return Ok(());
-        };
-        match d.home.as_deref() {
-            Some(l) if !l.listed && d.attr.kind == FileKind::Dir => {
-                self.home_list(store, dir).await.map(|_| ())
-            }
-            _ => Ok(()),
-        }
-    }
-
     /// Fills directory `dir` with every name home has, once (later callers
     /// wait for the first). Answers `true` once every name is stored,
     /// `false` if that takes longer than [`LIST_WAIT`]: listings of `dir`
     /// then go on meanwhile, each page waiting for names still to come
-    /// ([`Server::read_dir_filling`]).
-    async fn home_list(&self, store: Arc<Store>, dir: Handle) -> Result<bool, WireError> {
+    /// ([`Server::read_dir_filling`]). Run by the first page of a listing
+    /// of a cached directory not listed whole (`ReadDir` from cookie 0).
+    pub(super) async fn home_list(
+        &self,
+        store: Arc<Store>,
+        dir: Handle,
+    ) -> Result<bool, WireError> {
         let d = metadata(|| store.get_handle(dir))?;
         if d.attr.kind != FileKind::Dir {
             return Err(err(ErrorCode::NotDir, "not a directory"));

@@ -51,7 +51,7 @@ CREATE TABLE IF NOT EXISTS cache_units (
     binding INTEGER NOT NULL,
     PRIMARY KEY (id, copy, block)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS cache_units_by_use ON cache_units (used);
+DROP INDEX IF EXISTS cache_units_by_use;
 CREATE INDEX IF NOT EXISTS cache_units_by_binding ON cache_units (binding, id);
 CREATE INDEX IF NOT EXISTS cache_units_by_binding_use ON cache_units (binding, used);
 CREATE TABLE IF NOT EXISTS cache_bindings (binding INTEGER PRIMARY KEY, spec BLOB NOT NULL);
