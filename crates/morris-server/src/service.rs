@@ -671,7 +671,9 @@ impl Server {
             } => {
                 let r = async {
                     Self::block_pos(&vol, id, index, replica, offset, u64::from(len))?;
-                    self.ensure_unit(&vol, id, index, replica, &home).await?;
+                    // Read while the unit is held: it cannot be evicted
+                    // between the check and the read.
+                    let (_, _held) = self.ensure_unit(&vol, id, index, replica, &home).await?;
                     self.read(&vol, id, index, replica, offset, len).await
                 }
                 .await;
@@ -685,7 +687,7 @@ impl Server {
             } => plain(
                 async {
                     Self::block_pos(&vol, id, index, replica, 0, 0)?;
-                    let bytes = self.ensure_unit(&vol, id, index, replica, &home).await?;
+                    let (bytes, _) = self.ensure_unit(&vol, id, index, replica, &home).await?;
                     Ok(Reply::Fetched { bytes })
                 }
                 .await,

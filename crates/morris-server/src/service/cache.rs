@@ -11,7 +11,9 @@
 //! A change found at home is applied under this server's own write lease on
 //! the object (every client's lease on it is recalled first), so every
 //! mount, FUSE or NFS, sees the new version at once. A unit is fetched once
-//! however many readers ask for it at the same time (one lock per unit).
+//! however many readers ask for it at the same time (one lock per unit:
+//! exclusive for a fetch or an eviction, shared while a read copies the
+//! unit's bytes, so an eviction never punches a unit out under a read).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -241,11 +243,15 @@ pub(crate) enum Fill {
 /// A name in a directory.
 type DirName = (FileId, Vec<u8>);
 
+/// A shared hold on a unit held here (see `ensure_unit`).
+pub(super) type UnitHold = tokio::sync::OwnedRwLockReadGuard<()>;
+
 /// What this server keeps for cache mode.
 pub(crate) struct CacheState {
     bound: Mutex<HashMap<FileId, Arc<Bound>>>,
-    /// One fetch at a time per unit: (file, copy, block).
-    units: Mutex<HashMap<UnitKey, Arc<tokio::sync::Mutex<()>>>>,
+    /// Per unit (file, copy, block): one fetch or eviction at a time,
+    /// reads of its bytes beside each other.
+    units: Mutex<HashMap<UnitKey, Arc<tokio::sync::RwLock<()>>>>,
     /// One listing at a time per directory, and its outcome.
     lists: Mutex<HashMap<FileId, Arc<ListSlot>>>,
     /// The progress of the listings from home under way.
@@ -1073,7 +1079,8 @@ impl Server {
 
     /// Makes sure this server holds unit (`id`, copy `replica`, block
     /// `index`) at `home.version`, fetching it from home if not; returns
-    /// the bytes fetched (0: it was here).
+    /// the bytes fetched (0: it was here) and a shared hold on the unit:
+    /// while it is kept, the unit is not evicted (read its bytes under it).
     pub(super) async fn ensure_unit(
         &self,
         vol: &Formatted,
@@ -1081,7 +1088,7 @@ impl Server {
         index: u64,
         replica: u8,
         home: &HomeRef,
-    ) -> Result<u64, WireError> {
+    ) -> Result<(u64, UnitHold), WireError> {
         let key = (id, replica, index);
         let store = self.store.clone();
         let have = |store: &Store| -> Result<Option<bool>, WireError> {
@@ -1095,44 +1102,42 @@ impl Server {
                 _ => Ok(None),
             }
         };
+        // Read under the unit's shared lock, which the caller keeps while it
+        // reads the bytes: an eviction (exclusive) cannot punch the unit out
+        // between this check and that read.
+        let lock = self.unit_lock(key);
+        let shared = lock.clone().read_owned().await;
         if metadata(|| have(&store))?.is_some() {
             if let Ok(b) = self.bound(home.binding) {
                 b.hits.fetch_add(1, Ordering::Relaxed);
             }
             self.cache.touched.lock().push(key);
-            return Ok(0);
+            return Ok((0, shared));
         }
+        drop(shared);
         let b = self.bound(home.binding)?;
-        let lock = self.unit_lock(key);
-        let fetched = {
-            let _one = lock.lock().await;
-            if metadata(|| have(&store))?.is_some() {
-                b.hits.fetch_add(1, Ordering::Relaxed);
-                0
-            } else {
-                b.misses.fetch_add(1, Ordering::Relaxed);
-                let got = self.fetch_unit(vol, &b, id, index, replica, home).await?;
-                self.maybe_prefetch(vol, id, index, replica, home);
-                got
-            }
+        let one = lock.write_owned().await;
+        let fetched = if metadata(|| have(&store))?.is_some() {
+            b.hits.fetch_add(1, Ordering::Relaxed);
+            0
+        } else {
+            b.misses.fetch_add(1, Ordering::Relaxed);
+            let got = self.fetch_unit(vol, &b, id, index, replica, home).await?;
+            self.maybe_prefetch(vol, id, index, replica, home);
+            got
         };
-        {
-            let mut units = self.cache.units.lock();
-            if units.get(&key).is_some_and(|l| Arc::strong_count(l) <= 2) {
-                units.remove(&key);
-            }
-        }
-        Ok(fetched)
+        Ok((fetched, one.downgrade()))
     }
 
-    /// The lock one fetch (or eviction) of a unit holds, so that it runs
-    /// once however many ask at once.
-    fn unit_lock(&self, key: UnitKey) -> Arc<tokio::sync::Mutex<()>> {
+    /// The lock of a unit: a fetch or an eviction holds it exclusively (so
+    /// that a fetch runs once however many ask at once), a read of the
+    /// unit's bytes shared. Locks nobody holds are swept by `cache_tick`.
+    fn unit_lock(&self, key: UnitKey) -> Arc<tokio::sync::RwLock<()>> {
         self.cache
             .units
             .lock()
             .entry(key)
-            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
+            .or_insert_with(|| Arc::new(tokio::sync::RwLock::new(())))
             .clone()
     }
 
@@ -1175,7 +1180,11 @@ impl Server {
                 let Ok(_slot) = me.cache.background.clone().acquire_owned().await else {
                     break;
                 };
-                match me.ensure_unit(&vol, id, next, replica, &home).await {
+                match me
+                    .ensure_unit(&vol, id, next, replica, &home)
+                    .await
+                    .map(|(n, _)| n)
+                {
                     Ok(n) => fetched += n,
                     Err(e) => {
                         debug!(id, block = next, error = %e, "background prefetch stopped");
@@ -1329,7 +1338,7 @@ impl Server {
         bytes: u64,
     ) -> Result<u64, WireError> {
         let lock = self.unit_lock((id, copy, block));
-        let _one = lock.lock().await;
+        let _one = lock.write().await;
         let pos = vol.layout.local_offset(block);
         let unit = u64::from(vol.layout.unit);
         let store = self.store.clone();
@@ -1355,6 +1364,10 @@ impl Server {
                 debug!(error = %e, "recording unit reads failed");
             }
         }
+        self.cache
+            .units
+            .lock()
+            .retain(|_, l| Arc::strong_count(l) > 1);
         let Some(vol) = self.store.formatted() else {
             return;
         };
