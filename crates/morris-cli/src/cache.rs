@@ -49,7 +49,21 @@ pub enum CacheCommand {
     Evict(PathsArgs),
     /// Remove a binding and everything cached under it (home is not
     /// touched); the directory is an ordinary empty directory again.
+    /// Flush a `sw` cache first: changes not pushed yet are lost.
     Unbind(UnbindArgs),
+    /// Wait until home has every change made in a cache (`sw`) before
+    /// this command started.
+    Flush(FlushArgs),
+}
+
+/// `morris cache flush`.
+#[derive(Debug, Args)]
+pub struct FlushArgs {
+    /// The bound directory, or any path in it, inside a morris mount.
+    pub dir: PathBuf,
+    /// Give up after this long (exit status 1).
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
 }
 
 /// `morris cache unbind`.
@@ -66,10 +80,15 @@ pub struct BindArgs {
     pub dir: PathBuf,
     /// The home: nfs://HOST[:PORT]/EXPORT[/DIR][?mountport=N&nfsport=N] or file:///PATH.
     pub url: String,
-    /// ro: read-only cache (changes answer EROFS). sw, iw, lu need
-    /// write-back, not built yet.
+    /// ro: read-only cache (changes answer EROFS). sw: single writer,
+    /// changes are pushed home after the sync lag. lu: local updates,
+    /// never pushed. (iw is not built yet.)
     #[arg(long, default_value = "ro", value_parser = parse_mode)]
     pub mode: CacheMode,
+    /// sw: how long a change waits before it is pushed home (later
+    /// changes of the same object within it go with it).
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub sync_lag: Duration,
     /// How long what was checked against home is trusted (e.g. 15s, 500ms;
     /// 0: every open and lookup asks home).
     #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
@@ -178,6 +197,7 @@ pub fn run(args: CacheArgs) -> Result<ExitCode> {
             CacheCommand::Prefetch(p) => each_file(&args, p, true).await,
             CacheCommand::Evict(p) => each_file(&args, p, false).await,
             CacheCommand::Unbind(u) => unbind(&args, u).await,
+            CacheCommand::Flush(f) => flush(&args, f).await,
         }
     })
 }
@@ -197,6 +217,7 @@ async fn bind(args: &CacheArgs, b: &BindArgs) -> Result<ExitCode> {
             .unwrap_or(u64::MAX)
             .max(1),
         max_bytes: b.max_bytes,
+        sync_lag_ms: u64::try_from(b.sync_lag.as_millis()).unwrap_or(u64::MAX),
     };
     client
         .bind(dir.id, binding)
@@ -217,6 +238,51 @@ async fn bind(args: &CacheArgs, b: &BindArgs) -> Result<ExitCode> {
     );
     client.shutdown().await;
     Ok(ExitCode::SUCCESS)
+}
+
+async fn flush(args: &CacheArgs, f: &FlushArgs) -> Result<ExitCode> {
+    let (mp, parts, found) = locate(&f.dir)?;
+    let client = connect(&server_of(args, found, &mp)?).await?;
+    let r = async {
+        let ino = resolve(&client, &parts).await?;
+        let binding = client
+            .binding_of(ino.id)
+            .await
+            .map_err(|e| anyhow!("{}: {e}", f.dir.display()))?;
+        let started = std::time::Instant::now();
+        loop {
+            let (done, queued, last_error) = client
+                .flush_once(binding)
+                .await
+                .map_err(|e| anyhow!("flushing {}: {e}", f.dir.display()))?;
+            if done {
+                println!(
+                    "{}: home has every change ({:.1} s)",
+                    f.dir.display(),
+                    started.elapsed().as_secs_f64()
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
+            eprintln!(
+                "{}: {queued} changed objects still to push{}",
+                f.dir.display(),
+                last_error
+                    .map(|e| format!(" (last error: {e})"))
+                    .unwrap_or_default()
+            );
+            if started.elapsed() >= f.timeout {
+                eprintln!(
+                    "{}: gave up after {}",
+                    f.dir.display(),
+                    humantime::format_duration(f.timeout)
+                );
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+    }
+    .await;
+    client.shutdown().await;
+    r
 }
 
 async fn unbind(args: &CacheArgs, u: &UnbindArgs) -> Result<ExitCode> {
@@ -253,7 +319,9 @@ async fn status(args: &CacheArgs, s: &StatusArgs) -> Result<ExitCode> {
                     "last_error": x.last_error, "hits": x.hits, "misses": x.misses,
                     "fetched_bytes": x.fetched_bytes, "fetch_ms": x.fetch_ms,
                     "meta_requests": x.meta_requests, "evictions": x.evictions,
-                    "cached_bytes": x.cached_bytes,
+                    "cached_bytes": x.cached_bytes, "mode": x.mode,
+                    "queued": x.queued, "oldest_ms": x.oldest_ms, "pushed": x.pushed,
+                    "pushed_bytes": x.pushed_bytes, "rounds": x.rounds,
                 })).collect::<Vec<_>>() }),
                 Err(e) => serde_json::json!({ "server": i, "error": e.to_string() }),
             })
@@ -297,6 +365,35 @@ async fn status(args: &CacheArgs, s: &StatusArgs) -> Result<ExitCode> {
                 failed = true;
                 println!("{i:<6} down: {e}");
             }
+        }
+    }
+    let writable: Vec<(u32, &morris_proto::BindingStatus)> = per_server
+        .iter()
+        .filter_map(|(i, r)| r.as_ref().ok().map(|l| (*i, l)))
+        .flat_map(|(i, l)| l.iter().filter(|b| b.mode != "ro").map(move |b| (i, b)))
+        .collect();
+    if !writable.is_empty() {
+        println!();
+        println!(
+            "{:<6} {:<4} {:>8} {:>9} {:>9} {:>10} {:>7}  HOME",
+            "SERVER", "MODE", "QUEUED", "OLDEST", "PUSHED", "PUSHED-B", "ROUNDS"
+        );
+        for (i, b) in writable {
+            println!(
+                "{:<6} {:<4} {:>8} {:>9} {:>9} {:>10} {:>7}  {}",
+                i,
+                b.mode,
+                b.queued,
+                if b.queued == 0 {
+                    "-".to_string()
+                } else {
+                    format!("{:.1}s", b.oldest_ms as f64 / 1000.0)
+                },
+                b.pushed,
+                human(b.pushed_bytes),
+                b.rounds,
+                b.url
+            );
         }
     }
     Ok(if failed {
@@ -365,6 +462,9 @@ async fn each_file(args: &CacheArgs, p: &PathsArgs, prefetch: bool) -> Result<Ex
             .with_context(|| format!("{}", path.display()))?;
         files_below(&client, ino, &mut files).await?;
     }
+    // Files made in a writable cache are the cache's own: nothing to fetch
+    // or evict.
+    files.retain(|f| f.home.as_ref().is_some_and(|l| !l.is_local()));
     let total: u64 = files.iter().map(|f| f.attr.size).sum();
     let bar = indicatif::ProgressBar::new(total);
     bar.set_style(

@@ -299,6 +299,7 @@ async fn bind_root(client: &morris_client::Client, url: &str, args: &UpArgs) -> 
         validity_ms: u64::try_from(args.validity.as_millis()).unwrap_or(u64::MAX),
         timeout_ms: 10_000,
         max_bytes: args.cache_max_bytes,
+        sync_lag_ms: morris_proto::home::DEFAULT_SYNC_LAG_MS,
     };
     client
         .bind(morris_client::ROOT_ID, binding)

@@ -6,6 +6,7 @@ mod common;
 #[path = "../../morris-home/tests/ganesha/mod.rs"]
 mod ganesha;
 mod nfs_harness;
+mod trees;
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -15,125 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::*;
-
-/// What is compared of each object: kind, mode, owner, size, mtime, link
-/// count, device number, symlink target.
-#[derive(Debug, PartialEq, Eq)]
-struct Meta {
-    kind: &'static str,
-    mode: u32,
-    uid: u32,
-    gid: u32,
-    size: u64,
-    mtime: (i64, i64),
-    nlink: u64,
-    rdev: u64,
-    target: Option<PathBuf>,
-}
-
-fn meta(p: &Path) -> Meta {
-    let m = fs::symlink_metadata(p).unwrap_or_else(|e| panic!("stat {}: {e}", p.display()));
-    let ft = m.file_type();
-    use std::os::unix::fs::FileTypeExt;
-    let kind = if ft.is_dir() {
-        "dir"
-    } else if ft.is_symlink() {
-        "symlink"
-    } else if ft.is_file() {
-        "file"
-    } else if ft.is_fifo() {
-        "fifo"
-    } else if ft.is_char_device() {
-        "chardev"
-    } else if ft.is_block_device() {
-        "blockdev"
-    } else {
-        "socket"
-    };
-    Meta {
-        kind,
-        mode: m.mode() & 0o7777,
-        uid: m.uid(),
-        gid: m.gid(),
-        // A directory's size is the file system's own business.
-        size: if ft.is_dir() { 0 } else { m.len() },
-        mtime: (m.mtime(), m.mtime_nsec()),
-        nlink: if ft.is_dir() { 0 } else { m.nlink() },
-        rdev: m.rdev(),
-        target: ft.is_symlink().then(|| fs::read_link(p).expect("readlink")),
-    }
-}
-
-/// Every path below `root`, relative, sorted.
-fn walk(root: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        let abs = root.join(&rel);
-        for e in fs::read_dir(&abs).unwrap_or_else(|e| panic!("list {}: {e}", abs.display())) {
-            let e = e.expect("dir entry");
-            let r = rel.join(e.file_name());
-            if e.file_type().expect("file type").is_dir() {
-                stack.push(r.clone());
-            }
-            out.push(r);
-        }
-    }
-    out.sort();
-    out
-}
-
-/// Compares two files' bytes in 4 MiB pieces.
-fn same_bytes(a: &Path, b: &Path) -> bool {
-    let (mut fa, mut fb) = (
-        File::open(a).expect("open a"),
-        File::open(b).expect("open b"),
-    );
-    let (mut ba, mut bb) = (vec![0u8; 4 << 20], vec![0u8; 4 << 20]);
-    loop {
-        let na = read_full(&mut fa, &mut ba);
-        let nb = read_full(&mut fb, &mut bb);
-        if na != nb || ba[..na] != bb[..nb] {
-            return false;
-        }
-        if na == 0 {
-            return true;
-        }
-    }
-}
-
-fn read_full(f: &mut File, buf: &mut [u8]) -> usize {
-    let mut n = 0;
-    while n < buf.len() {
-        match f.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) => panic!("read: {e}"),
-        }
-    }
-    n
-}
-
-/// Checks that `cache` shows exactly `home`: the same names, attributes
-/// and bytes.
-fn assert_same_tree(home: &Path, cache: &Path) {
-    let want = walk(home);
-    let got = walk(cache);
-    assert_eq!(
-        got.len(),
-        want.len(),
-        "number of objects under {}",
-        cache.display()
-    );
-    assert!(got == want, "names differ under {}", cache.display());
-    for rel in &want {
-        let (h, c) = (home.join(rel), cache.join(rel));
-        assert_eq!(meta(&c), meta(&h), "{}", rel.display());
-        if meta(&h).kind == "file" {
-            assert!(same_bytes(&h, &c), "{}: bytes differ", rel.display());
-        }
-    }
-}
+use trees::*;
 
 fn set_mtime(p: &Path, secs: i64, nsecs: i64) {
     let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("path");
@@ -261,13 +144,6 @@ fn cache_totals(c: &Cluster) -> (u64, u64, u64, u64, u64) {
         t.4 += count(b, "evictions");
     }
     t
-}
-
-fn tempdir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("morris-home-")
-        .tempdir()
-        .expect("tempdir")
 }
 
 #[test]

@@ -73,6 +73,7 @@ impl Raw {
                 rdev: 0,
             },
             target: None,
+            home: None,
             op: 0,
         })
         .await

@@ -151,9 +151,71 @@ impl Client {
         call().await
     }
 
+    /// Refuses a change to `i` if it lies in a read-only cache (`ro`).
+    pub(crate) async fn check_change(&self, i: &Inode) -> Result<()> {
+        let Some(l) = &i.home else {
+            return Ok(());
+        };
+        if self.binding_spec(l.binding).await?.writable() {
+            Ok(())
+        } else {
+            Err(Error::new(
+                ErrorCode::ReadOnly,
+                format!("{} lies in a read-only cache of a home", i.id),
+            ))
+        }
+    }
+
+    /// Refuses writing `i`'s data (open for writing, truncate) in a
+    /// read-only cache, and for a file fetched from home (not built yet:
+    /// its data is home's until fetched whole; a new file, written and
+    /// renamed over it, is pushed).
+    pub(crate) async fn check_write_data(&self, i: &Inode) -> Result<()> {
+        self.check_change(i).await?;
+        if i.attr.kind == morris_proto::FileKind::File
+            && i.home.as_ref().is_some_and(|l| !l.is_local())
+        {
+            return Err(Error::new(
+                ErrorCode::ReadOnly,
+                format!(
+                    "{}: changing the data of a file fetched from home is not built yet (write a new file and rename it over)",
+                    i.id
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Before the names of cached directory `dir` of a writable binding
+    /// change: has every name home has listed into it first. The
+    /// write-back makes home's directory list what the cache's lists, so
+    /// the cache must know all of home's names (or the names it never
+    /// fetched would be removed at home), and a name removed here must not
+    /// be fetched from home again before the write-back removes it there.
+    pub(crate) async fn ensure_listed(&self, dir: FileId) -> Result<()> {
+        let (_, Some(link)) = self.cached_link(dir).await? else {
+            return Ok(());
+        };
+        if link.listed || !self.binding_spec(link.binding).await?.writable() {
+            return Ok(());
+        }
+        let mut cookie = 0;
+        loop {
+            let (entries, eof) = self.do_readdir(dir, cookie, 4096).await?;
+            match entries.last() {
+                Some(e) if !eof => cookie = e.cookie,
+                _ => return Ok(()),
+            }
+        }
+    }
+
     /// Whether this client should compare cached object `id` with home now.
     async fn due(&self, id: FileId, link: &HomeLink) -> Result<bool> {
         let spec = self.binding_spec(link.binding).await?;
+        if spec.writable() || link.is_local() {
+            // Home changes only through this cache (`sw`, `lu`).
+            return Ok(false);
+        }
         let validity = Duration::from_millis(spec.validity_ms);
         Ok(match self.cache.validated.lock().get(&id) {
             Some(t) => validity.is_zero() || t.elapsed() >= validity,
@@ -199,10 +261,10 @@ impl Client {
         let h = self.leases.handle(id)?;
         let g = self.leases.get(h, Mode::Read).await?;
         let mut i = g.inode();
-        if i.home.is_some() {
+        if i.home.as_ref().is_some_and(|l| !l.is_local()) {
             i = self.fresh(&g).await?;
         }
-        Ok((i.handle(), i.home.map(|l| *l)))
+        Ok((i.handle(), i.home.map(|l| *l).filter(|l| !l.is_local())))
     }
 
     /// Cache work before a front end's lookup of `name` in `dir`: the
@@ -280,7 +342,7 @@ impl Client {
     /// Cache work after a lookup or `getattr` found `i`: revalidated if
     /// due; returns the inode as it is now.
     pub(crate) async fn after_find(&self, i: Inode) -> Result<Inode> {
-        let Some(link) = i.home.as_deref() else {
+        let Some(link) = i.home.as_deref().filter(|l| !l.is_local()) else {
             return Ok(i);
         };
         if !self.due(i.id, link).await? {
@@ -339,7 +401,7 @@ impl Client {
     /// the bytes fetched from home.
     pub async fn prefetch(&self, id: FileId, parallel: usize) -> Result<u64> {
         let i = self.getattr(id).await?;
-        let Some(link) = i.home.as_deref() else {
+        let Some(link) = i.home.as_deref().filter(|l| !l.is_local()) else {
             return Err(Error::new(ErrorCode::Invalid, "not a cached file"));
         };
         if i.attr.kind != morris_proto::FileKind::File || i.attr.size == 0 {
@@ -394,7 +456,7 @@ impl Client {
     /// evict`); returns the bytes freed. Its data reads back from home.
     pub async fn evict(&self, id: FileId) -> Result<u64> {
         let i = self.getattr(id).await?;
-        if i.home.is_none() {
+        if i.home.as_ref().is_none_or(|l| l.is_local()) {
             return Err(Error::new(ErrorCode::Invalid, "not a cached file"));
         }
         let calls = (0..self.layout.servers)
@@ -432,6 +494,38 @@ impl Client {
         self.open_home_everywhere(dir).await?;
         self.leases.attr_changed(dir);
         Ok(i)
+    }
+
+    /// The binding `id` lies under (it is the bound directory, or cached
+    /// below one).
+    pub async fn binding_of(&self, id: FileId) -> Result<FileId> {
+        let i = self.do_getattr(id).await?;
+        i.home.as_ref().map(|l| l.binding).ok_or_else(|| {
+            Error::new(
+                ErrorCode::Invalid,
+                format!("{id} lies in no cache of a home"),
+            )
+        })
+    }
+
+    /// Asks binding `binding`'s pusher to push every change made before
+    /// now (`morris cache flush`); answers after at most about ten
+    /// seconds: whether home has them all, how many objects wait, and the
+    /// last push error.
+    pub async fn flush_once(&self, binding: FileId) -> Result<(bool, u64, Option<String>)> {
+        let r = self
+            .with_binding(binding, || {
+                self.call_owner(binding, Request::Flush { binding })
+            })
+            .await?;
+        match r {
+            Reply::Flushed {
+                done,
+                queued,
+                last_error,
+            } => Ok((done, queued, last_error)),
+            other => Err(unexpected(&other)),
+        }
     }
 
     /// Removes the binding of `dir` and everything cached under it

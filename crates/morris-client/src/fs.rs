@@ -49,16 +49,26 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// Refuses a change to an object of a read-only cache of a home (cache
-/// mode `ro`, the only mode built).
-pub(crate) fn refuse_cached(i: &Inode) -> Result<()> {
-    match &i.home {
-        Some(_) => Err(Error::new(
-            ErrorCode::ReadOnly,
-            format!("{} lies in a read-only cache of a home", i.id),
-        )),
-        None => Ok(()),
+/// Refuses moving (or linking) `obj` into directory `to`: across the edge
+/// of a binding (a cache is a file system of its own: `mv` copies), or an
+/// object fetched from home (it keeps its place there; moving one is not
+/// built yet, `mv` copies it).
+pub(crate) fn check_move(obj: &Inode, to: &Inode) -> Result<()> {
+    let ob = obj.home.as_ref().map(|l| l.binding);
+    let db = to.home.as_ref().map(|l| l.binding);
+    if ob != db {
+        return Err(Error::new(
+            ErrorCode::CrossDevice,
+            format!("{} and {} lie in different caches", obj.id, to.id),
+        ));
     }
+    if obj.home.as_ref().is_some_and(|l| !l.is_local()) {
+        return Err(Error::new(
+            ErrorCode::CrossDevice,
+            format!("{} was fetched from home and keeps its place", obj.id),
+        ));
+    }
+    Ok(())
 }
 
 fn inode_reply(r: Reply) -> Result<Inode> {
@@ -365,10 +375,11 @@ impl Client {
         caller: &Caller,
     ) -> Result<Inode> {
         check_name(name)?;
+        self.ensure_listed(dir).await?;
         let _changing = self.dir_locks.lock(&[dir]).await;
         let g = self.dir_guard(dir, Mode::Write).await?;
         let dir_inode = g.inode();
-        refuse_cached(&dir_inode)?;
+        self.check_change(&dir_inode).await?;
         check_access(&dir_inode, caller, W_OK | X_OK)?;
         if let Some(e) = self.entry_in(&g, name).await? {
             if exclusive {
@@ -384,6 +395,7 @@ impl Client {
                 parent: dir,
                 attr,
                 target,
+                home: dir_inode.home.as_ref().map(|l| l.binding),
                 op: self.pool.next_op(),
             })
             .await?;
@@ -525,6 +537,7 @@ impl Client {
         caller: &Caller,
     ) -> Result<Inode> {
         check_name(new_name)?;
+        self.ensure_listed(new_dir).await?;
         let child = self.leases.handle(id)?;
         let dir = self.leases.handle(new_dir)?;
         let _changing = self.dir_locks.lock(&[new_dir]).await;
@@ -535,9 +548,10 @@ impl Client {
         if d.attr.kind != FileKind::Dir {
             return Err(Error::new(ErrorCode::NotDir, "target is not a directory"));
         }
-        refuse_cached(&d)?;
+        self.check_change(&d).await?;
         let c = self.fresh(cg).await?;
-        refuse_cached(&c)?;
+        self.check_change(&c).await?;
+        check_move(&c, &d)?;
         if c.attr.kind == FileKind::Dir {
             return Err(Error::new(ErrorCode::Perm, "hard link to a directory"));
         }
@@ -679,6 +693,7 @@ impl Client {
             return Err(Error::new(ErrorCode::NotEmpty, "'..'"));
         }
         check_name(name)?;
+        self.ensure_listed(dir).await?;
         let dh = self.leases.handle(dir)?;
         let _changing = self.dir_locks.lock(&[dir]).await;
         for _ in 0..RETRIES {
@@ -702,7 +717,7 @@ impl Client {
                 Some(now) if now.child == e.child => {}
                 _ => continue,
             }
-            refuse_cached(&dg.inode())?;
+            self.check_change(&dg.inode()).await?;
             check_delete(&dg.inode(), &cg.inode(), caller)?;
             if want_dir && !self.is_empty_dir(cg).await? {
                 return Err(Error::new(ErrorCode::NotEmpty, "directory not empty"));
@@ -748,6 +763,8 @@ impl Client {
         if sdir == ddir && sname == dname {
             return Ok(());
         }
+        self.ensure_listed(sdir).await?;
+        self.ensure_listed(ddir).await?;
         let sh = self.leases.handle(sdir)?;
         let dh = self.leases.handle(ddir)?;
         let _changing = self.dir_locks.lock(&[sdir, ddir]).await;
@@ -805,9 +822,10 @@ impl Client {
             {
                 continue;
             }
-            refuse_cached(&sg.inode())?;
-            refuse_cached(&dg.inode())?;
+            self.check_change(&sg.inode()).await?;
+            self.check_change(&dg.inode()).await?;
             let s_inode = self.do_getattr_nolease(s.child).await?;
+            check_move(&s_inode, &dg.inode())?;
             check_delete(&sg.inode(), &s_inode, caller)?;
             check_access(&dg.inode(), caller, W_OK | X_OK)?;
             if let Some(d) = &d {
@@ -933,7 +951,11 @@ impl Client {
         let h = self.leases.handle(id)?;
         let g = self.leases.get(h, Mode::Write).await?;
         let cur = self.fresh(&g).await?;
-        refuse_cached(&cur)?;
+        if set.size.is_some() {
+            self.check_write_data(&cur).await?;
+        } else {
+            self.check_change(&cur).await?;
+        }
         let mut set = check_setattr(&cur, &set, caller)?;
         if let Some(size) = set.size {
             match cur.attr.kind {

@@ -185,7 +185,7 @@ impl Client {
                 return Err(Error::new(ErrorCode::IsDir, "open a directory for writing"));
             }
             if write {
-                crate::fs::refuse_cached(&g.inode())?;
+                self.check_write_data(&g.inode()).await?;
             }
             // Counted while the lease is in use, so a recall of it (another
             // client about to remove the last name) sees this open.
@@ -289,7 +289,7 @@ impl Client {
                 st.local_writes,
                 Source {
                     stale: st.inode.stale.clone(),
-                    home: st.inode.home.as_ref().map(|l| {
+                    home: st.inode.home.as_ref().filter(|l| !l.is_local()).map(|l| {
                         Arc::new(HomeRef {
                             binding: l.binding,
                             handle: l.handle.clone(),

@@ -553,7 +553,7 @@ impl Client {
     /// Returns an open-file number for read/write/flush/fsync/release.
     pub async fn open(&self, id: FileId, write: bool, truncate: bool) -> Result<u64> {
         if let Some(i) = self.leases.cached_inode(id) {
-            if i.home.is_some() {
+            if i.home.as_ref().is_some_and(|l| !l.is_local()) {
                 self.after_find(i).await?;
             }
         }

@@ -26,6 +26,7 @@ pub(crate) fn errno(code: ErrorCode) -> Errno {
         ErrorCode::TooManyLinks => Errno::EMLINK,
         ErrorCode::NotSupported => Errno::EOPNOTSUPP,
         ErrorCode::ReadOnly => Errno::EROFS,
+        ErrorCode::CrossDevice => Errno::EXDEV,
         ErrorCode::Unavailable
         | ErrorCode::Io
         | ErrorCode::Protocol
@@ -53,7 +54,7 @@ pub(crate) fn fail(op: &'static str, ino: u64, err: &Error) -> Errno {
 mod tests {
     use super::*;
 
-    const ALL: [ErrorCode; 24] = [
+    const ALL: [ErrorCode; 25] = [
         ErrorCode::NotFound,
         ErrorCode::Exists,
         ErrorCode::NotDir,
@@ -78,6 +79,7 @@ mod tests {
         ErrorCode::OutOfSync,
         ErrorCode::ReadOnly,
         ErrorCode::UnknownBinding,
+        ErrorCode::CrossDevice,
     ];
 
     #[test]
@@ -107,6 +109,7 @@ mod tests {
             libc::EIO,
             libc::EROFS,
             libc::EIO,
+            libc::EXDEV,
         ];
         for (code, want) in ALL.iter().zip(expected) {
             assert_eq!(errno(*code).code(), want, "{code:?}");

@@ -26,6 +26,7 @@ pub fn nfsstat(code: ErrorCode) -> nfsstat3 {
         ErrorCode::TooManyLinks => nfsstat3::NFS3ERR_MLINK,
         ErrorCode::NotSupported => nfsstat3::NFS3ERR_NOTSUPP,
         ErrorCode::ReadOnly => nfsstat3::NFS3ERR_ROFS,
+        ErrorCode::CrossDevice => nfsstat3::NFS3ERR_XDEV,
         ErrorCode::Grace | ErrorCode::NotOwner => nfsstat3::NFS3ERR_JUKEBOX,
         ErrorCode::Unavailable
         | ErrorCode::Io

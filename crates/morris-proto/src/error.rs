@@ -57,6 +57,9 @@ pub enum ErrorCode {
     /// The request names a binding (cache mode) this server has not been
     /// told of: send `OpenHome` and ask again.
     UnknownBinding,
+    /// The object cannot be moved there (an object fetched from a home
+    /// keeps its place: `mv` copies it instead).
+    CrossDevice,
 }
 
 impl ErrorCode {
@@ -81,6 +84,7 @@ impl ErrorCode {
                 | ErrorCode::NotSupported
                 | ErrorCode::Stale
                 | ErrorCode::ReadOnly
+                | ErrorCode::CrossDevice
         )
     }
 
@@ -111,6 +115,7 @@ impl ErrorCode {
             ErrorCode::OutOfSync => "metadata copy out of sync",
             ErrorCode::ReadOnly => "read-only cache of a home",
             ErrorCode::UnknownBinding => "binding not known to this server",
+            ErrorCode::CrossDevice => "cannot be moved there",
         }
     }
 }

@@ -16,9 +16,8 @@ use crate::types::{FileId, FileKind, Timestamp};
 /// it are allocated by the servers' counters (`layout::allocate_id`).
 pub const CACHE_ID_BASE: FileId = 1 << 62;
 
-/// How a cache treats changes (AFM's modes). Cache mode I serves `Ro`
-/// only; the others are accepted by the types so that stored bindings stay
-/// readable when the write side lands, and refused by `bind` until then.
+/// How a cache treats changes (AFM's modes). `Iw` is refused by `bind`
+/// until conflicts are detected (docs/architecture.md, "Cache mode II").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum CacheMode {
     /// Read-only: every change under the binding answers `ReadOnly`.
@@ -69,6 +68,77 @@ pub struct Binding {
     /// Most bytes of home's data the cache keeps (0: no limit); past it
     /// the least recently read units are evicted.
     pub max_bytes: u64,
+    /// `Sw`/`Iw`: how long a change waits before it is pushed home, in
+    /// milliseconds (later changes to the same object within it are
+    /// pushed with it).
+    pub sync_lag_ms: u64,
+}
+
+impl Binding {
+    /// Whether changes under this binding are allowed at all.
+    pub fn writable(&self) -> bool {
+        self.mode != CacheMode::Ro
+    }
+
+    /// Whether changes under this binding are pushed home.
+    pub fn pushes(&self) -> bool {
+        matches!(self.mode, CacheMode::Sw | CacheMode::Iw)
+    }
+}
+
+/// A binding's settings as stores kept them before `sync_lag_ms` (record
+/// format 1): read, never written.
+#[derive(Debug, Clone, Deserialize)]
+pub struct BindingV1 {
+    url: String,
+    mode: CacheMode,
+    validity_ms: u64,
+    timeout_ms: u64,
+    max_bytes: u64,
+}
+
+impl From<BindingV1> for Binding {
+    fn from(b: BindingV1) -> Binding {
+        Binding {
+            url: b.url,
+            mode: b.mode,
+            validity_ms: b.validity_ms,
+            timeout_ms: b.timeout_ms,
+            max_bytes: b.max_bytes,
+            sync_lag_ms: DEFAULT_SYNC_LAG_MS,
+        }
+    }
+}
+
+/// The sync lag of a binding that does not name one.
+pub const DEFAULT_SYNC_LAG_MS: u64 = 15_000;
+
+/// A [`HomeLink`] as stores kept it in record format 1: read, never written.
+#[derive(Debug, Clone, Deserialize)]
+pub struct HomeLinkV1 {
+    binding: FileId,
+    handle: Vec<u8>,
+    fileid: u64,
+    seen: HomeStamp,
+    checked_ms: u64,
+    version: u32,
+    listed: bool,
+    bound: Option<BindingV1>,
+}
+
+impl From<HomeLinkV1> for HomeLink {
+    fn from(l: HomeLinkV1) -> HomeLink {
+        HomeLink {
+            binding: l.binding,
+            handle: l.handle,
+            fileid: l.fileid,
+            seen: l.seen,
+            checked_ms: l.checked_ms,
+            version: l.version,
+            listed: l.listed,
+            bound: l.bound.map(Binding::from),
+        }
+    }
 }
 
 /// What revalidation compares: home's kind, size, mtime and ctime of an
@@ -91,7 +161,9 @@ pub struct HomeLink {
     /// The bound directory this object is cached under (its own id for the
     /// bound directory itself).
     pub binding: FileId,
-    /// Home's handle of the object.
+    /// Home's handle of the object; empty for an object made in the cache
+    /// (under a `sw`/`iw`/`lu` binding), whose data is the cache's own:
+    /// read as any file's, never fetched (see [`HomeLink::is_local`]).
     pub handle: Vec<u8>,
     /// Home's number for the object (equal for its hard links).
     pub fileid: u64,
@@ -165,6 +237,34 @@ pub fn wall_ms() -> u64 {
 }
 
 impl HomeLink {
+    /// The link of an object made in the cache under binding `binding`:
+    /// no home object yet (the write-back creates one and keeps its place
+    /// apart), data kept locally.
+    pub fn local(binding: FileId, kind: FileKind) -> HomeLink {
+        let now = Timestamp::now();
+        HomeLink {
+            binding,
+            handle: Vec::new(),
+            fileid: 0,
+            seen: HomeStamp {
+                kind,
+                size: 0,
+                mtime: now,
+                ctime: now,
+            },
+            checked_ms: wall_ms(),
+            version: 0,
+            listed: true,
+            bound: None,
+        }
+    }
+
+    /// Whether the object was made in the cache (its data and names are
+    /// the cache's own; nothing is fetched or compared with home).
+    pub fn is_local(&self) -> bool {
+        self.handle.is_empty()
+    }
+
     /// Whether what `seen` says was read from home less than `validity_ms`
     /// ago (by this machine's clock).
     pub fn fresh(&self, validity_ms: u64) -> bool {

@@ -131,6 +131,9 @@ pub enum Request {
         attr: Attr,
         /// Symlink target.
         target: Option<Vec<u8>>,
+        /// The binding the new object is made under (its parent is in a
+        /// writable cache): it gets a local [`crate::home::HomeLink`].
+        home: Option<FileId>,
         /// Operation id (see "Exactly once" above; 0: none).
         op: u64,
     },
@@ -557,6 +560,114 @@ pub enum Request {
         /// The bound directory's id.
         binding: FileId,
     },
+    // ---------------------------------------------------------------
+    // Cache mode II, write-back (docs/architecture.md, "Cache mode II").
+    // Sent by the server that pushes a binding (its bound directory's
+    // owner) to the others; no lease is taken.
+    /// The changes not yet pushed home of objects of `binding` whose
+    /// metadata this server serves. [`Reply::WbMarks`].
+    WbMarks {
+        /// The bound directory's id.
+        binding: FileId,
+    },
+    /// Clears marks that were pushed: each `(id, count)` only if the
+    /// object's change count is still `count` (a change made during the
+    /// push keeps its mark). [`Reply::Ok`].
+    WbClear {
+        /// Objects and the change counts that were pushed.
+        marks: Vec<(FileId, u64)>,
+    },
+    /// Where home has the objects of `binding` whose metadata this server
+    /// serves and that the write-back made or moved there.
+    /// [`Reply::WbHomes`].
+    WbHomes {
+        /// The bound directory's id.
+        binding: FileId,
+    },
+    /// Records where home has object `home.id` (at its owner); `None` in
+    /// [`Reply::Ok`].
+    WbSetHome {
+        /// The bound directory's id.
+        binding: FileId,
+        /// The record.
+        home: WbHome,
+    },
+    /// Forgets where home had object `id` (it is gone there). [`Reply::Ok`].
+    WbDropHome {
+        /// The object.
+        id: FileId,
+    },
+    /// Entries of directory `dir` after `cookie`, without a lease (the
+    /// write-back's view: a change after it is marked again).
+    /// [`Reply::Entries`].
+    WbEntries {
+        /// The directory.
+        dir: FileId,
+        /// Continue after this cookie (0: from the start).
+        cookie: u64,
+        /// Most entries.
+        max: u32,
+    },
+    /// Writes the units of file `id` whose first copy this server holds
+    /// to home's file `handle` (below `size`), and commits them.
+    /// [`Reply::Pushed`] once home has them on stable storage.
+    PushData {
+        /// The bound directory's id.
+        binding: FileId,
+        /// Its settings (to open the home).
+        spec: Binding,
+        /// The file.
+        id: FileId,
+        /// Home's handle of it.
+        handle: Vec<u8>,
+        /// Its size in the cache.
+        size: u64,
+        /// Servers that do not answer: the units whose first copy is on
+        /// one of them are pushed from their next copy instead.
+        down: Vec<u32>,
+    },
+    /// Waits until every change to `binding` made before this request is
+    /// at home (at the binding's pusher, the bound directory's owner).
+    /// [`Reply::Flushed`], after at most about ten seconds (ask again
+    /// while it says not done).
+    Flush {
+        /// The bound directory's id.
+        binding: FileId,
+    },
+}
+
+/// A change to one object not yet pushed home (cache mode II), kept by the
+/// server that owns the object, in the transaction of the change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WbMark {
+    /// The object.
+    pub id: FileId,
+    /// Its names changed (a directory: entries made, removed, renamed).
+    pub names: bool,
+    /// Its attributes changed (mode, owner, times).
+    pub attrs: bool,
+    /// Its data changed (a file: written or truncated).
+    pub data: bool,
+    /// Changes counted since the mark was set: a mark is cleared only if
+    /// this is unchanged since the push read it.
+    pub count: u64,
+    /// When the mark was set (wall clock, ms since the epoch).
+    pub since_ms: u64,
+}
+
+/// Where home has an object the write-back made or moved there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WbHome {
+    /// The object (its id in the cache).
+    pub id: FileId,
+    /// The cache directory whose home directory holds it.
+    pub dir: FileId,
+    /// Its name there.
+    pub name: Vec<u8>,
+    /// Home's file number of it.
+    pub fileid: u64,
+    /// Home's handle of it.
+    pub handle: Vec<u8>,
 }
 
 impl Request {
@@ -646,6 +757,14 @@ impl Request {
             Request::Evict { .. } => "Evict",
             Request::CacheStatus => "CacheStatus",
             Request::ForgetBinding { .. } => "ForgetBinding",
+            Request::WbMarks { .. } => "WbMarks",
+            Request::WbClear { .. } => "WbClear",
+            Request::WbHomes { .. } => "WbHomes",
+            Request::WbSetHome { .. } => "WbSetHome",
+            Request::WbDropHome { .. } => "WbDropHome",
+            Request::WbEntries { .. } => "WbEntries",
+            Request::PushData { .. } => "PushData",
+            Request::Flush { .. } => "Flush",
         }
     }
 }
@@ -749,6 +868,24 @@ pub enum Reply {
     },
     /// Answer to [`Request::CacheStatus`].
     Cache(Vec<BindingStatus>),
+    /// Answer to [`Request::WbMarks`].
+    WbMarks(Vec<WbMark>),
+    /// Answer to [`Request::WbHomes`].
+    WbHomes(Vec<WbHome>),
+    /// Answer to [`Request::PushData`].
+    Pushed {
+        /// Bytes written to home.
+        bytes: u64,
+    },
+    /// Answer to [`Request::Flush`].
+    Flushed {
+        /// Every change made before the request is at home.
+        done: bool,
+        /// Objects with changes not yet at home, when the answer was made.
+        queued: u64,
+        /// Why the last push failed, if it did.
+        last_error: Option<String>,
+    },
 }
 
 /// One server's view of one binding (`morris cache status`).
@@ -776,6 +913,18 @@ pub struct BindingStatus {
     pub evictions: u64,
     /// Bytes of this binding's data held here.
     pub cached_bytes: u64,
+    /// The binding's mode (`ro`, `sw`, `iw`, `lu`).
+    pub mode: String,
+    /// Objects with changes not yet pushed home, kept here.
+    pub queued: u64,
+    /// Age of the oldest of them, ms.
+    pub oldest_ms: u64,
+    /// Objects pushed home by this server (names, attributes or data).
+    pub pushed: u64,
+    /// Bytes of data pushed home by this server.
+    pub pushed_bytes: u64,
+    /// Push rounds this server ran as the binding's pusher.
+    pub rounds: u64,
 }
 
 /// An orphan: an inode whose last name is gone, kept while a client has it open.

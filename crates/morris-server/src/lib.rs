@@ -280,6 +280,9 @@ pub async fn start(cfg: ServerConfig) -> Result<ServerHandle, ServerError> {
             }
         });
         let _stop_cache = AbortOnDrop(_cache);
+        // Cache mode II: the write-back of the bindings served here.
+        let _push = tokio::spawn(ticking.clone().push_loop());
+        let _stop_push = AbortOnDrop(_push);
         loop {
             iv.tick().await;
             ticking.tick();

@@ -29,6 +29,7 @@ use crate::store::{check_name, check_new_name, FormatOutcome, Formatted, OpKey, 
 mod cache;
 mod orphans;
 mod peer;
+mod pusher;
 mod stats;
 
 /// Longest a `ReadDir` waits for names of a directory being listed from
@@ -146,6 +147,8 @@ pub(crate) struct Server {
     etcd: Vec<String>,
     /// Cache mode: bindings, fetches in flight (`cache.rs`).
     cache: cache::CacheState,
+    /// The write-back pusher's connections to the other servers.
+    pusher_conns: pusher::PeerConns,
 }
 
 type Outcome = (Result<Reply, WireError>, Bytes);
@@ -245,6 +248,10 @@ fn subject(req: &Request) -> Option<FileId> {
         | Request::Truncate { id, .. }
         | Request::DeleteData { id } => Some(*id),
         Request::Sync { id } => *id,
+        Request::WbEntries { dir, .. } => Some(*dir),
+        Request::WbSetHome { home, .. } => Some(home.id),
+        Request::WbDropHome { id } => Some(*id),
+        Request::WbClear { marks } => marks.first().map(|m| m.0),
         _ => None,
     }
 }
@@ -300,6 +307,7 @@ impl Server {
             peers_cut: AtomicBool::new(false),
             etcd,
             cache: cache::CacheState::default(),
+            pusher_conns: pusher::PeerConns::default(),
         }
     }
 
@@ -705,6 +713,19 @@ impl Server {
             Request::ForgetBinding { binding } => {
                 plain(self.forget_binding(binding).await.map(|()| Reply::Ok))
             }
+            req @ (Request::WbMarks { .. } | Request::WbHomes { .. }) => plain(self.wb_local(&req)),
+            Request::PushData {
+                binding,
+                spec,
+                id,
+                handle,
+                size,
+                down,
+            } => plain(
+                self.push_data_here(&vol, binding, spec, id, handle, size, down)
+                    .await,
+            ),
+            Request::Flush { binding } => plain(self.flush(binding).await),
             other => plain(
                 self.metadata_op(&vol, client, conn.id, other, payload)
                     .await,
@@ -931,7 +952,11 @@ impl Server {
             | Request::Seed { .. }
             | Request::CreateCached { .. }
             | Request::AcquireCached { .. }
-            | Request::Revalidate { .. } => match subject(&req) {
+            | Request::Revalidate { .. }
+            | Request::WbEntries { .. }
+            | Request::WbSetHome { .. }
+            | Request::WbDropHome { .. }
+            | Request::WbClear { .. } => match subject(&req) {
                 Some(id) => Some(ranges.serving_id(id, now)?.clone()),
                 None => None,
             },
@@ -957,6 +982,9 @@ impl Server {
                 | Request::CreateCached { .. }
                 | Request::AcquireCached { .. }
                 | Request::Revalidate { .. }
+                | Request::WbSetHome { .. }
+                | Request::WbDropHome { .. }
+                | Request::WbClear { .. }
         );
         let Some(range) = range else {
             return self
@@ -1081,12 +1109,13 @@ impl Server {
                 parent,
                 attr,
                 target,
+                home,
                 op,
             } => {
                 let gen = random_gen();
                 let op = OpKey::new(client, op);
                 let inode = metadata(move || {
-                    store.create_inode(parent, &attr, target.as_deref(), gen, op)
+                    store.create_inode(parent, &attr, target.as_deref(), gen, home, op)
                 })?;
                 // A fresh id: nobody else can hold or wait for it.
                 self.lease(client, conn_id, inode.id, LeaseMode::Write)
@@ -1376,6 +1405,28 @@ impl Server {
                 Self::check_owner(vol, ino.id)?;
                 self.revalidate(store, ino).await.map(Reply::Inode)
             }
+            Request::WbEntries { dir, cookie, max } => {
+                Self::check_owner(vol, dir)?;
+                let h = metadata(|| store.get_inode(dir))?
+                    .ok_or_else(|| err(ErrorCode::NotFound, format!("no directory {dir}")))?
+                    .handle();
+                let page = metadata(move || store.read_dir_page(h, cookie, max))?;
+                Ok(Reply::Entries {
+                    entries: page.entries,
+                    eof: page.eof,
+                })
+            }
+            Request::WbSetHome { binding, home } => {
+                Self::check_owner(vol, home.id)?;
+                metadata(move || store.wb_set_home(binding, &home)).map(|()| Reply::Ok)
+            }
+            Request::WbDropHome { id } => {
+                Self::check_owner(vol, id)?;
+                metadata(move || store.wb_drop_home(id)).map(|()| Reply::Ok)
+            }
+            Request::WbClear { marks } => {
+                metadata(move || store.wb_clear(&marks)).map(|_| Reply::Ok)
+            }
             Request::Hello { .. }
             | Request::Format { .. }
             | Request::Status
@@ -1387,6 +1438,10 @@ impl Server {
             | Request::OpenHome { .. }
             | Request::CacheStatus
             | Request::ForgetBinding { .. }
+            | Request::WbMarks { .. }
+            | Request::WbHomes { .. }
+            | Request::PushData { .. }
+            | Request::Flush { .. }
             | Request::PeerSync { .. }
             | Request::Replicate { .. }
             | Request::SnapshotChunk { .. } => {

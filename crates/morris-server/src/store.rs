@@ -33,6 +33,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use morris_proto::home::HomeLink;
 use morris_proto::layout::{Layout, FIRST_COUNTER};
 use morris_proto::{
     Attr, DirEntry, ErrorCode, FileId, FileKind, Handle, Inode, SetAttr, Timestamp,
@@ -379,6 +380,7 @@ impl Store {
             .map_err(err)?;
         write.execute_batch(SCHEMA).map_err(err)?;
         write.execute_batch(cached::SCHEMA).map_err(err)?;
+        write.execute_batch(wb::SCHEMA).map_err(err)?;
         write.set_prepared_statement_cache_capacity(64);
         let volume: Option<(Vec<u8>, i64)> = write
             .query_row(
@@ -592,6 +594,7 @@ impl Store {
         attr: &Attr,
         target: Option<&[u8]>,
         gen: u32,
+        home: Option<FileId>,
         op: Option<OpKey>,
     ) -> Result<Inode, WireError> {
         let (layout, index) = self.layout_and_index()?;
@@ -661,6 +664,23 @@ impl Store {
                 params![sql_id(id), i64::from(gen), encode_inode(&inode)?],
             )
             .map_err(db_err)?;
+            let mut inode = inode;
+            if let Some(binding) = home {
+                // Made in a writable cache: the cache's own object until
+                // the write-back makes it at home.
+                let link = HomeLink::local(binding, inode.attr.kind);
+                cached::put_link(tx, id, &link)?;
+                wb::mark(
+                    tx,
+                    id,
+                    binding,
+                    wb::Changed {
+                        attrs: true,
+                        ..Default::default()
+                    },
+                )?;
+                inode.home = Some(Box::new(link));
+            }
             Ok(inode)
         })?;
         if !replayed {
@@ -732,6 +752,23 @@ impl Store {
                 params![sql_id(ino.id), encode_inode(&ino)?],
             )
             .map_err(db_err)?;
+            if let Some(l) = &ino.home {
+                // Only a file made in the cache has data of the cache's
+                // own (a fetched one's bytes are home's).
+                let data = ino.attr.kind == FileKind::File
+                    && l.is_local()
+                    && (set.size.is_some() || set.mtime.is_some());
+                wb::mark(
+                    tx,
+                    ino.id,
+                    l.binding,
+                    wb::Changed {
+                        attrs: true,
+                        data,
+                        ..Default::default()
+                    },
+                )?;
+            }
             Ok(ino)
         })
     }
@@ -766,6 +803,7 @@ impl Store {
                 tx.execute(sql, params![sql_id(h.id)]).map_err(db_err)?;
             }
             cached::forget_inode(tx, h.id)?;
+            wb::forget(tx, h.id)?;
             Ok(())
         })?;
         if !replayed {
@@ -889,6 +927,7 @@ impl Store {
                 .map_err(|_| WireError::new(ErrorCode::TooManyLinks, "too many subdirectories"))?;
             touch_dir(a);
             store_dir_row(tx, &d)?;
+            mark_names(tx, &d.inode)?;
             Ok((existing, d.inode))
         })?;
         if removed.0.is_none() && !replayed {
@@ -933,6 +972,7 @@ impl Store {
             }
             touch_dir(a);
             store_dir_row(tx, &d)?;
+            mark_names(tx, &d.inode)?;
             Ok((e, d.inode))
         })?;
         if !replayed {
@@ -994,6 +1034,7 @@ impl Store {
             }
             touch_dir(a);
             store_dir_row(tx, &d)?;
+            mark_names(tx, &d.inode)?;
             Ok((dst, d.inode))
         })?;
         if removed.0.is_some() && !replayed {
@@ -1212,6 +1253,22 @@ fn load_dir_row(tx: &Transaction<'_>, dir: Handle) -> Result<DirRow, WireError> 
     })
 }
 
+/// Marks the names of cached directory `d` changed (for the write-back).
+fn mark_names(tx: &Transaction<'_>, d: &Inode) -> Result<(), WireError> {
+    match &d.home {
+        Some(l) => wb::mark(
+            tx,
+            d.id,
+            l.binding,
+            wb::Changed {
+                names: true,
+                ..Default::default()
+            },
+        ),
+        None => Ok(()),
+    }
+}
+
 fn store_dir_row(tx: &Transaction<'_>, d: &DirRow) -> Result<(), WireError> {
     let data = encode_inode(&d.inode)?;
     tx.prepare_cached("UPDATE inodes SET data = ?2, next_cookie = ?3 WHERE id = ?1")
@@ -1257,6 +1314,7 @@ mod replica_tests;
 mod stale;
 #[cfg(test)]
 mod tests;
+mod wb;
 
 pub use cached::Seed;
 #[cfg(test)]

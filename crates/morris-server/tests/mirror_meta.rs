@@ -294,6 +294,7 @@ async fn a_killed_primarys_range_is_served_by_its_copy_with_every_answered_chang
             parent: ROOT_ID,
             attr: attr(FileKind::File),
             target: None,
+            home: None,
             op: 0,
         })
         .await
@@ -493,6 +494,7 @@ async fn three_copies() -> (Vol, u32, u32, u32, Handle, Inode) {
                 parent: ROOT_ID,
                 attr: attr(FileKind::File),
                 target: None,
+                home: None,
                 op: 0,
             },
         )

@@ -100,6 +100,7 @@ impl Client {
             parent: ROOT_ID,
             attr: attr(kind),
             target: None,
+            home: None,
             op: 0,
         })
         .await
@@ -864,6 +865,7 @@ async fn restart_keeps_data_and_answers_grace() {
             parent: ROOT_ID,
             attr: attr(FileKind::File),
             target: None,
+            home: None,
             op: 0,
         })
         .await,

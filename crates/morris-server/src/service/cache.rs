@@ -67,7 +67,7 @@ const PROBE_EVERY: Duration = Duration::from_secs(3);
 
 /// One binding as this server knows it.
 pub(crate) struct Bound {
-    spec: Binding,
+    pub(super) spec: Binding,
     /// The home, once opened (on first need; again after a failure).
     home: tokio::sync::Mutex<Option<Arc<dyn Home>>>,
     reachable: AtomicBool,
@@ -81,6 +81,8 @@ pub(crate) struct Bound {
     fetch_ms: AtomicU64,
     meta_requests: AtomicU64,
     evictions: AtomicU64,
+    /// The write-back's state (cache mode II).
+    pub(super) wb: super::pusher::WbState,
 }
 
 impl Bound {
@@ -97,7 +99,14 @@ impl Bound {
             fetch_ms: AtomicU64::new(0),
             meta_requests: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
+            wb: super::pusher::WbState::default(),
         }
+    }
+
+    /// A push round went through: home answers.
+    pub(super) fn ok_pushing(&self) {
+        self.ok();
+        *self.wb.last_error.lock() = None;
     }
 
     fn options(&self) -> HomeOptions {
@@ -134,7 +143,7 @@ impl Bound {
 
     /// The opened home; opens it if needed. Fails at once while home is
     /// known to be down (see [`Bound::check_up`]).
-    async fn home(&self) -> Result<Arc<dyn Home>, WireError> {
+    pub(super) async fn home(&self) -> Result<Arc<dyn Home>, WireError> {
         self.check_up()?;
         let mut g = self.home.lock().await;
         if let Some(h) = &*g {
@@ -169,7 +178,7 @@ impl Bound {
     }
 
     /// Records a failure talking to home; returns it as a wire error.
-    fn failed(&self, e: HomeError) -> WireError {
+    pub(super) fn failed(&self, e: HomeError) -> WireError {
         if matches!(e, HomeError::Unreachable(_) | HomeError::Io(_)) {
             self.reachable.store(false, Ordering::Relaxed);
             *self.last_error.lock() = Some(e.to_string());
@@ -197,6 +206,7 @@ impl Bound {
             meta_requests: self.meta_requests.load(Ordering::Relaxed),
             evictions: self.evictions.load(Ordering::Relaxed),
             cached_bytes,
+            ..BindingStatus::default()
         }
     }
 }
@@ -423,7 +433,7 @@ impl Server {
 
     /// The binding rooted at `binding`; `UnknownBinding` if no client has
     /// told this server of it yet.
-    fn bound(&self, binding: FileId) -> Result<Arc<Bound>, WireError> {
+    pub(super) fn bound(&self, binding: FileId) -> Result<Arc<Bound>, WireError> {
         self.cache
             .bound
             .lock()
@@ -487,13 +497,10 @@ impl Server {
         dir: Handle,
         spec: Binding,
     ) -> Result<Inode, WireError> {
-        if spec.mode != CacheMode::Ro {
+        if spec.mode == CacheMode::Iw {
             return Err(err(
                 ErrorCode::NotSupported,
-                format!(
-                    "cache mode {} needs write-back (cache mode II), which is not built yet; bind with --mode ro",
-                    spec.mode.name()
-                ),
+                "cache mode iw needs conflict handling, which is not built yet; bind with --mode sw (only this cache writes home), lu or ro",
             ));
         }
         let _: HomeUrl = spec
@@ -997,7 +1004,16 @@ impl Server {
         let Some(link) = ino.home.as_deref().cloned() else {
             return Ok(ino);
         };
+        if link.is_local() {
+            return Ok(ino);
+        }
         let b = self.bound(link.binding)?;
+        if b.spec.writable() {
+            // `sw`/`lu`: home changes only through this cache; what the
+            // cache has is what counts (and a comparison would take the
+            // write-back's own changes at home for changes of home's).
+            return Ok(ino);
+        }
         let validity = Duration::from_millis(b.spec.validity_ms);
         match self.cache.checked.lock().get(&h.id) {
             Some(t) if validity > Duration::ZERO && t.elapsed() < validity => return Ok(ino),
@@ -1199,7 +1215,7 @@ impl Server {
     }
 
     /// The bindings this server knows, with their state.
-    fn known_bindings(&self) -> Vec<(FileId, Arc<Bound>)> {
+    pub(super) fn known_bindings(&self) -> Vec<(FileId, Arc<Bound>)> {
         self.cache
             .bound
             .lock()
@@ -1418,6 +1434,16 @@ impl Server {
             let (_, bytes) = metadata(|| store.cached_bytes_of(id))?;
             let mut s = b.status(bytes);
             s.binding = id;
+            s.mode = b.spec.mode.name().to_string();
+            let (queued, oldest) = self.wb_queue(id);
+            s.queued = queued;
+            s.oldest_ms = oldest.map_or(0, |t| wall_ms().saturating_sub(t));
+            s.pushed = b.wb.pushed.load(Ordering::Relaxed);
+            s.pushed_bytes = b.wb.pushed_bytes.load(Ordering::Relaxed);
+            s.rounds = b.wb.rounds.load(Ordering::Relaxed);
+            if s.last_error.is_none() {
+                s.last_error = b.wb.last_error.lock().clone();
+            }
             out.push(s);
         }
         out.sort_by_key(|s| s.binding);

@@ -23,7 +23,7 @@
 //! of the wire types ([`HomeLink`], [`Inode`]); a change to those types
 //! must keep a frozen copy of the old layout here and convert.
 
-use morris_proto::home::{is_cache_id, Binding, HomeLink, HomeStamp};
+use morris_proto::home::{is_cache_id, Binding, BindingV1, HomeLink, HomeLinkV1, HomeStamp};
 use morris_proto::{Attr, ErrorCode, FileId, FileKind, Handle, Inode, WireError};
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
@@ -57,8 +57,11 @@ CREATE INDEX IF NOT EXISTS cache_units_by_binding_use ON cache_units (binding, u
 CREATE TABLE IF NOT EXISTS cache_bindings (binding INTEGER PRIMARY KEY, spec BLOB NOT NULL);
 ";
 
-/// Format byte of stored links and seeds.
-const FORMAT: u8 = 1;
+/// Format byte of stored links, seeds and binding settings: 2 since
+/// bindings carry a sync lag; 1 (read, converted) before.
+const FORMAT: u8 = 2;
+/// The format before [`FORMAT`].
+const FORMAT_1: u8 = 1;
 
 fn encode<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, WireError> {
     let mut out = vec![FORMAT];
@@ -69,15 +72,35 @@ fn encode<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, WireError> {
     Ok(out)
 }
 
-fn decode<T: serde::de::DeserializeOwned>(what: &str, b: &[u8]) -> Result<T, WireError> {
+/// Decodes a record of the current format, or of format 1 as `Old` (a
+/// frozen copy of the layout then) converted.
+fn decode_as<T, Old>(what: &str, b: &[u8]) -> Result<T, WireError>
+where
+    T: serde::de::DeserializeOwned,
+    Old: serde::de::DeserializeOwned + Into<T>,
+{
+    let corrupt =
+        |e: postcard::Error| WireError::new(ErrorCode::Io, format!("corrupt {what}: {e}"));
     match b.split_first() {
-        Some((&FORMAT, rest)) => postcard::from_bytes(rest)
-            .map_err(|e| WireError::new(ErrorCode::Io, format!("corrupt {what}: {e}"))),
+        Some((&FORMAT, rest)) => postcard::from_bytes(rest).map_err(corrupt),
+        Some((&FORMAT_1, rest)) => postcard::from_bytes::<Old>(rest)
+            .map(Into::into)
+            .map_err(corrupt),
         _ => Err(WireError::new(
             ErrorCode::Io,
             format!("{what} in an unknown format"),
         )),
     }
+}
+
+/// [`decode_as`] of a record whose layout did not change in format 2 (a
+/// seed: its link never carries a binding's settings).
+fn decode<T: serde::de::DeserializeOwned>(what: &str, b: &[u8]) -> Result<T, WireError> {
+    decode_as::<T, T>(what, b)
+}
+
+pub(super) fn decode_link(b: &[u8]) -> Result<HomeLink, WireError> {
+    decode_as::<HomeLink, HomeLinkV1>("home link", b)
 }
 
 /// The home link stored for `id`, if any.
@@ -87,12 +110,12 @@ pub(super) fn link_of(c: &Connection, id: FileId) -> Result<Option<Box<HomeLink>
         .and_then(|mut s| s.query_row(params![sql_id(id)], |r| r.get(0)).optional())
         .map_err(db_err)?;
     match b {
-        Some(b) => Ok(Some(Box::new(decode("home link", &b)?))),
+        Some(b) => Ok(Some(Box::new(decode_link(&b)?))),
         None => Ok(None),
     }
 }
 
-fn put_link(tx: &Transaction<'_>, id: FileId, link: &HomeLink) -> Result<(), WireError> {
+pub(super) fn put_link(tx: &Transaction<'_>, id: FileId, link: &HomeLink) -> Result<(), WireError> {
     let b = encode(link)?;
     tx.prepare_cached("INSERT OR REPLACE INTO cache_links (id, link) VALUES (?1, ?2)")
         .and_then(|mut s| s.execute(params![sql_id(id), b]))
@@ -485,7 +508,7 @@ impl Store {
                     .map_err(db_err)?;
                 for row in rows {
                     let (id, b) = row.map_err(db_err)?;
-                    let link: HomeLink = decode("home link", &b)?;
+                    let link: HomeLink = decode_link(&b)?;
                     let id = super::from_sql_id(id);
                     if link.binding == binding && id != binding {
                         ids.push(id);
@@ -546,6 +569,35 @@ impl Store {
         })
     }
 
+    /// The bound directories kept here and their settings (from their
+    /// links: a server that takes a range over learns its bindings).
+    pub fn bound_dirs(&self) -> Result<Vec<(FileId, Binding)>, WireError> {
+        self.with_reader(|c| {
+            let mut st = c
+                .prepare_cached("SELECT id, link FROM cache_links")
+                .map_err(db_err)?;
+            let rows = st
+                .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)))
+                .map_err(db_err)?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (id, b) = row.map_err(db_err)?;
+                let id = super::from_sql_id(id);
+                if let Ok(HomeLink {
+                    binding,
+                    bound: Some(spec),
+                    ..
+                }) = decode_link(&b)
+                {
+                    if binding == id {
+                        out.push((id, spec));
+                    }
+                }
+            }
+            Ok(out)
+        })
+    }
+
     /// Keeps the settings of binding `binding` (replacing older ones).
     pub fn remember_binding(&self, binding: FileId, spec: &Binding) -> Result<(), WireError> {
         let b = encode(spec)?;
@@ -585,7 +637,10 @@ impl Store {
             let mut out = Vec::new();
             for row in rows {
                 let (id, b) = row.map_err(db_err)?;
-                out.push((super::from_sql_id(id), decode("binding settings", &b)));
+                out.push((
+                    super::from_sql_id(id),
+                    decode_as::<Binding, BindingV1>("binding settings", &b),
+                ));
             }
             Ok(out)
         })

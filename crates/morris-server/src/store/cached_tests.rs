@@ -55,6 +55,7 @@ fn bound_root(s: &Store) -> Handle {
         validity_ms: 1000,
         timeout_ms: 1000,
         max_bytes: 0,
+        sync_lag_ms: 15_000,
     });
     let ino = s.bind(r, &l).unwrap();
     assert_eq!(ino.home.as_deref(), Some(&l));
@@ -72,7 +73,7 @@ fn store() -> (tempfile::TempDir, Store) {
 fn only_an_empty_directory_that_is_not_cached_can_be_bound() {
     let (_d, s) = store();
     let r = root(&s);
-    s.create_inode(ROOT_ID, &attr(FileKind::File), None, 1, None)
+    s.create_inode(ROOT_ID, &attr(FileKind::File), None, 1, None, None)
         .map(|i| {
             s.link(r, b"f", i.handle(), FileKind::File, None, None)
                 .unwrap()
@@ -85,6 +86,7 @@ fn only_an_empty_directory_that_is_not_cached_can_be_bound() {
         validity_ms: 1,
         timeout_ms: 1,
         max_bytes: 0,
+        sync_lag_ms: 15_000,
     });
     assert_eq!(s.bind(r, &l).unwrap_err().code, ErrorCode::NotEmpty);
     s.unlink(r, b"f", None, None).unwrap();
@@ -300,4 +302,111 @@ fn a_listing_under_way_sees_every_name_filled_after_it_began() {
     assert_eq!(seen.len(), 1000, "no name twice");
     // A name filled again (home listed twice) keeps its place.
     assert_eq!(s.fill(r, &names(0, 10), true).unwrap(), 0);
+}
+
+/// A link stored by the code before bindings had a sync lag (record
+/// format 1) still reads, with the default lag.
+#[test]
+fn a_format_1_link_reads_with_the_default_sync_lag() {
+    #[derive(serde::Serialize)]
+    struct BindingV1 {
+        url: String,
+        mode: CacheMode,
+        validity_ms: u64,
+        timeout_ms: u64,
+        max_bytes: u64,
+    }
+    #[derive(serde::Serialize)]
+    struct LinkV1 {
+        binding: FileId,
+        handle: Vec<u8>,
+        fileid: u64,
+        seen: morris_proto::home::HomeStamp,
+        checked_ms: u64,
+        version: u32,
+        listed: bool,
+        bound: Option<BindingV1>,
+    }
+    let l = link(1, b"root", 2);
+    let old = LinkV1 {
+        binding: l.binding,
+        handle: l.handle.clone(),
+        fileid: l.fileid,
+        seen: l.seen,
+        checked_ms: l.checked_ms,
+        version: l.version,
+        listed: l.listed,
+        bound: Some(BindingV1 {
+            url: "file:///x".into(),
+            mode: CacheMode::Ro,
+            validity_ms: 7,
+            timeout_ms: 8,
+            max_bytes: 9,
+        }),
+    };
+    let mut bytes = vec![1u8];
+    bytes.extend(postcard::to_stdvec(&old).unwrap());
+    let got = super::cached::decode_link(&bytes).unwrap();
+    let b = got.bound.clone().unwrap();
+    assert_eq!((b.validity_ms, b.timeout_ms, b.max_bytes), (7, 8, 9));
+    assert_eq!(b.sync_lag_ms, morris_proto::home::DEFAULT_SYNC_LAG_MS);
+    assert_eq!(got.handle, l.handle);
+    // Unknown formats are refused, not misread.
+    bytes[0] = 9;
+    assert!(super::cached::decode_link(&bytes).is_err());
+}
+
+#[test]
+fn changes_under_a_binding_leave_marks_cleared_only_when_unchanged() {
+    let (_d, s) = store();
+    let r = bound_root(&s);
+    let f = s
+        .create_inode(ROOT_ID, &attr(FileKind::File), None, 1, Some(r.id), None)
+        .unwrap();
+    assert!(f.home.as_ref().unwrap().is_local());
+    s.link(r, b"f", f.handle(), FileKind::File, None, None)
+        .unwrap();
+    let marks = s.wb_marks(r.id).unwrap();
+    let root_mark = marks.iter().find(|m| m.id == r.id).unwrap().clone();
+    assert!(root_mark.names);
+    let file_mark = marks.iter().find(|m| m.id == f.id).unwrap().clone();
+    assert!(file_mark.attrs && !file_mark.data);
+    // Written: the file's mark gains data, its count goes up.
+    let set = morris_proto::SetAttr {
+        size: Some(10),
+        mtime: Some(morris_proto::Timestamp::now()),
+        ..Default::default()
+    };
+    s.set_attr(f.handle(), &set).unwrap();
+    let now = s.wb_marks(r.id).unwrap();
+    let fm = now.iter().find(|m| m.id == f.id).unwrap();
+    assert!(fm.data && fm.count > file_mark.count);
+    // A clear with the count read before the write keeps the mark.
+    assert_eq!(
+        s.wb_clear(&[(f.id, file_mark.count), (r.id, root_mark.count)])
+            .unwrap(),
+        1
+    );
+    let left = s.wb_marks(r.id).unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].id, f.id);
+    // Removing the object drops its mark and its place at home.
+    s.wb_set_home(
+        r.id,
+        &morris_proto::WbHome {
+            id: f.id,
+            dir: r.id,
+            name: b"f".to_vec(),
+            fileid: 5,
+            handle: vec![1],
+        },
+    )
+    .unwrap();
+    assert_eq!(s.wb_homes(r.id).unwrap().len(), 1);
+    s.unlink(r, b"f", None, None).unwrap();
+    s.delete_inode(f.handle(), None).unwrap();
+    assert!(s.wb_homes(r.id).unwrap().is_empty());
+    let left = s.wb_marks(r.id).unwrap();
+    assert_eq!(left.len(), 1, "only the root's names mark: {left:?}");
+    assert_eq!(left[0].id, r.id);
 }

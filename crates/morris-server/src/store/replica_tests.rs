@@ -83,19 +83,19 @@ fn a_copy_follows_every_change_of_the_replicated_tables() {
 
     let r = root(&p);
     let sub = p
-        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 1, None)
+        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 1, None, None)
         .unwrap();
     p.link(r, b"sub", sub.handle(), FileKind::Dir, None, None)
         .unwrap();
     let f = p
-        .create_inode(0, &attr(FileKind::File), None, 2, None)
+        .create_inode(0, &attr(FileKind::File), None, 2, None, None)
         .unwrap();
     p.link(sub.handle(), b"f", f.handle(), FileKind::File, None, None)
         .unwrap();
     p.link(r, b"hard", f.handle(), FileKind::File, None, None)
         .unwrap();
     let l = p
-        .create_inode(0, &attr(FileKind::Symlink), Some(b"f"), 3, None)
+        .create_inode(0, &attr(FileKind::Symlink), Some(b"f"), 3, None, None)
         .unwrap();
     p.link(
         sub.handle(),
@@ -115,7 +115,7 @@ fn a_copy_follows_every_change_of_the_replicated_tables() {
     };
     p.set_attr(f.handle(), &set).unwrap();
     let gone = p
-        .create_inode(0, &attr(FileKind::File), None, 4, None)
+        .create_inode(0, &attr(FileKind::File), None, 4, None, None)
         .unwrap();
     p.delete_inode(gone.handle(), None).unwrap();
     let rec = p.mark_stale(f.handle(), 0, 8).unwrap().stale[0];
@@ -190,14 +190,14 @@ fn format_is_captured_and_a_later_snapshot_takes_the_tail() {
     assert!(drain(&mut rx).is_empty());
 
     for g in 0..3 {
-        p.create_inode(0, &attr(FileKind::File), None, g, None)
+        p.create_inode(0, &attr(FileKind::File), None, g, None, None)
             .unwrap();
     }
     let snap = dir.path().join("snap.sqlite");
     let s = p.snapshot_to(&snap).unwrap();
     assert_eq!((s, p.committed_seq()), (4, 4));
     let h = p
-        .create_inode(0, &attr(FileKind::File), None, 5, None)
+        .create_inode(0, &attr(FileKind::File), None, 5, None, None)
         .unwrap();
     p.link(root(&p), b"h", h.handle(), FileKind::File, None, None)
         .unwrap();
@@ -235,7 +235,7 @@ fn conflicting_changesets_are_refused_whole() {
     c.install_snapshot(&snap).unwrap();
 
     let f = p
-        .create_inode(0, &attr(FileKind::File), None, 2, None)
+        .create_inode(0, &attr(FileKind::File), None, 2, None, None)
         .unwrap();
     let set = SetAttr {
         mode: Some(0o640),
@@ -323,24 +323,24 @@ fn capture_stops_and_guards_the_copy_operations() {
         ErrorCode::NotFound
     );
     assert!(!missing.exists());
-    p.create_inode(0, &attr(FileKind::File), None, 1, None)
+    p.create_inode(0, &attr(FileKind::File), None, 1, None, None)
         .unwrap();
     let cap = rx.try_recv().unwrap();
     assert!(p.apply_changeset(&cap.changeset).is_err());
     p.stop_capture();
-    p.create_inode(0, &attr(FileKind::File), None, 1, None)
+    p.create_inode(0, &attr(FileKind::File), None, 1, None, None)
         .unwrap();
     assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Disconnected);
     assert_eq!(p.committed_seq(), 1);
     // A new sink continues the numbering.
     let (tx, mut rx) = unbounded_channel();
     assert_eq!(p.start_capture(tx), 1);
-    p.create_inode(0, &attr(FileKind::File), None, 1, None)
+    p.create_inode(0, &attr(FileKind::File), None, 1, None, None)
         .unwrap();
     assert_eq!(rx.try_recv().unwrap().seq, 2);
     // A dropped receiver ends capture.
     drop(rx);
-    p.create_inode(0, &attr(FileKind::File), None, 1, None)
+    p.create_inode(0, &attr(FileKind::File), None, 1, None, None)
         .unwrap();
     assert!(!p.capture.is_on());
     assert_eq!(p.committed_seq(), 2);

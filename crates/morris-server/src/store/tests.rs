@@ -88,10 +88,10 @@ fn ids_follow_the_layout_and_survive_reopen() {
     s.format(&d, 2, 1).unwrap();
     let layout = s.formatted().unwrap().layout;
     let a = s
-        .create_inode(0, &attr(FileKind::File), None, 9, None)
+        .create_inode(0, &attr(FileKind::File), None, 9, None, None)
         .unwrap();
     let b = s
-        .create_inode(0, &attr(FileKind::File), None, 9, None)
+        .create_inode(0, &attr(FileKind::File), None, 9, None, None)
         .unwrap();
     assert_eq!(a.id, layout.allocate_id(2, FIRST_COUNTER));
     assert_eq!(b.id, layout.allocate_id(2, FIRST_COUNTER + 1));
@@ -101,7 +101,7 @@ fn ids_follow_the_layout_and_survive_reopen() {
     drop(s);
     let s = Store::open(&path).unwrap();
     let c = s
-        .create_inode(0, &attr(FileKind::File), None, 9, None)
+        .create_inode(0, &attr(FileKind::File), None, 9, None, None)
         .unwrap();
     assert_eq!(c.id, layout.allocate_id(2, FIRST_COUNTER + 2));
     assert_eq!(s.inode_count(), 3);
@@ -112,25 +112,32 @@ fn create_checks_kinds() {
     let dir = tempfile::tempdir().unwrap();
     let (s, _) = open_formatted(dir.path());
     let d = s
-        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 3, None)
+        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 3, None, None)
         .unwrap();
     assert_eq!((d.attr.nlink, d.parent, d.attr.size), (2, ROOT_ID, 0));
     let l = s
-        .create_inode(ROOT_ID, &attr(FileKind::Symlink), Some(b"../x"), 3, None)
+        .create_inode(
+            ROOT_ID,
+            &attr(FileKind::Symlink),
+            Some(b"../x"),
+            3,
+            None,
+            None,
+        )
         .unwrap();
     assert_eq!((l.attr.size, l.parent), (4, 0));
     assert_eq!(l.target.as_deref(), Some(&b"../x"[..]));
     let e = s
-        .create_inode(0, &attr(FileKind::Symlink), None, 3, None)
+        .create_inode(0, &attr(FileKind::Symlink), None, 3, None, None)
         .unwrap_err();
     assert_eq!(e.code, ErrorCode::Invalid);
     let e = s
-        .create_inode(0, &attr(FileKind::File), Some(b"x"), 3, None)
+        .create_inode(0, &attr(FileKind::File), Some(b"x"), 3, None, None)
         .unwrap_err();
     assert_eq!(e.code, ErrorCode::Invalid);
     let long = vec![b'a'; MAX_SYMLINK_LEN + 1];
     let e = s
-        .create_inode(0, &attr(FileKind::Symlink), Some(&long), 3, None)
+        .create_inode(0, &attr(FileKind::Symlink), Some(&long), 3, None, None)
         .unwrap_err();
     assert_eq!(e.code, ErrorCode::NameTooLong);
 }
@@ -142,10 +149,10 @@ fn entries_link_lookup_unlink() {
     let r = root(&s);
     let before = s.get_inode(ROOT_ID).unwrap().unwrap();
     let f = s
-        .create_inode(0, &attr(FileKind::File), None, 3, None)
+        .create_inode(0, &attr(FileKind::File), None, 3, None, None)
         .unwrap();
     let sub = s
-        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 4, None)
+        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 4, None, None)
         .unwrap();
     assert_eq!(
         s.link(r, b"f", f.handle(), FileKind::File, None, None)
@@ -171,7 +178,7 @@ fn entries_link_lookup_unlink() {
     assert_eq!(s.lookup(r, b"nope").unwrap(), None);
     // Exists unless the replaced child is named.
     let g = s
-        .create_inode(0, &attr(FileKind::File), None, 5, None)
+        .create_inode(0, &attr(FileKind::File), None, 5, None, None)
         .unwrap();
     let err = s
         .link(r, b"f", g.handle(), FileKind::File, None, None)
@@ -210,7 +217,7 @@ fn names_and_handles_are_checked() {
     let (s, _) = open_formatted(dir.path());
     let r = root(&s);
     let f = s
-        .create_inode(0, &attr(FileKind::File), None, 3, None)
+        .create_inode(0, &attr(FileKind::File), None, 3, None, None)
         .unwrap();
     let h = f.handle();
     fn code<T: std::fmt::Debug>(res: Result<T, WireError>) -> ErrorCode {
@@ -271,7 +278,7 @@ fn readdir_pages_by_cookie() {
     let (s, _) = open_formatted(dir.path());
     let r = root(&s);
     let f = s
-        .create_inode(0, &attr(FileKind::File), None, 3, None)
+        .create_inode(0, &attr(FileKind::File), None, 3, None, None)
         .unwrap();
     for i in 0..250 {
         s.link(
@@ -341,10 +348,10 @@ fn rename_rules() {
     let (s, _) = open_formatted(dir.path());
     let r = root(&s);
     let a = s
-        .create_inode(0, &attr(FileKind::File), None, 3, None)
+        .create_inode(0, &attr(FileKind::File), None, 3, None, None)
         .unwrap();
     let b = s
-        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 3, None)
+        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 3, None, None)
         .unwrap();
     s.link(r, b"a", a.handle(), FileKind::File, None, None)
         .unwrap();
@@ -390,7 +397,7 @@ fn setattr_and_delete() {
     let (s, _) = open_formatted(dir.path());
     let r = root(&s);
     let f = s
-        .create_inode(0, &attr(FileKind::File), None, 3, None)
+        .create_inode(0, &attr(FileKind::File), None, 3, None, None)
         .unwrap();
     let set = SetAttr {
         mode: Some(0o104755),
@@ -430,7 +437,7 @@ fn setattr_and_delete() {
     assert_eq!(s.set_attr(r, &sz).unwrap_err().code, ErrorCode::IsDir);
     // Delete: directories must be empty, the root stays, stale handles fail.
     let d = s
-        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 3, None)
+        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 3, None, None)
         .unwrap();
     s.link(d.handle(), b"x", f.handle(), FileKind::File, None, None)
         .unwrap();
@@ -464,7 +471,7 @@ fn scans_page_through_everything() {
     let mut dirs = vec![r];
     for _ in 0..3 {
         dirs.push(
-            s.create_inode(ROOT_ID, &attr(FileKind::Dir), None, 3, None)
+            s.create_inode(ROOT_ID, &attr(FileKind::Dir), None, 3, None, None)
                 .unwrap()
                 .handle(),
         );
@@ -538,7 +545,7 @@ fn committed_state_survives_reopen() {
     let (s, _) = open_formatted(dir.path());
     let r = root(&s);
     let f = s
-        .create_inode(0, &attr(FileKind::File), None, 3, None)
+        .create_inode(0, &attr(FileKind::File), None, 3, None, None)
         .unwrap();
     s.link(r, b"keep", f.handle(), FileKind::File, None, None)
         .unwrap();
@@ -564,7 +571,7 @@ fn large_directory_lists_and_resumes() {
     let (s, _) = open_formatted(dir.path());
     let r = root(&s);
     let f = s
-        .create_inode(0, &attr(FileKind::File), None, 3, None)
+        .create_inode(0, &attr(FileKind::File), None, 3, None, None)
         .unwrap();
     let n = 20_000u32;
     for i in 0..n {
@@ -614,7 +621,7 @@ fn stale_copy_records_widen_advance_by_seq_and_travel_with_the_inode() {
     d.replicas = 2;
     s.format(&d, 0, 1).unwrap();
     let f = s
-        .create_inode(ROOT_ID, &attr(FileKind::File), None, 5, None)
+        .create_inode(ROOT_ID, &attr(FileKind::File), None, 5, None, None)
         .unwrap();
     let h = f.handle();
     assert!(f.stale.is_empty());
@@ -691,12 +698,12 @@ fn an_operation_with_an_id_runs_once() {
     let r = root(&s);
     let op = |n| OpKey::new(7, n);
     let f = s
-        .create_inode(0, &attr(FileKind::File), None, 3, op(1))
+        .create_inode(0, &attr(FileKind::File), None, 3, None, op(1))
         .unwrap();
     // The same create again (a client resending after a lost reply): the
     // same inode, no second one.
     let again = s
-        .create_inode(0, &attr(FileKind::File), None, 9, op(1))
+        .create_inode(0, &attr(FileKind::File), None, 9, None, op(1))
         .unwrap();
     assert_eq!(again, f);
     assert_eq!(s.inode_count(), 2, "root and one file");
@@ -735,7 +742,7 @@ fn an_orphan_stays_while_a_live_client_has_it_open() {
     let (s, _) = open_formatted(dir.path());
     let r = root(&s);
     let f = s
-        .create_inode(0, &attr(FileKind::File), None, 3, None)
+        .create_inode(0, &attr(FileKind::File), None, 3, None, None)
         .unwrap();
     s.link(r, b"a", f.handle(), FileKind::File, None, None)
         .unwrap();
@@ -782,7 +789,7 @@ fn an_orphan_stays_while_a_live_client_has_it_open() {
     s.set_open(f.handle(), 1, false, None).unwrap();
     // A directory drops to 0 at once, and must be empty.
     let d = s
-        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 3, None)
+        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 3, None, None)
         .unwrap();
     s.link(d.handle(), b"x", f.handle(), FileKind::File, None, None)
         .unwrap();

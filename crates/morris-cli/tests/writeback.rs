@@ -1,0 +1,292 @@
+//! Cache mode II (Panache, write side) end to end: changes made in a `sw`
+//! cache through a real FUSE mount reach the home (a local directory) —
+//! after `morris cache flush`, and by themselves within the sync lag — and
+//! survive `kill -9` of any server and of the mount.
+
+mod common;
+mod trees;
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::os::unix::fs::{symlink, FileExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+use trees::*;
+
+/// A volume of four servers with one mount and a directory `c` in it,
+/// bound to `home` with `args`.
+fn bound(home: &Path, args: &[&str]) -> (Cluster, Mount) {
+    let c = Cluster::start(4, ClusterOpts::default());
+    let m = c.mount();
+    let dir = m.path.join("c");
+    fs::create_dir(&dir).expect("mkdir c");
+    let url = format!("file://{}", home.display());
+    let dir = dir.to_str().expect("utf-8");
+    let mut a = vec!["cache", "bind", dir, url.as_str()];
+    a.extend_from_slice(args);
+    let o = morris(&a);
+    assert!(o.status.success(), "cache bind: {}", both(&o));
+    (c, m)
+}
+
+fn flush(m: &Mount) {
+    let dir = m.path.join("c");
+    let o = morris(&[
+        "cache",
+        "flush",
+        dir.to_str().expect("utf-8"),
+        "--timeout",
+        "120s",
+    ]);
+    assert!(o.status.success(), "cache flush: {}", both(&o));
+}
+
+/// What home holds before the cache is bound: a few files and directories
+/// the cache then fetches, changes and removes.
+fn seed_home(home: &Path) {
+    fs::create_dir_all(home.join("d/deep")).expect("mkdir");
+    fs::write(home.join("d/f"), b"fetched from home").expect("write");
+    fs::write(home.join("d/deep/g"), pattern(1, 0, 300_000)).expect("write");
+    fs::write(home.join("x"), b"to be removed").expect("write");
+    fs::create_dir_all(home.join("old/inner")).expect("mkdir");
+    fs::write(home.join("old/inner/y"), b"y").expect("write");
+    fs::write(home.join("replaced"), b"home's version").expect("write");
+}
+
+fn write_file(p: &Path, data: &[u8]) {
+    let mut f = File::create(p).unwrap_or_else(|e| panic!("create {}: {e}", p.display()));
+    f.write_all(data).expect("write");
+    f.sync_all().expect("fsync");
+}
+
+/// The sequence of dependent changes of the issue, in cache `c`.
+fn change_everything(c: &Path) {
+    // Fetched objects: read, changed in attributes, removed, replaced.
+    assert_eq!(fs::read(c.join("d/f")).expect("read"), b"fetched from home");
+    fs::set_permissions(c.join("d/f"), fs::Permissions::from_mode(0o640)).expect("chmod");
+    fs::remove_file(c.join("x")).expect("unlink fetched");
+    fs::remove_dir_all(c.join("old")).expect("rm -r fetched");
+    write_file(&c.join(".replaced.tmp"), b"the cache's version");
+    fs::rename(c.join(".replaced.tmp"), c.join("replaced")).expect("rename over");
+    // Made in the cache.
+    fs::create_dir(c.join("a")).expect("mkdir a");
+    write_file(&c.join("a/f"), &pattern(2, 0, 1 << 20));
+    fs::rename(c.join("a"), c.join("b")).expect("rename a -> b");
+    fs::hard_link(c.join("b/f"), c.join("b/g")).expect("link");
+    symlink("f", c.join("b/s")).expect("symlink");
+    fs::set_permissions(c.join("b/f"), fs::Permissions::from_mode(0o600)).expect("chmod");
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(c.join("b/g"))
+        .expect("open");
+    f.set_len(100_000).expect("truncate");
+    f.write_all_at(b"patched", 5_000).expect("write");
+    f.sync_all().expect("fsync");
+    drop(f);
+    write_file(&c.join("b/temp"), b"never at home");
+    fs::remove_file(c.join("b/temp")).expect("unlink temp");
+    fs::create_dir_all(c.join("e/sub")).expect("mkdir -p");
+    write_file(&c.join("e/sub/z"), b"z");
+    fs::rename(c.join("e/sub/z"), c.join("b/z")).expect("rename across");
+    fs::remove_dir(c.join("e/sub")).expect("rmdir");
+    write_file(&c.join("d/new-in-fetched"), b"new");
+    // A sparse file with data at both ends.
+    let sparse = File::create(c.join("sparse")).expect("create");
+    sparse.set_len(9 << 20).expect("set_len");
+    sparse.write_all_at(b"end", (9 << 20) - 3).expect("write");
+    sparse.write_all_at(b"start", 0).expect("write");
+    sparse.sync_all().expect("fsync");
+}
+
+/// What home must hold after [`change_everything`] was pushed, checked
+/// at home alone (a push that lost something on both sides would still
+/// leave them equal).
+fn assert_home_after_changes(home: &Path) {
+    let want: Vec<PathBuf> = [
+        "b",
+        "b/f",
+        "b/g",
+        "b/s",
+        "b/z",
+        "d",
+        "d/deep",
+        "d/deep/g",
+        "d/f",
+        "d/new-in-fetched",
+        "e",
+        "replaced",
+        "sparse",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .collect();
+    assert_eq!(walk(home), want);
+    assert_eq!(
+        fs::read(home.join("d/deep/g")).expect("read"),
+        pattern(1, 0, 300_000)
+    );
+    assert_eq!(
+        fs::read(home.join("d/f")).expect("read"),
+        b"fetched from home"
+    );
+    assert_eq!(meta(&home.join("d/f")).mode, 0o640);
+    let mut g = pattern(2, 0, 1 << 20);
+    g.truncate(100_000);
+    g[5_000..5_007].copy_from_slice(b"patched");
+    assert_eq!(fs::read(home.join("b/f")).expect("read"), g);
+    assert_eq!(meta(&home.join("b/f")).nlink, 2);
+    assert_eq!(meta(&home.join("b/f")).mode, 0o600);
+    assert_eq!(
+        fs::read_link(home.join("b/s")).expect("readlink"),
+        PathBuf::from("f")
+    );
+    assert_eq!(fs::read(home.join("b/z")).expect("read"), b"z");
+    let sparse = fs::read(home.join("sparse")).expect("read");
+    assert_eq!(sparse.len(), 9 << 20);
+    assert_eq!(&sparse[..5], b"start");
+    assert_eq!(&sparse[(9 << 20) - 3..], b"end");
+}
+
+#[test]
+fn dependent_changes_in_a_sw_cache_reach_home_after_flush() {
+    require_fuse();
+    let home = tempdir();
+    seed_home(home.path());
+    // A long lag: nothing is pushed before the flush.
+    let (_cl, m) = bound(home.path(), &["--mode", "sw", "--sync-lag", "1h"]);
+    let c = m.path.join("c");
+    change_everything(&c);
+    // Objects fetched from home keep their place.
+    expect_errno(
+        fs::rename(c.join("d"), c.join("d2")),
+        libc::EXDEV,
+        "rename of a fetched directory",
+    );
+    expect_errno(
+        fs::OpenOptions::new().write(true).open(c.join("d/f")),
+        libc::EROFS,
+        "writing a fetched file",
+    );
+    // Nothing reached home yet.
+    assert!(home.path().join("x").exists(), "x pushed before the lag");
+    assert!(!home.path().join("b").exists(), "b pushed before the lag");
+    flush(&m);
+    assert_same_tree(home.path(), &c);
+    assert_home_after_changes(home.path());
+    assert!(!home.path().join("b/temp").exists());
+    assert_eq!(
+        fs::read(home.path().join("replaced")).expect("read"),
+        b"the cache's version"
+    );
+
+    // A second round of changes on what was pushed: moves of pushed
+    // objects, a swap of two names, a directory moved into another.
+    fs::rename(c.join("b/f"), c.join("b/f2")).expect("rename pushed");
+    fs::rename(c.join("b/z"), c.join("e/z")).expect("move pushed");
+    fs::rename(c.join("b/s"), c.join("tmp-swap")).expect("swap 1");
+    fs::rename(c.join("b/f2"), c.join("b/s")).expect("swap 2");
+    fs::rename(c.join("tmp-swap"), c.join("b/f2")).expect("swap 3");
+    fs::rename(c.join("e"), c.join("b/e")).expect("move dir");
+    write_file(&c.join("b/e/z"), b"rewritten");
+    fs::remove_file(c.join("b/g")).expect("unlink one of two names");
+    flush(&m);
+    assert_same_tree(home.path(), &c);
+
+    // Flushing again with nothing queued is quick and changes nothing.
+    flush(&m);
+    assert_same_tree(home.path(), &c);
+}
+
+#[test]
+fn a_sw_cache_pushes_by_itself_within_the_sync_lag() {
+    require_fuse();
+    let home = tempdir();
+    seed_home(home.path());
+    let (_cl, m) = bound(home.path(), &["--mode", "sw", "--sync-lag", "1s"]);
+    let c = m.path.join("c");
+    change_everything(&c);
+    wait_for(Duration::from_secs(60), "home equal to the cache", || {
+        if home.path().join("x").exists() {
+            return Err("x still at home".into());
+        }
+        let (h, cc) = (walk(home.path()), walk(&c));
+        if h != cc {
+            return Err(format!("names differ: {} vs {}", h.len(), cc.len()));
+        }
+        for rel in &h {
+            if meta(&home.path().join(rel)) != meta(&c.join(rel)) {
+                return Err(format!("{} differs", rel.display()));
+            }
+        }
+        Ok(())
+    });
+    assert_same_tree(home.path(), &c);
+    assert_home_after_changes(home.path());
+}
+
+#[test]
+fn a_lu_cache_keeps_its_changes_and_never_pushes() {
+    require_fuse();
+    let home = tempdir();
+    seed_home(home.path());
+    let before = walk(home.path());
+    let (_cl, m) = bound(home.path(), &["--mode", "lu", "--sync-lag", "1s"]);
+    let c = m.path.join("c");
+    change_everything(&c);
+    flush(&m);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(walk(home.path()), before, "home changed under lu");
+    assert_eq!(fs::read(c.join("b/z")).expect("read"), b"z");
+    assert!(!c.join("x").exists());
+}
+
+#[test]
+fn kill_9_of_each_server_with_changes_queued_loses_nothing() {
+    require_fuse();
+    let home = tempdir();
+    seed_home(home.path());
+    let (mut cl, m) = bound(home.path(), &["--mode", "sw", "--sync-lag", "1h"]);
+    let c = m.path.join("c");
+    for i in 0..4 {
+        let dir = c.join(format!("round{i}"));
+        fs::create_dir(&dir).expect("mkdir");
+        for j in 0..20 {
+            write_file(&dir.join(format!("f{j}")), &pattern(i * 100 + j, 0, 70_000));
+        }
+        fs::rename(dir.join("f0"), dir.join("renamed")).expect("rename");
+        fs::remove_file(dir.join("f1")).expect("unlink");
+        cl.kill9(i as usize);
+        cl.restart(i as usize);
+        // The change made while a server was away waits in its queue too.
+        write_file(&dir.join("after-restart"), b"after");
+    }
+    flush(&m);
+    assert_same_tree(home.path(), &c);
+    // Nothing applied twice: pushing again finds nothing to do.
+    flush(&m);
+    assert_same_tree(home.path(), &c);
+}
+
+#[test]
+fn kill_9_of_the_mount_loses_no_acknowledged_change() {
+    require_fuse();
+    let home = tempdir();
+    let (cl, mut m) = bound(home.path(), &["--mode", "sw", "--sync-lag", "1h"]);
+    let c = m.path.join("c");
+    fs::create_dir(c.join("kept")).expect("mkdir");
+    for j in 0..30 {
+        write_file(
+            &c.join(format!("kept/f{j}")),
+            &pattern(j, 0, 10_000 + j as usize),
+        );
+    }
+    let cache_tree: Vec<PathBuf> = walk(&c);
+    m.kill9();
+    let m2 = cl.mount();
+    let c2 = m2.path.join("c");
+    assert_eq!(walk(&c2), cache_tree);
+    flush(&m2);
+    assert_same_tree(home.path(), &c2);
+}
