@@ -564,11 +564,14 @@ pub enum Request {
     // Cache mode II, write-back (docs/architecture.md, "Cache mode II").
     // Sent by the server that pushes a binding (its bound directory's
     // owner) to the others; no lease is taken.
-    /// The changes not yet pushed home of objects of `binding` whose
-    /// metadata this server serves. [`Reply::WbMarks`].
+    /// The changes not yet pushed home of objects of `binding` in
+    /// metadata range `range` (at the server that serves it now).
+    /// [`Reply::WbMarks`].
     WbMarks {
         /// The bound directory's id.
         binding: FileId,
+        /// The metadata range.
+        range: u32,
     },
     /// Clears marks that were pushed: each `(id, count)` only if the
     /// object's change count is still `count` (a change made during the
@@ -577,12 +580,13 @@ pub enum Request {
         /// Objects and the change counts that were pushed.
         marks: Vec<(FileId, u64)>,
     },
-    /// Where home has the objects of `binding` whose metadata this server
-    /// serves and that the write-back made or moved there.
-    /// [`Reply::WbHomes`].
+    /// Where home has the objects of `binding` in metadata range `range`
+    /// that the write-back made or moved there. [`Reply::WbHomes`].
     WbHomes {
         /// The bound directory's id.
         binding: FileId,
+        /// The metadata range.
+        range: u32,
     },
     /// Records where home has object `home.id` (at its owner); `None` in
     /// [`Reply::Ok`].

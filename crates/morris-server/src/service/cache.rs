@@ -170,7 +170,7 @@ impl Bound {
         }
     }
 
-    fn ok(&self) {
+    pub(super) fn ok(&self) {
         self.reachable.store(true, Ordering::Relaxed);
         if let Some((since, _)) = self.down.lock().take() {
             info!(url = %self.spec.url, down_secs = since.elapsed().as_secs(), "home answers again");

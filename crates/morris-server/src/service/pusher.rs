@@ -43,7 +43,8 @@ const PAGE: u32 = 1000;
 /// Longest a server-to-server request of the pusher may take (a data push
 /// of a large file's share takes long; everything else is quick).
 const CALL_TIMEOUT: Duration = Duration::from_secs(600);
-/// How long `Flush` waits before it answers "not yet".
+/// Longest `Flush` waits before it answers "not yet" (at most a lease
+/// time).
 const FLUSH_WAIT: Duration = Duration::from_secs(10);
 /// Units one server writes home at once for one file.
 const PUSH_PARALLEL: usize = 4;
@@ -222,11 +223,21 @@ impl Server {
         id: FileId,
         req: &Request,
     ) -> Result<Reply, WireError> {
+        self.range_ask_r(vol, vol.layout.inode_server(id), req)
+            .await
+    }
+
+    /// A request to whichever copy of metadata range `range` serves it now.
+    async fn range_ask_r(
+        &self,
+        vol: &Formatted,
+        range: u32,
+        req: &Request,
+    ) -> Result<Reply, WireError> {
         let k = vol.layout.servers;
-        let first = vol.layout.inode_server(id);
         let mut last = err(ErrorCode::Unavailable, "no copy of the range answers");
         for c in 0..vol.layout.replicas.max(1) {
-            let s = (first + c) % k;
+            let s = (range + c) % k;
             match self.peer_ask(vol, s, req).await {
                 Ok(r) => return Ok(r),
                 Err(e)
@@ -243,39 +254,72 @@ impl Server {
         Err(last)
     }
 
-    /// `WbMarks` / `WbHomes` at this server: over every range it serves.
+    /// `WbMarks` / `WbHomes` at this server, for a range it serves.
     pub(super) fn wb_local(&self, req: &Request) -> Result<Reply, WireError> {
-        let stores: Vec<_> = self
+        let (Request::WbMarks { binding, range } | Request::WbHomes { binding, range }) = req
+        else {
+            return Err(err(ErrorCode::Protocol, "request routed wrongly"));
+        };
+        let st = self
             .ranges()?
             .serving(self.now_ms())
             .into_iter()
+            .find(|r| r.range == *range)
             .map(|r| r.store.clone())
-            .collect();
-        match req {
-            Request::WbMarks { binding } => {
-                let mut out = Vec::new();
-                for st in stores {
-                    out.extend(metadata(|| st.wb_marks(*binding))?);
-                }
-                Ok(Reply::WbMarks(out))
-            }
-            Request::WbHomes { binding } => {
-                let mut out = Vec::new();
-                for st in stores {
-                    out.extend(metadata(|| st.wb_homes(*binding))?);
-                }
-                Ok(Reply::WbHomes(out))
-            }
-            _ => Err(err(ErrorCode::Protocol, "request routed wrongly")),
+            .ok_or_else(|| {
+                err(
+                    ErrorCode::NotOwner,
+                    format!("metadata range {range} is not served here"),
+                )
+            })?;
+        if matches!(req, Request::WbMarks { .. }) {
+            metadata(|| st.wb_marks(*binding)).map(Reply::WbMarks)
+        } else {
+            metadata(|| st.wb_homes(*binding)).map(Reply::WbHomes)
         }
     }
 
-    /// This server's marks of `binding` (status): how many, the oldest's time.
+    /// The marks of `binding` kept here (status): how many, the oldest's
+    /// time.
     pub(super) fn wb_queue(&self, binding: FileId) -> (u64, Option<u64>) {
-        match self.wb_local(&Request::WbMarks { binding }) {
-            Ok(Reply::WbMarks(m)) => (m.len() as u64, m.iter().map(|m| m.since_ms).min()),
-            _ => (0, None),
+        let Ok(ranges) = self.ranges() else {
+            return (0, None);
+        };
+        let (mut n, mut oldest) = (0, None::<u64>);
+        for r in ranges.serving(self.now_ms()) {
+            let st = r.store.clone();
+            if let Ok(m) = metadata(|| st.wb_marks(binding)) {
+                n += m.len() as u64;
+                if let Some(t) = m.iter().map(|m| m.since_ms).min() {
+                    oldest = Some(oldest.map_or(t, |o| o.min(t)));
+                }
+            }
         }
+        (n, oldest)
+    }
+
+    /// Every range's marks of `binding`, and whether every range answered.
+    async fn all_marks(
+        &self,
+        vol: &Formatted,
+        binding: FileId,
+    ) -> Result<(Vec<WbMark>, bool), WireError> {
+        let mut marks = Vec::new();
+        let mut complete = true;
+        for range in 0..vol.layout.servers {
+            match self
+                .range_ask_r(vol, range, &Request::WbMarks { binding, range })
+                .await
+            {
+                Ok(Reply::WbMarks(m)) => marks.extend(m),
+                Ok(other) => return Err(err(ErrorCode::Protocol, format!("unexpected {other:?}"))),
+                Err(e) => {
+                    debug!(binding, range, error = %e, "marks not read");
+                    complete = false;
+                }
+            }
+        }
+        Ok((marks, complete))
     }
 
     /// The pusher's tick: a round for every binding whose bound directory
@@ -324,22 +368,17 @@ impl Server {
         let mut rx = b.wb.watch();
         let want = b.wb.started.load(Ordering::SeqCst) + 1;
         b.wb.flush_upto.fetch_max(want, Ordering::SeqCst);
-        let done = tokio::time::timeout(FLUSH_WAIT, rx.wait_for(|c| *c >= want))
+        // Within a lease time: a client leaves a request silent for longer
+        // to the range's other copy.
+        let wait = FLUSH_WAIT.min(Duration::from_millis(u64::from(self.lease_ms)));
+        let done = tokio::time::timeout(wait, rx.wait_for(|c| *c >= want))
             .await
             .is_ok_and(|r| r.is_ok());
         let queued = if done {
             0
         } else {
             let vol = self.vol()?;
-            let mut n = 0;
-            for s in 0..vol.layout.servers {
-                if let Ok(Reply::WbMarks(m)) =
-                    self.peer_ask(&vol, s, &Request::WbMarks { binding }).await
-                {
-                    n += m.len() as u64;
-                }
-            }
-            n
+            self.all_marks(&vol, binding).await?.0.len() as u64
         };
         let last_error = b.wb.last_error.lock().clone();
         Ok(Reply::Flushed {
@@ -361,19 +400,8 @@ impl Server {
         let seq = b.wb.started.fetch_add(1, Ordering::SeqCst) + 1;
         let all = b.wb.flush_upto.load(Ordering::SeqCst) >= seq;
         let vol = self.vol()?;
-        // Gather every server's marks.
-        let mut marks: Vec<WbMark> = Vec::new();
-        let mut complete = true;
-        for s in 0..vol.layout.servers {
-            match self.peer_ask(&vol, s, &Request::WbMarks { binding }).await {
-                Ok(Reply::WbMarks(m)) => marks.extend(m),
-                Ok(other) => return Err(err(ErrorCode::Protocol, format!("unexpected {other:?}"))),
-                Err(e) => {
-                    debug!(binding, server = s, error = %e, "marks not read");
-                    complete = false;
-                }
-            }
-        }
+        // Gather every range's marks.
+        let (mut marks, complete) = self.all_marks(&vol, binding).await?;
         let mut seen = HashSet::new();
         marks.retain(|m| seen.insert(m.id));
         let lag = if all { 0 } else { b.spec.sync_lag_ms };
@@ -407,11 +435,11 @@ impl Server {
         }
         let home = b.home().await?;
         let mut homes = HashMap::new();
-        for s in 0..vol.layout.servers {
+        for range in 0..vol.layout.servers {
             // Every place record is needed to tell the cache's objects at
             // home from others: no round without all of them.
             match self
-                .peer_ask(&vol, s, &Request::WbHomes { binding })
+                .range_ask_r(&vol, range, &Request::WbHomes { binding, range })
                 .await?
             {
                 Reply::WbHomes(h) => {
@@ -773,6 +801,8 @@ impl Server {
                 .read_dir(&hd, cookie, verifier, PAGE as usize, true)
                 .await
                 .map_err(|e| home_failed(r.b, e))?;
+            // Home answers (after a time down, requests go through again).
+            r.b.ok();
             verifier = page.verifier;
             let eof = page.eof;
             for e in page.entries {
@@ -1061,6 +1091,7 @@ impl Server {
                 .setattr(&h, &attrs_of(&i))
                 .await
                 .map_err(|e| home_failed(r.b, e))?;
+            r.b.ok();
         }
         Ok(())
     }
@@ -1188,6 +1219,7 @@ impl Server {
             bytes += r?;
         }
         home.commit(&h).await.map_err(|e| b.failed(e))?;
+        b.ok();
         debug!(id, bytes, "write-back: data pushed");
         Ok(Reply::Pushed { bytes })
     }
