@@ -167,22 +167,70 @@ impl Client {
     }
 
     /// Refuses writing `i`'s data (open for writing, truncate) in a
-    /// read-only cache, and for a file fetched from home (not built yet:
-    /// its data is home's until fetched whole; a new file, written and
-    /// renamed over it, is pushed).
+    /// read-only cache.
     pub(crate) async fn check_write_data(&self, i: &Inode) -> Result<()> {
-        self.check_change(i).await?;
-        if i.attr.kind == morris_proto::FileKind::File
-            && i.home.as_ref().is_some_and(|l| !l.is_local())
+        self.check_change(i).await
+    }
+
+    /// Before file `id` is opened for writing or truncated: if it was
+    /// fetched from home into a writable cache, every server fetches the
+    /// units of it that it lacks and keeps them as the cache's own
+    /// (`Localize`), then its owner detaches it from home's data
+    /// (`Detach`): from then on it is written and read as a file of the
+    /// volume, and the write-back pushes it back to the same home file.
+    /// Called without a lease on `id` held (the owner recalls them).
+    pub(crate) async fn make_local(&self, id: FileId) -> Result<()> {
+        if self
+            .leases
+            .cached_inode(id)
+            .is_some_and(|i| i.home.as_ref().is_none_or(|l| l.is_local()))
         {
-            return Err(Error::new(
-                ErrorCode::ReadOnly,
-                format!(
-                    "{}: changing the data of a file fetched from home is not built yet (write a new file and rename it over)",
-                    i.id
-                ),
-            ));
+            // The common case costs nothing: an ordinary file, or one
+            // already the cache's own.
+            return Ok(());
         }
+        let i = self.do_getattr(id).await?;
+        let Some(link) = i.home.as_deref().filter(|l| !l.is_local()) else {
+            return Ok(());
+        };
+        if i.attr.kind != morris_proto::FileKind::File
+            || !self.binding_spec(link.binding).await?.writable()
+        {
+            return Ok(());
+        }
+        let home = HomeRef {
+            binding: link.binding,
+            handle: link.handle.clone(),
+            gen: i.gen,
+            version: link.version,
+            size: i.attr.size,
+        };
+        let calls = (0..self.layout.servers).map(|s| {
+            let home = home.clone();
+            async move {
+                self.with_binding(link.binding, || {
+                    let home = home.clone();
+                    async move {
+                        self.pool
+                            .call(s, Request::Localize { id, home }, Bytes::new())
+                            .await
+                            .map(|(r, _)| r)
+                    }
+                })
+                .await
+            }
+        });
+        for r in futures::future::join_all(calls).await {
+            r?;
+        }
+        let r = self
+            .call_owner(id, Request::Detach { ino: i.handle() })
+            .await?;
+        let Reply::Inode(_) = r else {
+            return Err(unexpected(&r));
+        };
+        self.leases.attr_changed(id);
+        tracing::debug!(id, "fetched file detached from home to be written");
         Ok(())
     }
 

@@ -948,6 +948,9 @@ impl Client {
         set: SetAttr,
         caller: &Caller,
     ) -> Result<Inode> {
+        if set.size.is_some() {
+            self.make_local(id).await?;
+        }
         let h = self.leases.handle(id)?;
         let g = self.leases.get(h, Mode::Write).await?;
         let cur = self.fresh(&g).await?;

@@ -175,6 +175,9 @@ impl Client {
     }
 
     pub(crate) async fn do_open(&self, id: FileId, write: bool, truncate: bool) -> Result<u64> {
+        if write {
+            self.make_local(id).await?;
+        }
         let h = self.leases.handle(id)?;
         let (empty, record) = {
             let g = self

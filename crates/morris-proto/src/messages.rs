@@ -630,6 +630,25 @@ pub enum Request {
         /// one of them are pushed from their next copy instead.
         down: Vec<u32>,
     },
+    /// Before cached file `id` is first written in a writable cache: this
+    /// server fetches every unit of it it holds a copy of that it does not
+    /// hold at `home.version`, and makes them the cache's own (never
+    /// evicted or fetched again; a `ReadCached` of them answers `Stale`).
+    /// [`Reply::Fetched`].
+    Localize {
+        /// The file.
+        id: FileId,
+        /// What it is at home.
+        home: HomeRef,
+    },
+    /// Detaches cached file `ino` from home's data (at its owner, every
+    /// lease on it recalled first), after `Localize` at every server: its
+    /// link becomes a local one, and the write-back pushes its data back
+    /// to the same home file. [`Reply::Inode`].
+    Detach {
+        /// The file.
+        ino: Handle,
+    },
     /// Waits until every change to `binding` made before this request is
     /// at home (at the binding's pusher, the bound directory's owner).
     /// [`Reply::Flushed`], after at most about ten seconds (ask again
@@ -769,6 +788,8 @@ impl Request {
             Request::WbEntries { .. } => "WbEntries",
             Request::PushData { .. } => "PushData",
             Request::Flush { .. } => "Flush",
+            Request::Localize { .. } => "Localize",
+            Request::Detach { .. } => "Detach",
         }
     }
 }

@@ -211,6 +211,7 @@ fn takes_lease(req: &Request) -> bool {
             | Request::CreateCached { .. }
             | Request::AcquireCached { .. }
             | Request::Revalidate { .. }
+            | Request::Detach { .. }
     )
 }
 
@@ -230,7 +231,7 @@ fn subject(req: &Request) -> Option<FileId> {
         | Request::Unbind { dir }
         | Request::HomeLookup { dir, .. }
         | Request::Seed { dir, .. } => Some(dir.id),
-        Request::Revalidate { ino } => Some(ino.id),
+        Request::Revalidate { ino } | Request::Detach { ino } => Some(ino.id),
         Request::CreateCached { inode } => Some(inode.id),
         Request::AcquireCached { seed } => Some(seed.id),
         Request::ReadCached { id, .. }
@@ -726,6 +727,11 @@ impl Server {
                     .await,
             ),
             Request::Flush { binding } => plain(self.flush(binding).await),
+            Request::Localize { id, home } => plain(
+                self.localize(&vol, id, &home)
+                    .await
+                    .map(|bytes| Reply::Fetched { bytes }),
+            ),
             other => plain(
                 self.metadata_op(&vol, client, conn.id, other, payload)
                     .await,
@@ -953,6 +959,7 @@ impl Server {
             | Request::CreateCached { .. }
             | Request::AcquireCached { .. }
             | Request::Revalidate { .. }
+            | Request::Detach { .. }
             | Request::WbEntries { .. }
             | Request::WbSetHome { .. }
             | Request::WbDropHome { .. }
@@ -982,6 +989,7 @@ impl Server {
                 | Request::CreateCached { .. }
                 | Request::AcquireCached { .. }
                 | Request::Revalidate { .. }
+                | Request::Detach { .. }
                 | Request::WbSetHome { .. }
                 | Request::WbDropHome { .. }
                 | Request::WbClear { .. }
@@ -1405,6 +1413,10 @@ impl Server {
                 Self::check_owner(vol, ino.id)?;
                 self.revalidate(store, ino).await.map(Reply::Inode)
             }
+            Request::Detach { ino } => {
+                Self::check_owner(vol, ino.id)?;
+                self.detach(store, ino).await.map(Reply::Inode)
+            }
             Request::WbEntries { dir, cookie, max } => {
                 Self::check_owner(vol, dir)?;
                 let h = metadata(|| store.get_inode(dir))?
@@ -1442,6 +1454,7 @@ impl Server {
             | Request::WbHomes { .. }
             | Request::PushData { .. }
             | Request::Flush { .. }
+            | Request::Localize { .. }
             | Request::PeerSync { .. }
             | Request::Replicate { .. }
             | Request::SnapshotChunk { .. } => {

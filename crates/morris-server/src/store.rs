@@ -1319,5 +1319,6 @@ mod wb;
 pub use cached::Seed;
 #[cfg(test)]
 pub use cached::UnitRec;
+pub use cached::LOCAL_TAG;
 pub use once::OpKey;
 pub use replica::Captured;

@@ -1110,6 +1110,11 @@ impl Server {
         let have = |store: &Store| -> Result<Option<bool>, WireError> {
             match store.unit(id, replica, index)? {
                 Some(u) if u.tag == home.tag() => Ok(Some(true)),
+                // Detached from home to be written: the cache's own now.
+                Some(u) if u.tag == crate::store::LOCAL_TAG => Err(err(
+                    ErrorCode::Stale,
+                    format!("file {id} is the cache's own now; read it again"),
+                )),
                 // The same object, a newer version than this read names.
                 Some(u) if u.tag >> 32 == home.tag() >> 32 && u.tag > home.tag() => Err(err(
                     ErrorCode::Stale,
@@ -1423,6 +1428,48 @@ impl Server {
                 }
             }
         }
+    }
+
+    /// `Localize`: every unit of `id` this server holds a copy of, fetched
+    /// if missing and made the cache's own.
+    pub(super) async fn localize(
+        &self,
+        vol: &Formatted,
+        id: FileId,
+        home: &HomeRef,
+    ) -> Result<u64, WireError> {
+        let unit = u64::from(vol.layout.unit);
+        let mut fetched = 0;
+        for index in 1..=home.size.div_ceil(unit) {
+            for replica in 0..vol.layout.replicas {
+                if vol.layout.replica_server(id, index, replica) != vol.index {
+                    continue;
+                }
+                let replica = replica as u8;
+                let store = self.store.clone();
+                if metadata(|| store.unit(id, replica, index))?
+                    .is_some_and(|u| u.tag == crate::store::LOCAL_TAG)
+                {
+                    continue;
+                }
+                // Held (shared) while the record changes: no eviction
+                // comes between.
+                let (n, _held) = self.ensure_unit(vol, id, index, replica, home).await?;
+                fetched += n;
+                let store = self.store.clone();
+                metadata(|| store.make_unit_local(id, replica, index))?;
+            }
+        }
+        Ok(fetched)
+    }
+
+    /// `Detach`: cached file `h` becomes the cache's own (see
+    /// [`Store::detach`]), under this server's write lease on it (every
+    /// client's is recalled first: a reader must not go on reading it as
+    /// home's).
+    pub(super) async fn detach(&self, store: Arc<Store>, h: Handle) -> Result<Inode, WireError> {
+        let _own = self.own_write_lease(h.id).await?;
+        metadata(|| store.detach(h))
     }
 
     /// `CacheStatus`.

@@ -725,6 +725,11 @@ impl Server {
         r: &mut Round<'_>,
         rec: &WbHome,
     ) -> Result<Option<HomeHandle>, WireError> {
+        if rec.dir == 0 {
+            // A file fetched from home and detached: by its handle (it
+            // keeps its place at home).
+            return Ok(Some(HomeHandle(rec.handle.clone())));
+        }
         let Some(parent) = self.resolve(r, rec.dir).await? else {
             return Ok(None);
         };

@@ -57,6 +57,10 @@ CREATE INDEX IF NOT EXISTS cache_units_by_binding_use ON cache_units (binding, u
 CREATE TABLE IF NOT EXISTS cache_bindings (binding INTEGER PRIMARY KEY, spec BLOB NOT NULL);
 ";
 
+/// The tag of a unit of a file detached from home (see
+/// [`Store::make_unit_local`]): stored as -1.
+pub const LOCAL_TAG: u64 = u64::MAX;
+
 /// Format byte of stored links, seeds and binding settings: 2 since
 /// bindings carry a sync lag; 1 (read, converted) before.
 const FORMAT: u8 = 2;
@@ -746,7 +750,8 @@ impl Store {
     pub fn cached_bytes_of(&self, binding: FileId) -> Result<(u64, u64), WireError> {
         self.with_reader(|c| {
             c.prepare_cached(
-                "SELECT count(*), coalesce(sum(bytes), 0) FROM cache_units WHERE binding = ?1",
+                "SELECT count(*), coalesce(sum(bytes), 0) FROM cache_units
+                 WHERE binding = ?1 AND version != -1",
             )
             .and_then(|mut st| {
                 st.query_row(params![sql_id(binding)], |r| {
@@ -764,8 +769,8 @@ impl Store {
         self.with_reader(|c| {
             let mut st = c
                 .prepare_cached(
-                    "SELECT id, copy, block, bytes FROM cache_units WHERE binding = ?1 \
-                     ORDER BY used LIMIT ?2",
+                    "SELECT id, copy, block, bytes FROM cache_units
+                     WHERE binding = ?1 AND version != -1 ORDER BY used LIMIT ?2",
                 )
                 .map_err(db_err)?;
             let rows = st
@@ -779,12 +784,61 @@ impl Store {
     pub fn units_of(&self, id: FileId) -> Result<Vec<Evictable>, WireError> {
         self.with_reader(|c| {
             let mut st = c
-                .prepare_cached("SELECT id, copy, block, bytes FROM cache_units WHERE id = ?1")
+                .prepare_cached(
+                    "SELECT id, copy, block, bytes FROM cache_units WHERE id = ?1 AND version != -1",
+                )
                 .map_err(db_err)?;
             let rows = st
                 .query_map(params![sql_id(id)], unit_row)
                 .map_err(db_err)?;
             rows.collect::<Result<Vec<_>, _>>().map_err(db_err)
+        })
+    }
+
+    /// Makes the unit the cache's own (its file was detached from home to
+    /// be written): tagged [`LOCAL_TAG`], never evicted, never fetched.
+    pub fn make_unit_local(&self, id: FileId, copy: u8, block: u64) -> Result<(), WireError> {
+        self.write_txn(|tx| {
+            tx.prepare_cached(
+                "UPDATE cache_units SET version = -1 WHERE id = ?1 AND copy = ?2 AND block = ?3",
+            )
+            .and_then(|mut s| s.execute(params![sql_id(id), i64::from(copy), sql_id(block)]))
+            .map_err(db_err)?;
+            Ok(())
+        })
+    }
+
+    /// Detaches cached file `h` from home's data (it is about to be
+    /// written in a writable cache): its link becomes a local one and
+    /// where home has it is kept apart (`wb_homes`, by handle), so the
+    /// write-back pushes its data there.
+    pub fn detach(&self, h: Handle) -> Result<Inode, WireError> {
+        self.write_txn(|tx| {
+            let mut ino = check_handle(h, load_inode(tx, h.id)?)?;
+            let mut link = cached_link(&ino, "file")?;
+            if link.is_local() {
+                return Ok(ino);
+            }
+            if ino.attr.kind != FileKind::File {
+                return Err(WireError::new(
+                    ErrorCode::Invalid,
+                    "only a file is detached",
+                ));
+            }
+            super::wb::put_home(
+                tx,
+                link.binding,
+                &morris_proto::WbHome {
+                    id: h.id,
+                    dir: 0,
+                    name: Vec::new(),
+                    fileid: link.fileid,
+                    handle: std::mem::take(&mut link.handle),
+                },
+            )?;
+            put_link(tx, h.id, &link)?;
+            ino.home = Some(Box::new(link));
+            Ok(ino)
         })
     }
 

@@ -90,6 +90,27 @@ pub(super) fn forget(tx: &Transaction<'_>, id: FileId) -> Result<(), WireError> 
     Ok(())
 }
 
+/// Stores where home has object `h.id` of `binding` (a record with `dir`
+/// 0 names it by its handle alone: a file fetched from home, detached).
+pub(super) fn put_home(tx: &Transaction<'_>, binding: FileId, h: &WbHome) -> Result<(), WireError> {
+    tx.prepare_cached(
+        "INSERT OR REPLACE INTO wb_homes (id, binding, dir, name, fileid, handle)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            sql_id(h.id),
+            sql_id(binding),
+            sql_id(h.dir),
+            h.name,
+            sql_id(h.fileid),
+            h.handle
+        ])
+    })
+    .map_err(db_err)?;
+    Ok(())
+}
+
 impl Store {
     /// The marks of `binding`'s objects kept here.
     pub fn wb_marks(&self, binding: FileId) -> Result<Vec<WbMark>, WireError> {
@@ -167,24 +188,9 @@ impl Store {
                 .prepare_cached("SELECT 1 FROM inodes WHERE id = ?1")
                 .and_then(|mut s| s.exists(params![sql_id(h.id)]))
                 .map_err(db_err)?;
-            if !exists {
-                return Ok(());
+            if exists {
+                put_home(tx, binding, h)?;
             }
-            tx.prepare_cached(
-                "INSERT OR REPLACE INTO wb_homes (id, binding, dir, name, fileid, handle)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )
-            .and_then(|mut s| {
-                s.execute(params![
-                    sql_id(h.id),
-                    sql_id(binding),
-                    sql_id(h.dir),
-                    h.name,
-                    sql_id(h.fileid),
-                    h.handle
-                ])
-            })
-            .map_err(db_err)?;
             Ok(())
         })
     }
