@@ -95,6 +95,8 @@ impl WbState {
 pub(crate) struct PeerConns {
     conns: Mutex<HashMap<u32, Arc<RpcClient>>>,
     learnt: Mutex<HashSet<(u32, usize)>>,
+    /// Wakes the pusher before its next tick (a flush is waiting).
+    wake: tokio::sync::Notify,
 }
 
 /// What one round knows.
@@ -368,6 +370,7 @@ impl Server {
         let mut rx = b.wb.watch();
         let want = b.wb.started.load(Ordering::SeqCst) + 1;
         b.wb.flush_upto.fetch_max(want, Ordering::SeqCst);
+        self.pusher_conns.wake.notify_one();
         // Within a lease time: a client leaves a request silent for longer
         // to the range's other copy.
         let wait = FLUSH_WAIT.min(Duration::from_millis(u64::from(self.lease_ms)));
@@ -1234,7 +1237,10 @@ impl Server {
         let mut iv = tokio::time::interval(Duration::from_secs(1));
         iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            iv.tick().await;
+            tokio::select! {
+                _ = iv.tick() => {}
+                () = self.pusher_conns.wake.notified() => {}
+            }
             self.push_tick().await;
         }
     }
