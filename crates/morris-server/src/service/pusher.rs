@@ -46,6 +46,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(600);
 /// Longest `Flush` waits before it answers "not yet" (at most a lease
 /// time).
 const FLUSH_WAIT: Duration = Duration::from_secs(10);
+/// Objects one round makes or pushes at home at once.
+const PARALLEL: usize = 16;
 /// Units one server writes home at once for one file.
 const PUSH_PARALLEL: usize = 4;
 
@@ -99,6 +101,15 @@ pub(crate) struct PeerConns {
     wake: tokio::sync::Notify,
 }
 
+/// One object's push: its home handle, its size if its data goes too,
+/// its attributes.
+struct PushJob {
+    id: FileId,
+    h: HomeHandle,
+    size: Option<u64>,
+    attrs: HomeSetAttr,
+}
+
 /// What one round knows.
 struct Round<'a> {
     binding: FileId,
@@ -116,8 +127,11 @@ struct Round<'a> {
     named_in: HashMap<FileId, Vec<(FileId, Vec<u8>)>>,
     /// Home's handles of directories, found this round.
     handles: HashMap<FileId, HomeHandle>,
-    /// Files made at home this round (their data follows).
+    /// Files made at home this round with bytes (their data follows).
     made: HashSet<FileId>,
+    /// Every object made at home this round (with its attributes as the
+    /// round read them).
+    created: HashSet<FileId>,
 }
 
 fn home_failed(b: &Bound, e: HomeError) -> WireError {
@@ -469,6 +483,7 @@ impl Server {
             named_in: HashMap::new(),
             handles: HashMap::new(),
             made: HashSet::new(),
+            created: HashSet::new(),
         };
         let ok = self.run_round(&mut r, &due).await;
         let cleared: Vec<(FileId, u64)> = due
@@ -568,9 +583,37 @@ impl Server {
             }
         }
         let mut objs_ok = HashSet::new();
-        for (id, data, attrs) in objs {
+        let mut jobs = Vec::new();
+        for (id, data, _) in objs {
             let data = data || r.made.contains(&id);
-            match self.push_object(r, id, data, attrs).await {
+            if r.created.contains(&id) && !r.made.contains(&id) {
+                // Made empty just now, with its attributes.
+                objs_ok.insert(id);
+                continue;
+            }
+            match self.prepare_push(r, id, data).await {
+                Ok(Some(job)) => jobs.push(job),
+                Ok(None) => {
+                    objs_ok.insert(id);
+                }
+                Err(e) => {
+                    warn!(id, error = %e, "write-back: object not pushed");
+                    *r.b.wb.last_error.lock() = Some(e.to_string());
+                }
+            }
+        }
+        // Files are independent of each other: pushed at once.
+        let rr: &Round<'_> = r;
+        let pushes: Vec<_> = jobs
+            .into_iter()
+            .map(|job| async move { (job.id, self.run_push(rr, &job).await) })
+            .collect();
+        let pushed: Vec<(FileId, Result<(), WireError>)> = futures::stream::iter(pushes)
+            .buffer_unordered(PARALLEL)
+            .collect()
+            .await;
+        for (id, res) in pushed {
+            match res {
                 Ok(()) => {
                     objs_ok.insert(id);
                 }
@@ -769,11 +812,7 @@ impl Server {
             },
         )
         .await?;
-        if let Some(old) = r.homes.insert(id, rec) {
-            r.by_spot.remove(&(old.dir, old.name));
-        }
-        r.by_spot.insert((dir, name.to_vec()), id);
-        r.handles.remove(&id);
+        note_place(r, rec);
         Ok(())
     }
 
@@ -917,10 +956,156 @@ impl Server {
         if !steps.is_empty() {
             debug!(dir = d, steps = steps.len(), "write-back: directory");
         }
-        for s in steps {
-            self.run_step(r, d, &hd, s).await?;
+        let mut steps = steps.into_iter().peekable();
+        while let Some(s) = steps.next() {
+            match s {
+                // The creates of a directory are independent of each
+                // other: made at once.
+                Step::Create { obj, name } => {
+                    let mut batch = vec![(obj, name)];
+                    while let Some(Step::Create { .. }) = steps.peek() {
+                        if let Some(Step::Create { obj, name }) = steps.next() {
+                            batch.push((obj, name));
+                        }
+                    }
+                    self.create_many(r, d, &hd, batch).await?;
+                }
+                s => self.run_step(r, d, &hd, s).await?,
+            }
         }
         Ok(())
+    }
+
+    /// Makes the objects of `batch` at home in directory `d`, at once
+    /// ([`PARALLEL`] at a time).
+    async fn create_many(
+        &self,
+        r: &mut Round<'_>,
+        d: FileId,
+        hd: &HomeHandle,
+        batch: Vec<(FileId, Vec<u8>)>,
+    ) -> Result<(), WireError> {
+        let vol = r.vol.clone();
+        let missing: Vec<FileId> = batch
+            .iter()
+            .map(|b| b.0)
+            .filter(|o| !is_cache_id(*o) && !r.inodes.contains_key(o))
+            .collect();
+        let asks: Vec<_> = missing
+            .into_iter()
+            .map(|id| {
+                let vol = vol.clone();
+                async move {
+                    (
+                        id,
+                        self.range_ask(&vol, id, &Request::GetInode { ino: id })
+                            .await,
+                    )
+                }
+            })
+            .collect();
+        let got: Vec<(FileId, Result<Reply, WireError>)> = futures::stream::iter(asks)
+            .buffer_unordered(PARALLEL)
+            .collect()
+            .await;
+        for (id, res) in got {
+            match res {
+                Ok(Reply::Inode(i)) => {
+                    r.inodes.insert(id, Some(i));
+                }
+                Ok(other) => return Err(err(ErrorCode::Protocol, format!("unexpected {other:?}"))),
+                Err(e) if matches!(e.code, ErrorCode::NotFound | ErrorCode::Stale) => {
+                    r.inodes.insert(id, None);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let mut jobs = Vec::new();
+        for (obj, name) in batch {
+            if is_cache_id(obj) {
+                // Fetched from home and gone there: home's change wins.
+                r.b.wb.skipped.fetch_add(1, Ordering::Relaxed);
+                warn!(dir = d, name = %String::from_utf8_lossy(&name), "write-back: an object fetched from home is gone there; not made again");
+                continue;
+            }
+            // `None`: removed from the cache since it was listed; the next
+            // round sees its directory without it.
+            if let Some(Some(i)) = r.inodes.get(&obj) {
+                jobs.push((obj, name, i.clone()));
+            }
+        }
+        let home = r.home.clone();
+        let creates: Vec<_> = jobs
+            .into_iter()
+            .map(|(obj, name, i)| {
+                let home = home.clone();
+                async move {
+                    let (what, attrs) = new_of(&i);
+                    let res = home.create(hd, &name, &what, &attrs).await;
+                    (obj, name, i, res)
+                }
+            })
+            .collect();
+        let made: Vec<_> = futures::stream::iter(creates)
+            .buffer_unordered(PARALLEL)
+            .collect()
+            .await;
+        let mut first_err = None;
+        let mut placed = Vec::new();
+        for (obj, name, i, res) in made {
+            match res {
+                Ok((h, a)) => placed.push((
+                    WbHome {
+                        id: obj,
+                        dir: d,
+                        name,
+                        fileid: a.fileid,
+                        handle: h.0,
+                    },
+                    i,
+                )),
+                Err(e) => {
+                    let e = home_failed(r.b, e);
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        let binding = r.binding;
+        let records: Vec<_> = placed
+            .iter()
+            .map(|(rec, _)| {
+                let vol = vol.clone();
+                async move {
+                    let req = Request::WbSetHome {
+                        binding,
+                        home: rec.clone(),
+                    };
+                    self.range_ask(&vol, rec.id, &req).await
+                }
+            })
+            .collect();
+        let recorded: Vec<Result<Reply, WireError>> = futures::stream::iter(records)
+            .buffer_unordered(PARALLEL)
+            .collect()
+            .await;
+        for res in recorded {
+            if let Err(e) = res {
+                first_err.get_or_insert(e);
+            }
+        }
+        for (rec, i) in placed {
+            // A file with bytes has them pushed next (its attributes after
+            // them); an empty one got its attributes with the create.
+            if i.attr.kind == FileKind::File && i.attr.size > 0 {
+                r.made.insert(rec.id);
+            }
+            r.created.insert(rec.id);
+            note_place(r, rec);
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// One step of a directory's plan.
@@ -1041,29 +1226,30 @@ impl Server {
             .await
             .map_err(|e| home_failed(r.b, e))?;
         self.place(r, obj, d, name, &h, a.fileid).await?;
-        if i.attr.kind == FileKind::File {
+        if i.attr.kind == FileKind::File && i.attr.size > 0 {
             r.made.insert(obj);
         }
+        r.created.insert(obj);
         Ok(())
     }
 
-    /// Pushes object `id`'s data (a file) and attributes home.
-    async fn push_object(
+    /// What pushing object `id`'s data (a file) and attributes home takes,
+    /// found with the round's maps (`None`: nothing to push).
+    async fn prepare_push(
         &self,
         r: &mut Round<'_>,
         id: FileId,
         data: bool,
-        attrs: bool,
-    ) -> Result<(), WireError> {
+    ) -> Result<Option<PushJob>, WireError> {
         let Some(i) = self.inode(r, id).await? else {
-            return Ok(());
+            return Ok(None);
         };
         let Some(link) = i.home.as_deref() else {
-            return Ok(());
+            return Ok(None);
         };
         if i.attr.kind == FileKind::Dir {
             // Its attributes go last in the round.
-            return Ok(());
+            return Ok(None);
         }
         let h = if !link.is_local() {
             HomeHandle(link.handle.clone())
@@ -1082,25 +1268,36 @@ impl Server {
             }
         };
         // A fetched file's bytes are home's: only its attributes go back.
-        if data && i.attr.kind == FileKind::File && link.is_local() {
+        let size =
+            (data && i.attr.kind == FileKind::File && link.is_local()).then_some(i.attr.size);
+        Ok(Some(PushJob {
+            id,
+            h,
+            size,
+            attrs: attrs_of(&i),
+        }))
+    }
+
+    /// Pushes what `job` says: the size, then every server's units, then
+    /// the attributes (mtime last).
+    async fn run_push(&self, r: &Round<'_>, job: &PushJob) -> Result<(), WireError> {
+        if let Some(size) = job.size {
             let set = HomeSetAttr {
-                size: Some(i.attr.size),
+                size: Some(size),
                 ..HomeSetAttr::default()
             };
             r.home
-                .setattr(&h, &set)
+                .setattr(&job.h, &set)
                 .await
                 .map_err(|e| home_failed(r.b, e))?;
-            let bytes = self.push_data(r, id, &h, i.attr.size).await?;
+            let bytes = self.push_data(r, job.id, &job.h, size).await?;
             r.b.wb.pushed_bytes.fetch_add(bytes, Ordering::Relaxed);
         }
-        if attrs || data {
-            r.home
-                .setattr(&h, &attrs_of(&i))
-                .await
-                .map_err(|e| home_failed(r.b, e))?;
-            r.b.ok();
-        }
+        r.home
+            .setattr(&job.h, &job.attrs)
+            .await
+            .map_err(|e| home_failed(r.b, e))?;
+        r.b.ok();
         Ok(())
     }
 
@@ -1244,6 +1441,16 @@ impl Server {
             self.push_tick().await;
         }
     }
+}
+
+/// Notes in the round's maps where home has object `rec.id` now.
+fn note_place(r: &mut Round<'_>, rec: WbHome) {
+    let (id, spot) = (rec.id, (rec.dir, rec.name.clone()));
+    if let Some(old) = r.homes.insert(id, rec) {
+        r.by_spot.remove(&(old.dir, old.name));
+    }
+    r.by_spot.insert(spot, id);
+    r.handles.remove(&id);
 }
 
 /// Removes `name` (a directory) in `dir` at home with everything in it.
