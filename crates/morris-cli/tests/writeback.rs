@@ -498,3 +498,35 @@ fn with_an_nfs_home_down_changes_are_queued_and_pushed_when_it_returns() {
     assert_home_after_changes(&export);
     assert_eq!(queue_of(&cl).0, 0);
 }
+
+#[test]
+fn a_1_gib_file_written_in_a_sw_cache_reaches_home_whole() {
+    require_fuse();
+    let home = tempdir();
+    let (_cl, m) = bound(home.path(), &["--mode", "sw", "--sync-lag", "1h"]);
+    let c = m.path.join("c");
+    let len: usize = 1 << 30;
+    let piece = 4 << 20;
+    let mut f = File::create(c.join("big")).expect("create");
+    let mut off = 0;
+    while off < len {
+        f.write_all(&pattern(9, off as u64, piece)).expect("write");
+        off += piece;
+    }
+    f.sync_all().expect("fsync");
+    drop(f);
+    flush(&m);
+    let mut h = File::open(home.path().join("big")).expect("open at home");
+    assert_eq!(h.metadata().expect("stat").len(), len as u64);
+    let mut buf = vec![0u8; piece];
+    let mut off = 0;
+    while off < len {
+        std::io::Read::read_exact(&mut h, &mut buf).expect("read at home");
+        assert!(
+            buf == pattern(9, off as u64, piece),
+            "bytes at {off} differ at home"
+        );
+        off += piece;
+    }
+    assert_eq!(meta(&home.path().join("big")), meta(&c.join("big")));
+}

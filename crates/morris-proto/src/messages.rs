@@ -572,6 +572,9 @@ pub enum Request {
         binding: FileId,
         /// The metadata range.
         range: u32,
+        /// Only marks set at or before this time (ms since the epoch:
+        /// those past the sync lag; `u64::MAX`: all).
+        due_before: u64,
     },
     /// Clears marks that were pushed: each `(id, count)` only if the
     /// object's change count is still `count` (a change made during the

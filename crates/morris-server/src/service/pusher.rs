@@ -272,7 +272,7 @@ impl Server {
 
     /// `WbMarks` / `WbHomes` at this server, for a range it serves.
     pub(super) fn wb_local(&self, req: &Request) -> Result<Reply, WireError> {
-        let (Request::WbMarks { binding, range } | Request::WbHomes { binding, range }) = req
+        let (Request::WbMarks { binding, range, .. } | Request::WbHomes { binding, range }) = req
         else {
             return Err(err(ErrorCode::Protocol, "request routed wrongly"));
         };
@@ -288,8 +288,8 @@ impl Server {
                     format!("metadata range {range} is not served here"),
                 )
             })?;
-        if matches!(req, Request::WbMarks { .. }) {
-            metadata(|| st.wb_marks(*binding)).map(Reply::WbMarks)
+        if let Request::WbMarks { due_before, .. } = req {
+            metadata(|| st.wb_marks(*binding, *due_before)).map(Reply::WbMarks)
         } else {
             metadata(|| st.wb_homes(*binding)).map(Reply::WbHomes)
         }
@@ -304,9 +304,9 @@ impl Server {
         let (mut n, mut oldest) = (0, None::<u64>);
         for r in ranges.serving(self.now_ms()) {
             let st = r.store.clone();
-            if let Ok(m) = metadata(|| st.wb_marks(binding)) {
-                n += m.len() as u64;
-                if let Some(t) = m.iter().map(|m| m.since_ms).min() {
+            if let Ok((k, t)) = metadata(|| st.wb_queue(binding)) {
+                n += k;
+                if let Some(t) = t {
                     oldest = Some(oldest.map_or(t, |o| o.min(t)));
                 }
             }
@@ -314,17 +314,27 @@ impl Server {
         (n, oldest)
     }
 
-    /// Every range's marks of `binding`, and whether every range answered.
+    /// Every range's marks of `binding` set at or before `due_before`, and
+    /// whether every range answered.
     async fn all_marks(
         &self,
         vol: &Formatted,
         binding: FileId,
+        due_before: u64,
     ) -> Result<(Vec<WbMark>, bool), WireError> {
         let mut marks = Vec::new();
         let mut complete = true;
         for range in 0..vol.layout.servers {
             match self
-                .range_ask_r(vol, range, &Request::WbMarks { binding, range })
+                .range_ask_r(
+                    vol,
+                    range,
+                    &Request::WbMarks {
+                        binding,
+                        range,
+                        due_before,
+                    },
+                )
                 .await
             {
                 Ok(Reply::WbMarks(m)) => marks.extend(m),
@@ -395,7 +405,7 @@ impl Server {
             0
         } else {
             let vol = self.vol()?;
-            self.all_marks(&vol, binding).await?.0.len() as u64
+            self.all_marks(&vol, binding, u64::MAX).await?.0.len() as u64
         };
         let last_error = b.wb.last_error.lock().clone();
         Ok(Reply::Flushed {
@@ -418,15 +428,17 @@ impl Server {
         let all = b.wb.flush_upto.load(Ordering::SeqCst) >= seq;
         let vol = self.vol()?;
         // Gather every range's marks.
-        let (mut marks, complete) = self.all_marks(&vol, binding).await?;
+        // Only the marks past the sync lag (all of them for a flush).
+        // (A flush takes every mark: a server's clock a little ahead of
+        // this one's must not leave a change out.)
+        let due_before = if all {
+            u64::MAX
+        } else {
+            wall_ms().saturating_sub(b.spec.sync_lag_ms)
+        };
+        let (mut due, complete) = self.all_marks(&vol, binding, due_before).await?;
         let mut seen = HashSet::new();
-        marks.retain(|m| seen.insert(m.id));
-        let lag = if all { 0 } else { b.spec.sync_lag_ms };
-        let now = wall_ms();
-        let due: Vec<WbMark> = marks
-            .into_iter()
-            .filter(|m| now.saturating_sub(m.since_ms) >= lag)
-            .collect();
+        due.retain(|m| seen.insert(m.id));
         if due.is_empty() {
             if complete && all {
                 b.wb.finished_clean(seq);

@@ -30,7 +30,7 @@ CREATE TABLE IF NOT EXISTS wb_marks (
     count INTEGER NOT NULL,
     since INTEGER NOT NULL
 );
-CREATE INDEX IF NOT EXISTS wb_marks_by_binding ON wb_marks (binding);
+CREATE INDEX IF NOT EXISTS wb_marks_by_binding ON wb_marks (binding, since);
 CREATE TABLE IF NOT EXISTS wb_homes (
     id INTEGER PRIMARY KEY,
     binding INTEGER NOT NULL,
@@ -112,17 +112,19 @@ pub(super) fn put_home(tx: &Transaction<'_>, binding: FileId, h: &WbHome) -> Res
 }
 
 impl Store {
-    /// The marks of `binding`'s objects kept here.
-    pub fn wb_marks(&self, binding: FileId) -> Result<Vec<WbMark>, WireError> {
+    /// The marks of `binding`'s objects kept here, set at or before
+    /// `due_before` (ms since the epoch).
+    pub fn wb_marks(&self, binding: FileId, due_before: u64) -> Result<Vec<WbMark>, WireError> {
+        let due = i64::try_from(due_before).unwrap_or(i64::MAX);
         self.with_reader(|c| {
             let mut st = c
                 .prepare_cached(
                     "SELECT id, names, attrs, data, count, since FROM wb_marks
-                     WHERE binding = ?1 ORDER BY id",
+                     WHERE binding = ?1 AND since <= ?2 ORDER BY id",
                 )
                 .map_err(db_err)?;
             let rows = st
-                .query_map(params![sql_id(binding)], |r| {
+                .query_map(params![sql_id(binding), due], |r| {
                     Ok(WbMark {
                         id: from_sql_id(r.get(0)?),
                         names: r.get(1)?,
@@ -134,6 +136,25 @@ impl Store {
                 })
                 .map_err(db_err)?;
             rows.collect::<Result<Vec<_>, _>>().map_err(db_err)
+        })
+    }
+
+    /// How many marks of `binding` are kept here, and the oldest's time.
+    pub fn wb_queue(&self, binding: FileId) -> Result<(u64, Option<u64>), WireError> {
+        self.with_reader(|c| {
+            c.prepare_cached("SELECT count(*), min(since) FROM wb_marks WHERE binding = ?1")
+                .and_then(|mut s| {
+                    s.query_row(params![sql_id(binding)], |r| {
+                        Ok((r.get::<_, i64>(0)?, r.get::<_, Option<i64>>(1)?))
+                    })
+                })
+                .map(|(n, t)| {
+                    (
+                        u64::try_from(n).unwrap_or(0),
+                        t.and_then(|t| u64::try_from(t).ok()),
+                    )
+                })
+                .map_err(db_err)
         })
     }
 
