@@ -241,6 +241,15 @@ impl Client {
     /// fetched would be removed at home), and a name removed here must not
     /// be fetched from home again before the write-back removes it there.
     pub(crate) async fn ensure_listed(&self, dir: FileId) -> Result<()> {
+        if self
+            .leases
+            .cached_inode(dir)
+            .is_some_and(|i| i.home.as_ref().is_none_or(|l| l.listed || l.is_local()))
+        {
+            // An ordinary directory (or one listed whole) whose lease is
+            // held: no request.
+            return Ok(());
+        }
         let (_, Some(link)) = self.cached_link(dir).await? else {
             return Ok(());
         };

@@ -427,10 +427,17 @@ impl Server {
         let seq = b.wb.started.fetch_add(1, Ordering::SeqCst) + 1;
         let all = b.wb.flush_upto.load(Ordering::SeqCst) >= seq;
         let vol = self.vol()?;
-        // Gather every range's marks.
-        // Only the marks past the sync lag (all of them for a flush).
-        // (A flush takes every mark: a server's clock a little ahead of
-        // this one's must not leave a change out.)
+        // While home is down, only its probe (one round in a few seconds)
+        // gathers the queue: a long queue is not read every second for
+        // nothing.
+        let home = if b.spec.pushes() {
+            Some(b.home().await?)
+        } else {
+            None
+        };
+        // Every range's marks past the sync lag (all of them for a flush:
+        // a server's clock a little ahead of this one's must not leave a
+        // change out).
         let due_before = if all {
             u64::MAX
         } else {
@@ -453,7 +460,7 @@ impl Server {
             };
         }
         b.wb.rounds.fetch_add(1, Ordering::Relaxed);
-        if !b.spec.pushes() {
+        let Some(home) = home else {
             // `lu`: changes stay here.
             let cleared: Vec<(FileId, u64)> = due.iter().map(|m| (m.id, m.count)).collect();
             self.clear_marks(&vol, &cleared).await?;
@@ -461,8 +468,7 @@ impl Server {
                 b.wb.finished_clean(seq);
             }
             return Ok(());
-        }
-        let home = b.home().await?;
+        };
         let mut homes = HashMap::new();
         for range in 0..vol.layout.servers {
             // Every place record is needed to tell the cache's objects at
