@@ -6,6 +6,7 @@
 mod common;
 #[path = "../../morris-home/tests/ganesha/mod.rs"]
 mod ganesha;
+mod nfs_harness;
 mod trees;
 
 use std::fs::{self, File};
@@ -529,4 +530,26 @@ fn a_1_gib_file_written_in_a_sw_cache_reaches_home_whole() {
         off += piece;
     }
     assert_eq!(meta(&home.path().join("big")), meta(&c.join("big")));
+}
+
+#[test]
+fn files_written_through_the_nfs_gateway_reach_home() {
+    require_fuse();
+    let home = tempdir();
+    seed_home(home.path());
+    let (cl, m) = bound(home.path(), &["--mode", "sw", "--sync-lag", "1h"]);
+    let gw = nfs_harness::Gateway::start(cl.addr(0), &[]);
+    let src = home.path().join("d/deep/g");
+    let o = std::process::Command::new("nfs-cp")
+        .arg(&src)
+        .arg(gw.file_url("c/d/copied"))
+        .output()
+        .expect("run nfs-cp");
+    assert!(o.status.success(), "nfs-cp into a sw cache: {}", both(&o));
+    flush(&m);
+    assert_eq!(
+        fs::read(home.path().join("d/copied")).expect("read at home"),
+        pattern(1, 0, 300_000)
+    );
+    assert_same_tree(home.path(), &m.path.join("c"));
 }
