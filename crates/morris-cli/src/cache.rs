@@ -49,7 +49,8 @@ pub enum CacheCommand {
     Evict(PathsArgs),
     /// Remove a binding and everything cached under it (home is not
     /// touched); the directory is an ordinary empty directory again.
-    /// Flush a `sw` cache first: changes not pushed yet are lost.
+    /// A `sw` cache with changes not pushed yet is refused (flush it
+    /// first, or `--discard-changes`).
     Unbind(UnbindArgs),
     /// Wait until home has every change made in a cache (`sw`) before
     /// this command started.
@@ -71,6 +72,10 @@ pub struct FlushArgs {
 pub struct UnbindArgs {
     /// The bound directory inside a morris mount.
     pub dir: PathBuf,
+    /// Unbind a `sw` cache even with changes not pushed home yet (they
+    /// are lost); without it such an unbind is refused.
+    #[arg(long)]
+    pub discard_changes: bool,
 }
 
 /// `morris cache bind`.
@@ -289,7 +294,7 @@ async fn unbind(args: &CacheArgs, u: &UnbindArgs) -> Result<ExitCode> {
     let (mp, parts, found) = locate(&u.dir)?;
     let client = connect(&server_of(args, found, &mp)?).await?;
     let dir = resolve(&client, &parts).await?;
-    let r = client.unbind(dir.id).await;
+    let r = client.unbind(dir.id, u.discard_changes).await;
     client.shutdown().await;
     r.map_err(|e| anyhow!("unbinding {}: {e}", u.dir.display()))?;
     println!(

@@ -239,6 +239,15 @@ fn dependent_changes_in_a_sw_cache_reach_home_after_flush() {
     // Nothing reached home yet.
     assert!(home.path().join("x").exists(), "x pushed before the lag");
     assert!(!home.path().join("b").exists(), "b pushed before the lag");
+    // Unbinding with changes still queued is refused.
+    let dir = c.to_str().expect("utf-8").to_string();
+    let o = morris(&["cache", "unbind", &dir]);
+    assert!(
+        !o.status.success(),
+        "unbind with changes queued: {}",
+        both(&o)
+    );
+    assert!(stderr(&o).contains("morris cache flush"), "{}", both(&o));
     flush(&m);
     assert_same_tree(home.path(), &c);
     assert_home_after_changes(home.path());

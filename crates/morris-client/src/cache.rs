@@ -590,13 +590,38 @@ impl Client {
     /// and data, then the directory's owner removes the binding. `dir` is
     /// an ordinary empty directory afterwards. Every server must be up.
     /// Programs with files open under it get `ESTALE`.
-    pub async fn unbind(&self, dir: FileId) -> Result<Inode> {
+    pub async fn unbind(&self, dir: FileId, discard_changes: bool) -> Result<Inode> {
         let i = self.do_getattr(dir).await?;
-        if i.home.as_ref().is_none_or(|l| l.bound.is_none()) {
+        let Some(spec) = i.home.as_ref().and_then(|l| l.bound.clone()) else {
             return Err(Error::new(
                 ErrorCode::Invalid,
                 "the directory is not bound to a home",
             ));
+        };
+        if spec.pushes() && !discard_changes {
+            // Changes not at home yet would be lost with the binding.
+            let mut queued = 0;
+            for (s, r) in self.cache_status().await {
+                let list = r.map_err(|e| {
+                    Error::new(
+                        e.code,
+                        format!("server {s} cannot say what it has not pushed yet ({e})"),
+                    )
+                })?;
+                queued += list
+                    .iter()
+                    .filter(|b| b.binding == dir)
+                    .map(|b| b.queued)
+                    .sum::<u64>();
+            }
+            if queued > 0 {
+                return Err(Error::new(
+                    ErrorCode::NotEmpty,
+                    format!(
+                        "{queued} changed objects are not at home yet: run `morris cache flush` first (or unbind with --discard-changes)"
+                    ),
+                ));
+            }
         }
         let calls = (0..self.layout.servers).map(|s| async move {
             (
