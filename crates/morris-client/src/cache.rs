@@ -65,6 +65,17 @@ impl CacheView {
     }
 }
 
+/// What a cached read or fetch of file `i` (linked by `link`) names.
+fn home_ref(i: &Inode, link: &HomeLink) -> HomeRef {
+    HomeRef {
+        binding: link.binding,
+        handle: link.handle.clone(),
+        gen: i.gen,
+        version: link.version,
+        size: i.attr.size,
+    }
+}
+
 /// How long a binding's settings are used before they are read again (a
 /// directory unbound and bound again elsewhere by another client).
 const SPEC_FOR: Duration = Duration::from_secs(30);
@@ -198,13 +209,7 @@ impl Client {
         {
             return Ok(());
         }
-        let home = HomeRef {
-            binding: link.binding,
-            handle: link.handle.clone(),
-            gen: i.gen,
-            version: link.version,
-            size: i.attr.size,
-        };
+        let home = home_ref(&i, link);
         let calls = (0..self.layout.servers).map(|s| {
             let home = home.clone();
             async move {
@@ -464,13 +469,7 @@ impl Client {
         if i.attr.kind != morris_proto::FileKind::File || i.attr.size == 0 {
             return Ok(0);
         }
-        let home = HomeRef {
-            binding: link.binding,
-            handle: link.handle.clone(),
-            gen: i.gen,
-            version: link.version,
-            size: i.attr.size,
-        };
+        let home = home_ref(&i, link);
         let last = self.layout.block_of(i.attr.size - 1).0;
         let stale = i.stale.clone();
         let one = |index: u64| {
