@@ -326,7 +326,7 @@ async fn status(args: &CacheArgs, s: &StatusArgs) -> Result<ExitCode> {
                     "meta_requests": x.meta_requests, "evictions": x.evictions,
                     "cached_bytes": x.cached_bytes, "mode": x.mode,
                     "queued": x.queued, "oldest_ms": x.oldest_ms, "pushed": x.pushed,
-                    "pushed_bytes": x.pushed_bytes, "rounds": x.rounds,
+                    "pushed_bytes": x.pushed_bytes, "rounds": x.rounds, "skipped": x.skipped,
                 })).collect::<Vec<_>>() }),
                 Err(e) => serde_json::json!({ "server": i, "error": e.to_string() }),
             })

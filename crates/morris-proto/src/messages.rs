@@ -599,11 +599,6 @@ pub enum Request {
         /// The record.
         home: WbHome,
     },
-    /// Forgets where home had object `id` (it is gone there). [`Reply::Ok`].
-    WbDropHome {
-        /// The object.
-        id: FileId,
-    },
     /// Entries of directory `dir` after `cookie`, without a lease (the
     /// write-back's view: a change after it is marked again).
     /// [`Reply::Entries`].
@@ -787,7 +782,6 @@ impl Request {
             Request::WbClear { .. } => "WbClear",
             Request::WbHomes { .. } => "WbHomes",
             Request::WbSetHome { .. } => "WbSetHome",
-            Request::WbDropHome { .. } => "WbDropHome",
             Request::WbEntries { .. } => "WbEntries",
             Request::PushData { .. } => "PushData",
             Request::Flush { .. } => "Flush",
@@ -953,6 +947,10 @@ pub struct BindingStatus {
     pub pushed_bytes: u64,
     /// Push rounds this server ran as the binding's pusher.
     pub rounds: u64,
+    /// Objects its pushes found in a state they cannot push (an object
+    /// fetched from home and gone there; a directory not listed whole),
+    /// logged as warnings.
+    pub skipped: u64,
 }
 
 /// An orphan: an inode whose last name is gone, kept while a client has it open.

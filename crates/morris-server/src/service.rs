@@ -251,7 +251,6 @@ fn subject(req: &Request) -> Option<FileId> {
         Request::Sync { id } => *id,
         Request::WbEntries { dir, .. } => Some(*dir),
         Request::WbSetHome { home, .. } => Some(home.id),
-        Request::WbDropHome { id } => Some(*id),
         Request::WbClear { marks } => marks.first().map(|m| m.0),
         _ => None,
     }
@@ -962,7 +961,6 @@ impl Server {
             | Request::Detach { .. }
             | Request::WbEntries { .. }
             | Request::WbSetHome { .. }
-            | Request::WbDropHome { .. }
             | Request::WbClear { .. } => match subject(&req) {
                 Some(id) => Some(ranges.serving_id(id, now)?.clone()),
                 None => None,
@@ -991,7 +989,6 @@ impl Server {
                 | Request::Revalidate { .. }
                 | Request::Detach { .. }
                 | Request::WbSetHome { .. }
-                | Request::WbDropHome { .. }
                 | Request::WbClear { .. }
         );
         let Some(range) = range else {
@@ -1431,10 +1428,6 @@ impl Server {
             Request::WbSetHome { binding, home } => {
                 Self::check_owner(vol, home.id)?;
                 metadata(move || store.wb_set_home(binding, &home)).map(|()| Reply::Ok)
-            }
-            Request::WbDropHome { id } => {
-                Self::check_owner(vol, id)?;
-                metadata(move || store.wb_drop_home(id)).map(|()| Reply::Ok)
             }
             Request::WbClear { marks } => {
                 metadata(move || store.wb_clear(&marks)).map(|_| Reply::Ok)

@@ -1488,6 +1488,7 @@ impl Server {
             s.pushed = b.wb.pushed.load(Ordering::Relaxed);
             s.pushed_bytes = b.wb.pushed_bytes.load(Ordering::Relaxed);
             s.rounds = b.wb.rounds.load(Ordering::Relaxed);
+            s.skipped = b.wb.skipped.load(Ordering::Relaxed);
             if s.last_error.is_none() {
                 s.last_error = b.wb.last_error.lock().clone();
             }

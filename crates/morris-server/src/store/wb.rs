@@ -215,13 +215,4 @@ impl Store {
             Ok(())
         })
     }
-
-    /// Forgets where home had object `id`.
-    pub fn wb_drop_home(&self, id: FileId) -> Result<(), WireError> {
-        self.write_txn(|tx| {
-            tx.execute("DELETE FROM wb_homes WHERE id = ?1", params![sql_id(id)])
-                .map_err(db_err)?;
-            Ok(())
-        })
-    }
 }
