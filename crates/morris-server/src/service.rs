@@ -29,6 +29,7 @@ use crate::store::{check_name, check_new_name, FormatOutcome, Formatted, OpKey, 
 mod cache;
 mod orphans;
 mod peer;
+mod peer_calls;
 mod pusher;
 mod stats;
 
@@ -148,7 +149,7 @@ pub(crate) struct Server {
     /// Cache mode: bindings, fetches in flight (`cache.rs`).
     cache: cache::CacheState,
     /// The write-back pusher's connections to the other servers.
-    pusher_conns: pusher::PeerConns,
+    pusher_conns: peer_calls::PeerConns,
 }
 
 type Outcome = (Result<Reply, WireError>, Bytes);
@@ -307,7 +308,7 @@ impl Server {
             peers_cut: AtomicBool::new(false),
             etcd,
             cache: cache::CacheState::default(),
-            pusher_conns: pusher::PeerConns::default(),
+            pusher_conns: peer_calls::PeerConns::default(),
         }
     }
 
