@@ -86,11 +86,13 @@ pub struct BindArgs {
     /// The home: nfs://HOST[:PORT]/EXPORT[/DIR][?mountport=N&nfsport=N] or file:///PATH.
     pub url: String,
     /// ro: read-only cache (changes answer EROFS). sw: single writer,
-    /// changes are pushed home after the sync lag. lu: local updates,
-    /// never pushed. (iw is not built yet.)
+    /// changes are pushed home after the sync lag. iw: independent
+    /// writers, as sw, and home's own changes come into the cache; an
+    /// object changed on both sides keeps home's version, the cache's
+    /// goes to .conflicts/ at home. lu: local updates, never pushed.
     #[arg(long, default_value = "ro", value_parser = parse_mode)]
     pub mode: CacheMode,
-    /// sw: how long a change waits before it is pushed home (later
+    /// sw, iw: how long a change waits before it is pushed home (later
     /// changes of the same object within it go with it).
     #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
     pub sync_lag: Duration,
@@ -327,6 +329,7 @@ async fn status(args: &CacheArgs, s: &StatusArgs) -> Result<ExitCode> {
                     "cached_bytes": x.cached_bytes, "mode": x.mode,
                     "queued": x.queued, "oldest_ms": x.oldest_ms, "pushed": x.pushed,
                     "pushed_bytes": x.pushed_bytes, "rounds": x.rounds, "skipped": x.skipped,
+                    "conflicts": x.conflicts,
                 })).collect::<Vec<_>>() }),
                 Err(e) => serde_json::json!({ "server": i, "error": e.to_string() }),
             })
@@ -380,12 +383,12 @@ async fn status(args: &CacheArgs, s: &StatusArgs) -> Result<ExitCode> {
     if !writable.is_empty() {
         println!();
         println!(
-            "{:<6} {:<4} {:>8} {:>9} {:>9} {:>10} {:>7}  HOME",
-            "SERVER", "MODE", "QUEUED", "OLDEST", "PUSHED", "PUSHED-B", "ROUNDS"
+            "{:<6} {:<4} {:>8} {:>9} {:>9} {:>10} {:>7} {:>9}  HOME",
+            "SERVER", "MODE", "QUEUED", "OLDEST", "PUSHED", "PUSHED-B", "ROUNDS", "CONFLICTS"
         );
         for (i, b) in writable {
             println!(
-                "{:<6} {:<4} {:>8} {:>9} {:>9} {:>10} {:>7}  {}",
+                "{:<6} {:<4} {:>8} {:>9} {:>9} {:>10} {:>7} {:>9}  {}",
                 i,
                 b.mode,
                 b.queued,
@@ -397,6 +400,7 @@ async fn status(args: &CacheArgs, s: &StatusArgs) -> Result<ExitCode> {
                 b.pushed,
                 human(b.pushed_bytes),
                 b.rounds,
+                b.conflicts,
                 b.url
             );
         }

@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use morris_proto::home::{is_cache_id, Binding, HomeLink, HomeRef};
+use morris_proto::home::{is_cache_id, Binding, CacheMode, HomeLink, HomeRef};
 use morris_proto::{ErrorCode, FileId, Handle, Inode, Reply, Request};
 
 use crate::leases::{FastMap, Mode};
@@ -274,8 +274,9 @@ impl Client {
     /// Whether this client should compare cached object `id` with home now.
     async fn due(&self, id: FileId, link: &HomeLink) -> Result<bool> {
         let spec = self.binding_spec(link.binding).await?;
-        if spec.writable() || link.is_local() {
-            // Home changes only through this cache (`sw`, `lu`).
+        if (spec.writable() && spec.mode != CacheMode::Iw) || link.is_local() {
+            // Home changes only through this cache (`sw`, `lu`); an object
+            // made or written here is the cache's until it is pushed.
             return Ok(false);
         }
         let validity = Duration::from_millis(spec.validity_ms);

@@ -54,7 +54,7 @@
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::home::{Binding, HomeRef};
+use crate::home::{Binding, HomeRef, HomeStamp};
 use crate::types::{
     Attr, DirEntry, FileId, FileKind, Handle, Inode, ServerStats, SetAttr, StaleCopy,
     VolumeDescriptor,
@@ -591,13 +591,77 @@ pub enum Request {
         /// The metadata range.
         range: u32,
     },
-    /// Records where home has object `home.id` (at its owner); `None` in
-    /// [`Reply::Ok`].
+    /// Records where home has object `home.id` (at its owner), and, when
+    /// given, home's stamp of it just after the write-back made it there
+    /// (`seen`: what a later push compares with to find a change made at
+    /// home meanwhile). [`Reply::Ok`].
     WbSetHome {
         /// The bound directory's id.
         binding: FileId,
         /// The record.
         home: WbHome,
+        /// Home's stamp of the object as the write-back left it.
+        seen: Option<HomeStamp>,
+    },
+    /// Records home's stamp of object `id` just after the write-back
+    /// pushed it (at its owner). [`Reply::Ok`].
+    WbSeen {
+        /// The object.
+        id: FileId,
+        /// Home's stamp of it as the push left it.
+        seen: HomeStamp,
+    },
+    /// A conflict resolved for home (at the object's owner, every lease on
+    /// it recalled first): object `id` becomes home's version of it
+    /// (handle, stamp, attributes; a newer content version, so data
+    /// fetched or written before is never served as home's), and its mark
+    /// is dropped, only if its change count is still `count` (the
+    /// cache's version, kept under `.conflicts/` at home, had every
+    /// change). `place`: where home has it now (objects made in the
+    /// cache). `now` `None`: home removed it; only the mark goes.
+    /// [`Reply::Ok`], or `Stale` if the object changed meanwhile (the next
+    /// round resolves it again).
+    WbRebase {
+        /// The bound directory's id.
+        binding: FileId,
+        /// The object.
+        id: FileId,
+        /// Its change count as the push read it (0: no mark); `None`:
+        /// the mark stays (a directory merged with home's: its entries
+        /// are still to push).
+        count: Option<u64>,
+        /// Where home has it (objects made in the cache).
+        place: Option<WbHome>,
+        /// Home's handle, stamp and attributes of it (`None`: home removed
+        /// it).
+        now: Option<(Vec<u8>, HomeStamp, Attr)>,
+    },
+    /// Names that objects fetched from home left in the cache (removed or
+    /// replaced), by directory, in metadata range `range`: the write-back
+    /// removes them at home. [`Reply::WbHomes`] (`id`: the object,
+    /// `handle` empty).
+    WbGone {
+        /// The bound directory's id.
+        binding: FileId,
+        /// The metadata range.
+        range: u32,
+    },
+    /// A name of object `id` in metadata range `range` (a directory kept
+    /// there and the name; a scan: for the rare conflict, whose kept copy
+    /// is named after it). [`Reply::WbHomes`] with at most one record.
+    WbNameOf {
+        /// The object.
+        id: FileId,
+        /// The metadata range.
+        range: u32,
+    },
+    /// Forgets departed names (`(dir, name, id)`) home no longer has, at
+    /// the owner of `at` (the records' range). [`Reply::Ok`].
+    WbGoneClear {
+        /// An id of the metadata range that keeps the records.
+        at: FileId,
+        /// The names.
+        gone: Vec<(FileId, Vec<u8>, FileId)>,
     },
     /// Entries of directory `dir` after `cookie`, without a lease (the
     /// write-back's view: a change after it is marked again).
@@ -782,6 +846,11 @@ impl Request {
             Request::WbClear { .. } => "WbClear",
             Request::WbHomes { .. } => "WbHomes",
             Request::WbSetHome { .. } => "WbSetHome",
+            Request::WbSeen { .. } => "WbSeen",
+            Request::WbRebase { .. } => "WbRebase",
+            Request::WbGone { .. } => "WbGone",
+            Request::WbNameOf { .. } => "WbNameOf",
+            Request::WbGoneClear { .. } => "WbGoneClear",
             Request::WbEntries { .. } => "WbEntries",
             Request::PushData { .. } => "PushData",
             Request::Flush { .. } => "Flush",
@@ -951,6 +1020,10 @@ pub struct BindingStatus {
     /// fetched from home and gone there; a directory not listed whole),
     /// logged as warnings.
     pub skipped: u64,
+    /// Conflicts resolved (an object changed both in the cache and at
+    /// home): home's version kept at its path, the cache's under
+    /// `.conflicts/` at home's bound directory.
+    pub conflicts: u64,
 }
 
 /// An orphan: an inode whose last name is gone, kept while a client has it open.

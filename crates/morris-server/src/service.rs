@@ -27,9 +27,11 @@ use crate::ranges::{Range, Ranges, Role};
 use crate::store::{check_name, check_new_name, FormatOutcome, Formatted, OpKey, Store};
 
 mod cache;
+mod conflicts;
 mod orphans;
 mod peer;
 mod peer_calls;
+mod push_names;
 mod pusher;
 mod stats;
 
@@ -252,7 +254,9 @@ fn subject(req: &Request) -> Option<FileId> {
         Request::Sync { id } => *id,
         Request::WbEntries { dir, .. } => Some(*dir),
         Request::WbSetHome { home, .. } => Some(home.id),
+        Request::WbSeen { id, .. } | Request::WbRebase { id, .. } => Some(*id),
         Request::WbClear { marks } => marks.first().map(|m| m.0),
+        Request::WbGoneClear { at, .. } => Some(*at),
         _ => None,
     }
 }
@@ -714,7 +718,10 @@ impl Server {
             Request::ForgetBinding { binding } => {
                 plain(self.forget_binding(binding).await.map(|()| Reply::Ok))
             }
-            req @ (Request::WbMarks { .. } | Request::WbHomes { .. }) => plain(self.wb_local(&req)),
+            req @ (Request::WbMarks { .. }
+            | Request::WbHomes { .. }
+            | Request::WbGone { .. }
+            | Request::WbNameOf { .. }) => plain(self.wb_local(&req)),
             Request::PushData {
                 binding,
                 spec,
@@ -962,6 +969,9 @@ impl Server {
             | Request::Detach { .. }
             | Request::WbEntries { .. }
             | Request::WbSetHome { .. }
+            | Request::WbSeen { .. }
+            | Request::WbRebase { .. }
+            | Request::WbGoneClear { .. }
             | Request::WbClear { .. } => match subject(&req) {
                 Some(id) => Some(ranges.serving_id(id, now)?.clone()),
                 None => None,
@@ -990,6 +1000,9 @@ impl Server {
                 | Request::Revalidate { .. }
                 | Request::Detach { .. }
                 | Request::WbSetHome { .. }
+                | Request::WbSeen { .. }
+                | Request::WbRebase { .. }
+                | Request::WbGoneClear { .. }
                 | Request::WbClear { .. }
         );
         let Some(range) = range else {
@@ -1426,9 +1439,32 @@ impl Server {
                     eof: page.eof,
                 })
             }
-            Request::WbSetHome { binding, home } => {
+            Request::WbSetHome {
+                binding,
+                home,
+                seen,
+            } => {
                 Self::check_owner(vol, home.id)?;
-                metadata(move || store.wb_set_home(binding, &home)).map(|()| Reply::Ok)
+                metadata(move || store.wb_set_home(binding, &home, seen)).map(|()| Reply::Ok)
+            }
+            Request::WbSeen { id, seen } => {
+                Self::check_owner(vol, id)?;
+                metadata(move || store.wb_seen(id, seen)).map(|()| Reply::Ok)
+            }
+            Request::WbRebase {
+                binding,
+                id,
+                count,
+                place,
+                now,
+            } => {
+                Self::check_owner(vol, id)?;
+                self.wb_rebase(store, binding, id, count, place, now)
+                    .await
+                    .map(|()| Reply::Ok)
+            }
+            Request::WbGoneClear { gone, .. } => {
+                metadata(move || store.wb_gone_clear(&gone)).map(|()| Reply::Ok)
             }
             Request::WbClear { marks } => {
                 metadata(move || store.wb_clear(&marks)).map(|_| Reply::Ok)
@@ -1446,6 +1482,8 @@ impl Server {
             | Request::ForgetBinding { .. }
             | Request::WbMarks { .. }
             | Request::WbHomes { .. }
+            | Request::WbGone { .. }
+            | Request::WbNameOf { .. }
             | Request::PushData { .. }
             | Request::Flush { .. }
             | Request::Localize { .. }

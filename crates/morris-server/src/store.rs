@@ -907,6 +907,7 @@ impl Store {
                         format!("{} exists", String::from_utf8_lossy(name)),
                     ));
                 }
+                wb::depart(tx, dir.id, name, e.child.id)?;
                 // Replaced in place: the name keeps its cookie.
                 cookies::repoint(tx, dir.id, name, child, kind)?;
             } else {
@@ -964,6 +965,7 @@ impl Store {
                     ),
                 ));
             }
+            wb::depart(tx, dir.id, name, e.child.id)?;
             delete_entry(tx, dir.id, name)?;
             let a = &mut d.inode.attr;
             a.size = a.size.saturating_sub(1);
@@ -1020,7 +1022,8 @@ impl Store {
             // The source's entry goes; `to` keeps its cookie if it existed,
             // else gets its own: a listing never meets one name twice.
             delete_entry(tx, dir.id, from)?;
-            if dst.is_some() {
+            if let Some(t) = &dst {
+                wb::depart(tx, dir.id, to, t.child.id)?;
                 cookies::repoint(tx, dir.id, to, src.child, src.kind)?;
             } else {
                 cookies::insert(tx, dir.id, to, src.child, src.kind)?;
@@ -1319,6 +1322,6 @@ mod wb;
 pub use cached::Seed;
 #[cfg(test)]
 pub use cached::UnitRec;
-pub use cached::LOCAL_TAG;
+pub use cached::{is_own_for, local_tag};
 pub use once::OpKey;
 pub use replica::Captured;

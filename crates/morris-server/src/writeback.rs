@@ -3,7 +3,7 @@
 //! logic: [`plan`] takes the two sides of one directory and returns the
 //! home operations, in an order that never loses an object another step
 //! still needs. The server that owns the directory gathers the inputs and
-//! runs the steps (not built yet); the simulation in the tests below
+//! runs the steps (`service/pusher.rs`); the simulation in the tests below
 //! reconciles whole random trees with it.
 //!
 //! | cache has at `n` | home has at `n` | step |
@@ -16,7 +16,8 @@
 //! | anything else | H, an object the cache will move elsewhere | [`Step::Aside`] if `n` is wanted here, else nothing |
 //! | anything else | H, an object kept here under another name | [`Step::Unlink`] |
 //! | O, kept; home also has it at (D', n'), no longer named so | — | [`Step::Unlink`] of (D', n') |
-//! | anything else | H, any other | [`Step::Remove`] (a directory with its contents) |
+//! | anything else | H, the cache's (made, moved or fetched there before) | [`Step::Remove`] (a directory with its contents) |
+//! | anything else | H, not the cache's | [`Step::Remove`]; nothing with `keep_unknown` (`iw`: another writer's) |
 //! | O a second time (another name of an object placed here) | — | [`Step::Link`] from its first name |
 //!
 //! Order: asides, removals, then renames and links (from where home has the
@@ -158,7 +159,10 @@ pub fn identify(name: &[u8], same_as_entry: Option<Obj>, departed: Option<Obj>) 
 }
 
 /// The steps that make home's directory `dir` equal the cache's.
-pub fn plan(dir: Obj, cache: &[Named], home: &[AtHome]) -> Vec<Step> {
+/// `keep_unknown` (independent writers): a name home has that is not the
+/// cache's (`obj` `None`) is another writer's and stays; else it is
+/// removed.
+pub fn plan(dir: Obj, cache: &[Named], home: &[AtHome], keep_unknown: bool) -> Vec<Step> {
     let here = |name: &[u8]| Spot {
         dir,
         name: name.to_vec(),
@@ -221,6 +225,7 @@ pub fn plan(dir: Obj, cache: &[Named], home: &[AtHome]) -> Vec<Step> {
                     });
                 }
             }
+            None if keep_unknown => {}
             _ => removes.push(Step::Remove {
                 name: h.name.clone(),
                 is_dir: h.is_dir,

@@ -307,7 +307,7 @@ impl Default for CacheState {
 }
 
 /// The kind of a home object here.
-fn kind_of(k: HomeKind) -> FileKind {
+pub(super) fn kind_of(k: HomeKind) -> FileKind {
     match k {
         HomeKind::File => FileKind::File,
         HomeKind::Dir => FileKind::Dir,
@@ -342,7 +342,7 @@ pub(crate) fn stamp_of(a: &HomeAttr) -> HomeStamp {
 }
 
 /// Home's attributes as a cached inode's.
-fn attr_of(a: &HomeAttr) -> Attr {
+pub(crate) fn attr_of(a: &HomeAttr) -> Attr {
     let kind = kind_of(a.kind);
     Attr {
         kind,
@@ -399,7 +399,7 @@ fn link_of(ino: &Inode) -> Result<&HomeLink, WireError> {
 }
 
 /// Releases this server's own lease on drop.
-struct OwnLease<'a> {
+pub(super) struct OwnLease<'a> {
     server: &'a Server,
     ino: FileId,
     /// One change of this server's at a time per inode: the lease table
@@ -417,7 +417,7 @@ impl Drop for OwnLease<'_> {
 impl Server {
     /// Takes this server's own write lease on `ino` (every client's lease
     /// on it is recalled first), for a change found at home.
-    async fn own_write_lease(&self, ino: FileId) -> Result<OwnLease<'_>, WireError> {
+    pub(super) async fn own_write_lease(&self, ino: FileId) -> Result<OwnLease<'_>, WireError> {
         let one = self.cache.own[(ino % OWN_SHARDS as u64) as usize]
             .clone()
             .lock_owned()
@@ -497,12 +497,6 @@ impl Server {
         dir: Handle,
         spec: Binding,
     ) -> Result<Inode, WireError> {
-        if spec.mode == CacheMode::Iw {
-            return Err(err(
-                ErrorCode::NotSupported,
-                "cache mode iw needs conflict handling, which is not built yet; bind with --mode sw (only this cache writes home), lu or ro",
-            ));
-        }
         let _: HomeUrl = spec
             .url
             .parse()
@@ -1012,7 +1006,16 @@ impl Server {
             // `sw`/`lu`: home changes only through this cache; what the
             // cache has is what counts (and a comparison would take the
             // write-back's own changes at home for changes of home's).
-            return Ok(ino);
+            if b.spec.mode != CacheMode::Iw {
+                return Ok(ino);
+            }
+            // `iw`: an object with changes not yet pushed is the cache's
+            // until its push (which finds a change of home's meanwhile:
+            // a conflict); the others take home's changes as `ro` does.
+            let st = store.clone();
+            if metadata(|| st.wb_marked(h.id))? {
+                return Ok(ino);
+            }
         }
         let validity = Duration::from_millis(b.spec.validity_ms);
         match self.cache.checked.lock().get(&h.id) {
@@ -1108,19 +1111,26 @@ impl Server {
         let key = (id, replica, index);
         let store = self.store.clone();
         let have = |store: &Store| -> Result<Option<bool>, WireError> {
-            match store.unit(id, replica, index)? {
-                Some(u) if u.tag == home.tag() => Ok(Some(true)),
+            let Some(u) = store.unit(id, replica, index)? else {
+                return Ok(None);
+            };
+            if u.tag == home.tag() {
+                return Ok(Some(true));
+            }
+            match crate::store::is_own_for(u.tag, home.gen, home.version) {
                 // Detached from home to be written: the cache's own now.
-                Some(u) if u.tag == crate::store::LOCAL_TAG => Err(err(
+                Some(true) => Err(err(
                     ErrorCode::Stale,
                     format!("file {id} is the cache's own now; read it again"),
                 )),
+                // Home's version replaced the cache's since: fetched again.
+                Some(false) => Ok(None),
                 // The same object, a newer version than this read names.
-                Some(u) if u.tag >> 32 == home.tag() >> 32 && u.tag > home.tag() => Err(err(
+                None if u.tag >> 32 == home.tag() >> 32 && u.tag > home.tag() => Err(err(
                     ErrorCode::Stale,
                     format!("file {id} changed at home since this read began; read it again"),
                 )),
-                _ => Ok(None),
+                None => Ok(None),
             }
         };
         // Read under the unit's shared lock, which the caller keeps while it
@@ -1447,9 +1457,9 @@ impl Server {
                 }
                 let replica = replica as u8;
                 let store = self.store.clone();
-                if metadata(|| store.unit(id, replica, index))?
-                    .is_some_and(|u| u.tag == crate::store::LOCAL_TAG)
-                {
+                if metadata(|| store.unit(id, replica, index))?.is_some_and(|u| {
+                    crate::store::is_own_for(u.tag, home.gen, home.version) == Some(true)
+                }) {
                     continue;
                 }
                 // Held (shared) while the record changes: no eviction
@@ -1457,7 +1467,8 @@ impl Server {
                 let (n, _held) = self.ensure_unit(vol, id, index, replica, home).await?;
                 fetched += n;
                 let store = self.store.clone();
-                metadata(|| store.make_unit_local(id, replica, index))?;
+                let tag = crate::store::local_tag(home.gen, home.version);
+                metadata(|| store.make_unit_local(id, replica, index, tag))?;
             }
         }
         Ok(fetched)
@@ -1489,6 +1500,7 @@ impl Server {
             s.pushed_bytes = b.wb.pushed_bytes.load(Ordering::Relaxed);
             s.rounds = b.wb.rounds.load(Ordering::Relaxed);
             s.skipped = b.wb.skipped.load(Ordering::Relaxed);
+            s.conflicts = b.wb.conflicts.load(Ordering::Relaxed);
             if s.last_error.is_none() {
                 s.last_error = b.wb.last_error.lock().clone();
             }

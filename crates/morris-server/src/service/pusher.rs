@@ -24,25 +24,25 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use morris_home::{Home, HomeError, HomeHandle, HomeKind, HomeNew, HomeSetAttr, HomeTime};
-use morris_proto::home::{cache_id, is_cache_id, wall_ms, Binding};
+use morris_proto::home::{wall_ms, Binding};
 use morris_proto::{
     DirEntry, ErrorCode, FileId, FileKind, Inode, Reply, Request, WbHome, WbMark, WireError,
 };
 use parking_lot::Mutex;
 use tracing::{debug, warn};
 
-use super::cache::Bound;
+use super::cache::{attr_of, stamp_of, Bound};
+use super::push_names::Departed;
 use super::{err, metadata, Server};
 use crate::store::Formatted;
-use crate::writeback::{identify, plan, AtHome, Named, Spot, Step};
 
 /// Entries asked per `WbEntries` page, and per home listing page.
-const PAGE: u32 = 1000;
+pub(super) const PAGE: u32 = 1000;
 /// Longest `Flush` waits before it answers "not yet" (at most a lease
 /// time).
 const FLUSH_WAIT: Duration = Duration::from_secs(10);
 /// Objects one round makes or pushes at home at once.
-const PARALLEL: usize = 16;
+pub(super) const PARALLEL: usize = 16;
 /// Units one server writes home at once for one file.
 const PUSH_PARALLEL: usize = 4;
 
@@ -65,6 +65,8 @@ pub(crate) struct WbState {
     pub(crate) rounds: AtomicU64,
     /// Objects found in a state the pusher cannot push (counted, logged).
     pub(crate) skipped: AtomicU64,
+    /// Conflicts resolved (see `conflicts.rs`).
+    pub(crate) conflicts: AtomicU64,
     pub(crate) last_error: Mutex<Option<String>>,
 }
 
@@ -93,33 +95,49 @@ struct PushJob {
     h: HomeHandle,
     size: Option<u64>,
     attrs: HomeSetAttr,
+    /// `iw`, an object whose data is the cache's own: once pushed it
+    /// becomes home's again (so that home's later changes come in), its
+    /// mark going with it if unchanged (the count as read).
+    attach: Option<u64>,
 }
 
 /// What one round knows.
-struct Round<'a> {
-    binding: FileId,
-    vol: Arc<Formatted>,
-    home: Arc<dyn Home>,
-    b: &'a Bound,
+pub(super) struct Round<'a> {
+    pub(super) binding: FileId,
+    pub(super) vol: Arc<Formatted>,
+    pub(super) home: Arc<dyn Home>,
+    pub(super) b: &'a Bound,
+    /// Independent writers (`iw`): names home has that the cache does
+    /// not know are another writer's, kept.
+    pub(super) iw: bool,
+    /// The change counts of the marks this round pushes.
+    pub(super) counts: HashMap<FileId, u64>,
     /// Where home has the objects made in the cache: by object, by place.
-    homes: HashMap<FileId, WbHome>,
-    by_spot: HashMap<(FileId, Vec<u8>), FileId>,
+    pub(super) homes: HashMap<FileId, WbHome>,
+    pub(super) by_spot: HashMap<(FileId, Vec<u8>), FileId>,
+    /// Names objects left in the cache with no other record (with the
+    /// metadata range that keeps the record), by place.
+    pub(super) gone: Departed,
     /// Inodes read this round (`None`: gone).
-    inodes: HashMap<FileId, Option<Inode>>,
+    pub(super) inodes: HashMap<FileId, Option<Inode>>,
     /// The cache's entries of the directories with changed names.
-    listings: HashMap<FileId, Vec<DirEntry>>,
+    pub(super) listings: HashMap<FileId, Vec<DirEntry>>,
     /// Where the cache names each object, in those directories.
-    named_in: HashMap<FileId, Vec<(FileId, Vec<u8>)>>,
+    pub(super) named_in: HashMap<FileId, Vec<(FileId, Vec<u8>)>>,
     /// Home's handles of directories, found this round.
-    handles: HashMap<FileId, HomeHandle>,
+    pub(super) handles: HashMap<FileId, HomeHandle>,
     /// Files made at home this round with bytes (their data follows).
-    made: HashSet<FileId>,
+    pub(super) made: HashSet<FileId>,
     /// Every object made at home this round (with its attributes as the
     /// round read them).
-    created: HashSet<FileId>,
+    pub(super) created: HashSet<FileId>,
+    /// Home's `.conflicts/` directory, once found this round.
+    pub(super) conflicts: Option<HomeHandle>,
+    /// Objects whose conflict this round resolved (their marks are gone).
+    pub(super) rebased: HashSet<FileId>,
 }
 
-fn home_failed(b: &Bound, e: HomeError) -> WireError {
+pub(super) fn home_failed(b: &Bound, e: HomeError) -> WireError {
     b.failed(e)
 }
 
@@ -136,7 +154,7 @@ fn home_time(t: morris_proto::Timestamp) -> HomeTime {
 }
 
 /// What home needs to make object `i`, and the attributes to give it.
-fn new_of(i: &Inode) -> (HomeNew, HomeSetAttr) {
+pub(super) fn new_of(i: &Inode) -> (HomeNew, HomeSetAttr) {
     let a = &i.attr;
     let what = match a.kind {
         FileKind::File => HomeNew::File,
@@ -166,9 +184,12 @@ fn attrs_of(i: &Inode) -> HomeSetAttr {
 impl Server {
     /// `WbMarks` / `WbHomes` at this server, for a range it serves.
     pub(super) fn wb_local(&self, req: &Request) -> Result<Reply, WireError> {
-        let (Request::WbMarks { binding, range, .. } | Request::WbHomes { binding, range }) = req
-        else {
-            return Err(err(ErrorCode::Protocol, "request routed wrongly"));
+        let (binding, range) = match req {
+            Request::WbMarks { binding, range, .. }
+            | Request::WbHomes { binding, range }
+            | Request::WbGone { binding, range } => (*binding, range),
+            Request::WbNameOf { range, .. } => (0, range),
+            _ => return Err(err(ErrorCode::Protocol, "request routed wrongly")),
         };
         let st = self
             .ranges()?
@@ -182,10 +203,13 @@ impl Server {
                     format!("metadata range {range} is not served here"),
                 )
             })?;
-        if let Request::WbMarks { due_before, .. } = req {
-            metadata(|| st.wb_marks(*binding, *due_before)).map(Reply::WbMarks)
-        } else {
-            metadata(|| st.wb_homes(*binding)).map(Reply::WbHomes)
+        match req {
+            Request::WbMarks { due_before, .. } => {
+                metadata(|| st.wb_marks(binding, *due_before)).map(Reply::WbMarks)
+            }
+            Request::WbGone { .. } => metadata(|| st.wb_gone(binding)).map(Reply::WbHomes),
+            Request::WbNameOf { id, .. } => metadata(|| st.wb_name_of(*id)).map(Reply::WbHomes),
+            _ => metadata(|| st.wb_homes(binding)).map(Reply::WbHomes),
         }
     }
 
@@ -358,6 +382,9 @@ impl Server {
             // `lu`: changes stay here.
             let cleared: Vec<(FileId, u64)> = due.iter().map(|m| (m.id, m.count)).collect();
             self.clear_marks(&vol, &cleared).await?;
+            let gone = self.all_gone(&vol, binding).await?;
+            self.clear_gone(&vol, gone.into_values().flatten().collect())
+                .await?;
             if complete && all {
                 b.wb.finished_clean(seq);
             }
@@ -383,13 +410,19 @@ impl Server {
             .values()
             .map(|h| ((h.dir, h.name.clone()), h.id))
             .collect();
+        let gone = self.all_gone(&vol, binding).await?;
         let mut r = Round {
             binding,
             vol: vol.clone(),
             home,
             b,
+            iw: b.spec.mode == morris_proto::home::CacheMode::Iw,
+            counts: due.iter().map(|m| (m.id, m.count)).collect(),
             homes,
             by_spot,
+            gone,
+            conflicts: None,
+            rebased: HashSet::new(),
             inodes: HashMap::new(),
             listings: HashMap::new(),
             named_in: HashMap::new(),
@@ -397,13 +430,23 @@ impl Server {
             made: HashSet::new(),
             created: HashSet::new(),
         };
-        let ok = self.run_round(&mut r, &due).await;
+        let (ok, names_ok) = self.run_round(&mut r, &due).await;
         let cleared: Vec<(FileId, u64)> = due
             .iter()
-            .filter(|m| ok.contains(&m.id))
+            .filter(|m| ok.contains(&m.id) && !r.rebased.contains(&m.id))
             .map(|m| (m.id, m.count))
             .collect();
-        let failed = due.len() - cleared.len();
+        // The names fetched objects left in directories pushed whole: home
+        // no longer has them.
+        let done_gone: Vec<(u32, WbHome)> = r
+            .gone
+            .values()
+            .flatten()
+            .filter(|g| names_ok.contains(&g.1.dir))
+            .cloned()
+            .collect();
+        self.clear_gone(&vol, done_gone).await?;
+        let failed = due.iter().filter(|m| !ok.contains(&m.id)).count();
         self.clear_marks(&vol, &cleared).await?;
         b.wb.pushed
             .fetch_add(cleared.len() as u64, Ordering::Relaxed);
@@ -419,6 +462,63 @@ impl Server {
                 format!("{failed} changed objects not pushed yet"),
             ))
         }
+    }
+
+    /// Every range's departed names of `binding`, by place (every range
+    /// must answer: a name not known to be the cache's would be taken
+    /// for another writer's).
+    async fn all_gone(&self, vol: &Formatted, binding: FileId) -> Result<Departed, WireError> {
+        let mut gone = Departed::new();
+        for range in 0..vol.layout.servers {
+            match self
+                .range_ask_r(vol, range, &Request::WbGone { binding, range })
+                .await?
+            {
+                Reply::WbHomes(h) => {
+                    for g in h {
+                        gone.entry((g.dir, g.name.clone()))
+                            .or_default()
+                            .push((range, g));
+                    }
+                }
+                other => return Err(err(ErrorCode::Protocol, format!("unexpected {other:?}"))),
+            }
+        }
+        Ok(gone)
+    }
+
+    /// Forgets departed names in the ranges that keep them (the
+    /// directory's owner's, or the departed object's).
+    async fn clear_gone(&self, vol: &Formatted, gone: Vec<(u32, WbHome)>) -> Result<(), WireError> {
+        // Per range: an id of it (to route by) and its records.
+        type Names = Vec<(FileId, Vec<u8>, FileId)>;
+        let mut by_range: BTreeMap<u32, (FileId, Names)> = BTreeMap::new();
+        for (range, g) in gone {
+            let at = if vol.layout.inode_server(g.dir) == range {
+                g.dir
+            } else {
+                g.id
+            };
+            by_range
+                .entry(range)
+                .or_insert_with(|| (at, Vec::new()))
+                .1
+                .push((g.dir, g.name, g.id));
+        }
+        for (_, (at, gs)) in by_range {
+            for chunk in gs.chunks(10_000) {
+                self.range_ask(
+                    vol,
+                    at,
+                    &Request::WbGoneClear {
+                        at,
+                        gone: chunk.to_vec(),
+                    },
+                )
+                .await?;
+            }
+        }
+        Ok(())
     }
 
     /// Clears marks at their owners.
@@ -446,9 +546,17 @@ impl Server {
         Ok(())
     }
 
-    /// Pushes what `due` marks; returns the objects done.
-    async fn run_round(&self, r: &mut Round<'_>, due: &[WbMark]) -> HashSet<FileId> {
+    /// Pushes what `due` marks; returns the objects done, and the
+    /// directories whose names were pushed.
+    async fn run_round(
+        &self,
+        r: &mut Round<'_>,
+        due: &[WbMark],
+    ) -> (HashSet<FileId>, HashSet<FileId>) {
         let mut done = HashSet::new();
+        // Directories gone from the binding (their departed names need no
+        // push).
+        let mut left = HashSet::new();
         // Directories with changed names, parents first.
         let mut dirs: Vec<(u32, FileId)> = Vec::new();
         for m in due.iter().filter(|m| m.names) {
@@ -458,6 +566,7 @@ impl Server {
                 // its parent's change.
                 Ok(None) => {
                     done.insert(m.id);
+                    left.insert(m.id);
                 }
                 Err(e) => warn!(dir = m.id, error = %e, "write-back: directory not placed"),
             }
@@ -555,11 +664,28 @@ impl Server {
                         format!("directory {d} is not at home"),
                     ));
                 };
-                r.home
+                let a = r
+                    .home
                     .setattr(&h, &attrs_of(&i))
                     .await
-                    .map(|_| ())
-                    .map_err(|e| home_failed(r.b, e))
+                    .map_err(|e| home_failed(r.b, e))?;
+                if r.iw && i.home.as_ref().is_some_and(|l| l.is_local()) {
+                    // A directory made in the cache becomes home's (its
+                    // mark is cleared as pushed): its next revalidation
+                    // lists home into it, so that another writer's names
+                    // come in. Its stamp is one no listing has.
+                    let mut stamp = stamp_of(&a);
+                    stamp.size = u64::MAX;
+                    let req = Request::WbRebase {
+                        binding: r.binding,
+                        id: d,
+                        count: None,
+                        place: None,
+                        now: Some((h.0.clone(), stamp, attr_of(&a))),
+                    };
+                    self.range_ask(&r.vol, d, &req).await?;
+                }
+                Ok(())
             }
             .await;
             if let Err(e) = r2 {
@@ -575,11 +701,16 @@ impl Server {
                 done.insert(m.id);
             }
         }
-        done
+        names_ok.extend(left);
+        (done, names_ok)
     }
 
     /// Object `id`'s inode (read once per round).
-    async fn inode(&self, r: &mut Round<'_>, id: FileId) -> Result<Option<Inode>, WireError> {
+    pub(super) async fn inode(
+        &self,
+        r: &mut Round<'_>,
+        id: FileId,
+    ) -> Result<Option<Inode>, WireError> {
         if let Some(i) = r.inodes.get(&id) {
             return Ok(i.clone());
         }
@@ -617,7 +748,7 @@ impl Server {
     }
 
     /// The cache's entries of directory `d`.
-    async fn load_listing(&self, r: &mut Round<'_>, d: FileId) -> Result<(), WireError> {
+    pub(super) async fn load_listing(&self, r: &mut Round<'_>, d: FileId) -> Result<(), WireError> {
         let mut all = Vec::new();
         let mut cookie = 0;
         loop {
@@ -647,7 +778,7 @@ impl Server {
     }
 
     /// Home's handle of cache directory `d`, if home has it.
-    fn resolve<'a>(
+    pub(super) fn resolve<'a>(
         &'a self,
         r: &'a mut Round<'_>,
         d: FileId,
@@ -677,474 +808,6 @@ impl Server {
         .boxed()
     }
 
-    /// Home's handle of the object `rec` places, if home has it there.
-    async fn find_at(
-        &self,
-        r: &mut Round<'_>,
-        rec: &WbHome,
-    ) -> Result<Option<HomeHandle>, WireError> {
-        if rec.dir == 0 {
-            // A file fetched from home and detached: by its handle (it
-            // keeps its place at home).
-            return Ok(Some(HomeHandle(rec.handle.clone())));
-        }
-        let Some(parent) = self.resolve(r, rec.dir).await? else {
-            return Ok(None);
-        };
-        match r.home.lookup(&parent, &rec.name).await {
-            Ok((h, a)) if a.fileid == rec.fileid => Ok(Some(h)),
-            Ok(_) | Err(HomeError::NotFound | HomeError::Stale) => Ok(None),
-            Err(e) => Err(home_failed(r.b, e)),
-        }
-    }
-
-    /// Records where home has object `id` now.
-    async fn place(
-        &self,
-        r: &mut Round<'_>,
-        id: FileId,
-        dir: FileId,
-        name: &[u8],
-        h: &HomeHandle,
-        fileid: u64,
-    ) -> Result<(), WireError> {
-        let rec = WbHome {
-            id,
-            dir,
-            name: name.to_vec(),
-            fileid,
-            handle: h.0.clone(),
-        };
-        self.range_ask(
-            &r.vol,
-            id,
-            &Request::WbSetHome {
-                binding: r.binding,
-                home: rec.clone(),
-            },
-        )
-        .await?;
-        note_place(r, rec);
-        Ok(())
-    }
-
-    /// Makes home's directory `d` list what the cache's does.
-    async fn reconcile_dir(&self, r: &mut Round<'_>, d: FileId) -> Result<(), WireError> {
-        let Some(hd) = self.resolve(r, d).await? else {
-            return Err(err(
-                ErrorCode::NotFound,
-                format!("directory {d} is not at home yet"),
-            ));
-        };
-        // A directory fetched from home must hold every name home has
-        // (clients list it before they change it): a name it never
-        // fetched would otherwise be removed at home.
-        let listed = self
-            .inode(r, d)
-            .await?
-            .and_then(|i| i.home.map(|l| l.listed || l.is_local()))
-            .unwrap_or(false);
-        if !listed {
-            r.b.wb.skipped.fetch_add(1, Ordering::Relaxed);
-            return Err(err(
-                ErrorCode::Invalid,
-                format!("directory {d} is not listed whole from home; its names are not pushed"),
-            ));
-        }
-        // Home's entries.
-        let mut at_home = Vec::new();
-        let (mut cookie, mut verifier) = (0, [0u8; 8]);
-        loop {
-            let page = r
-                .home
-                .read_dir(&hd, cookie, verifier, PAGE as usize, true)
-                .await
-                .map_err(|e| home_failed(r.b, e))?;
-            // Home answers (after a time down, requests go through again).
-            r.b.ok();
-            verifier = page.verifier;
-            let eof = page.eof;
-            for e in page.entries {
-                cookie = e.cookie;
-                at_home.push(e);
-            }
-            if eof {
-                break;
-            }
-        }
-        let fsid = match at_home
-            .iter()
-            .find_map(|e| e.plus.as_ref().map(|p| p.1.fsid))
-        {
-            Some(f) => f,
-            None => {
-                r.home
-                    .getattr(&hd)
-                    .await
-                    .map_err(|e| home_failed(r.b, e))?
-                    .fsid
-            }
-        };
-        let cache = r.listings.get(&d).cloned().unwrap_or_default();
-        let here_names: HashMap<&[u8], FileId> = cache
-            .iter()
-            .map(|e| (e.name.as_slice(), e.child.id))
-            .collect();
-        let mut named = Vec::with_capacity(cache.len());
-        for e in &cache {
-            let obj = e.child.id;
-            let (home_at, still_there) = if is_cache_id(obj) {
-                // Fetched from home: it keeps its place there.
-                (
-                    Some(Spot {
-                        dir: d,
-                        name: e.name.clone(),
-                    }),
-                    true,
-                )
-            } else {
-                match r.homes.get(&obj) {
-                    Some(rec) => {
-                        let spot = Spot {
-                            dir: rec.dir,
-                            name: rec.name.clone(),
-                        };
-                        let still = match r.listings.get(&rec.dir) {
-                            Some(l) => l.iter().any(|x| x.name == rec.name && x.child.id == obj),
-                            // A directory whose names did not change
-                            // still names it there.
-                            None => true,
-                        };
-                        (Some(spot), still)
-                    }
-                    None => (None, false),
-                }
-            };
-            named.push(Named {
-                name: e.name.clone(),
-                obj,
-                home_at,
-                still_there,
-            });
-        }
-        let mut homes_list = Vec::with_capacity(at_home.len());
-        for h in &at_home {
-            let is_dir = match &h.plus {
-                Some((_, a)) => a.kind == HomeKind::Dir,
-                None => matches!(
-                    r.home.lookup(&hd, &h.name).await,
-                    Ok((_, a)) if a.kind == HomeKind::Dir
-                ),
-            };
-            let same = here_names.get(h.name.as_slice()).copied().filter(|&o| {
-                if is_cache_id(o) {
-                    cache_id(r.binding, fsid, h.fileid) == o
-                } else {
-                    r.homes.get(&o).is_some_and(|rec| {
-                        rec.fileid == h.fileid && rec.dir == d && rec.name == h.name
-                    })
-                }
-            });
-            let departed = r
-                .by_spot
-                .get(&(d, h.name.clone()))
-                .copied()
-                .filter(|o| r.homes.get(o).is_some_and(|rec| rec.fileid == h.fileid));
-            let obj = identify(&h.name, same, departed);
-            let moving = obj.is_some_and(|o| {
-                !here_names.values().any(|&x| x == o)
-                    && r.named_in
-                        .get(&o)
-                        .is_some_and(|v| v.iter().any(|(dir, _)| *dir != d))
-            });
-            homes_list.push(AtHome {
-                name: h.name.clone(),
-                is_dir,
-                obj,
-                moving,
-            });
-        }
-        let steps = plan(d, &named, &homes_list);
-        if !steps.is_empty() {
-            debug!(dir = d, steps = steps.len(), "write-back: directory");
-        }
-        let mut steps = steps.into_iter().peekable();
-        while let Some(s) = steps.next() {
-            match s {
-                // The creates of a directory are independent of each
-                // other: made at once.
-                Step::Create { obj, name } => {
-                    let mut batch = vec![(obj, name)];
-                    while let Some(Step::Create { .. }) = steps.peek() {
-                        if let Some(Step::Create { obj, name }) = steps.next() {
-                            batch.push((obj, name));
-                        }
-                    }
-                    self.create_many(r, d, &hd, batch).await?;
-                }
-                s => self.run_step(r, d, &hd, s).await?,
-            }
-        }
-        Ok(())
-    }
-
-    /// Makes the objects of `batch` at home in directory `d`, at once
-    /// ([`PARALLEL`] at a time).
-    async fn create_many(
-        &self,
-        r: &mut Round<'_>,
-        d: FileId,
-        hd: &HomeHandle,
-        batch: Vec<(FileId, Vec<u8>)>,
-    ) -> Result<(), WireError> {
-        let vol = r.vol.clone();
-        let missing: Vec<FileId> = batch
-            .iter()
-            .map(|b| b.0)
-            .filter(|o| !is_cache_id(*o) && !r.inodes.contains_key(o))
-            .collect();
-        let asks: Vec<_> = missing
-            .into_iter()
-            .map(|id| {
-                let vol = vol.clone();
-                async move {
-                    (
-                        id,
-                        self.range_ask(&vol, id, &Request::GetInode { ino: id })
-                            .await,
-                    )
-                }
-            })
-            .collect();
-        let got: Vec<(FileId, Result<Reply, WireError>)> = futures::stream::iter(asks)
-            .buffer_unordered(PARALLEL)
-            .collect()
-            .await;
-        for (id, res) in got {
-            match res {
-                Ok(Reply::Inode(i)) => {
-                    r.inodes.insert(id, Some(i));
-                }
-                Ok(other) => return Err(err(ErrorCode::Protocol, format!("unexpected {other:?}"))),
-                Err(e) if matches!(e.code, ErrorCode::NotFound | ErrorCode::Stale) => {
-                    r.inodes.insert(id, None);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        let mut jobs = Vec::new();
-        for (obj, name) in batch {
-            if is_cache_id(obj) {
-                // Fetched from home and gone there: home's change wins.
-                r.b.wb.skipped.fetch_add(1, Ordering::Relaxed);
-                warn!(dir = d, name = %String::from_utf8_lossy(&name), "write-back: an object fetched from home is gone there; not made again");
-                continue;
-            }
-            // `None`: removed from the cache since it was listed; the next
-            // round sees its directory without it.
-            if let Some(Some(i)) = r.inodes.get(&obj) {
-                jobs.push((obj, name, i.clone()));
-            }
-        }
-        let home = r.home.clone();
-        let creates: Vec<_> = jobs
-            .into_iter()
-            .map(|(obj, name, i)| {
-                let home = home.clone();
-                async move {
-                    let (what, attrs) = new_of(&i);
-                    let res = home.create(hd, &name, &what, &attrs).await;
-                    (obj, name, i, res)
-                }
-            })
-            .collect();
-        let made: Vec<_> = futures::stream::iter(creates)
-            .buffer_unordered(PARALLEL)
-            .collect()
-            .await;
-        let mut first_err = None;
-        let mut placed = Vec::new();
-        for (obj, name, i, res) in made {
-            match res {
-                Ok((h, a)) => placed.push((
-                    WbHome {
-                        id: obj,
-                        dir: d,
-                        name,
-                        fileid: a.fileid,
-                        handle: h.0,
-                    },
-                    i,
-                )),
-                Err(e) => {
-                    let e = home_failed(r.b, e);
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        let binding = r.binding;
-        let records: Vec<_> = placed
-            .iter()
-            .map(|(rec, _)| {
-                let vol = vol.clone();
-                async move {
-                    let req = Request::WbSetHome {
-                        binding,
-                        home: rec.clone(),
-                    };
-                    self.range_ask(&vol, rec.id, &req).await
-                }
-            })
-            .collect();
-        let recorded: Vec<Result<Reply, WireError>> = futures::stream::iter(records)
-            .buffer_unordered(PARALLEL)
-            .collect()
-            .await;
-        for res in recorded {
-            if let Err(e) = res {
-                first_err.get_or_insert(e);
-            }
-        }
-        for (rec, i) in placed {
-            // A file with bytes has them pushed next (its attributes after
-            // them); an empty one got its attributes with the create.
-            if i.attr.kind == FileKind::File && i.attr.size > 0 {
-                r.made.insert(rec.id);
-            }
-            r.created.insert(rec.id);
-            note_place(r, rec);
-        }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-
-    /// One step of a directory's plan.
-    async fn run_step(
-        &self,
-        r: &mut Round<'_>,
-        d: FileId,
-        hd: &HomeHandle,
-        s: Step,
-    ) -> Result<(), WireError> {
-        let home = r.home.clone();
-        let fail = |b: &Bound, e: HomeError| home_failed(b, e);
-        match s {
-            Step::Aside { name, temp, obj } => {
-                home.rename(hd, &name, hd, &temp)
-                    .await
-                    .map_err(|e| fail(r.b, e))?;
-                let (h, a) = home.lookup(hd, &temp).await.map_err(|e| fail(r.b, e))?;
-                self.place(r, obj, d, &temp, &h, a.fileid).await
-            }
-            Step::Unlink { at, obj, now_at } => {
-                let Some(ha) = self.resolve(r, at.dir).await? else {
-                    return Ok(());
-                };
-                match home.remove(&ha, &at.name).await {
-                    Ok(()) | Err(HomeError::NotFound) => {}
-                    Err(e) => return Err(fail(r.b, e)),
-                }
-                let was_there = r
-                    .homes
-                    .get(&obj)
-                    .is_some_and(|rec| rec.dir == at.dir && rec.name == at.name);
-                if was_there && !is_cache_id(obj) {
-                    let hn = self.resolve(r, now_at.dir).await?;
-                    if let Some(hn) = hn {
-                        let (h, a) = home
-                            .lookup(&hn, &now_at.name)
-                            .await
-                            .map_err(|e| fail(r.b, e))?;
-                        self.place(r, obj, now_at.dir, &now_at.name, &h, a.fileid)
-                            .await?;
-                    }
-                }
-                Ok(())
-            }
-            Step::Remove { name, is_dir } => {
-                let r2 = if is_dir {
-                    remove_tree(&*home, hd, &name).await
-                } else {
-                    home.remove(hd, &name).await
-                };
-                match r2 {
-                    Ok(()) | Err(HomeError::NotFound) => Ok(()),
-                    Err(e) => Err(fail(r.b, e)),
-                }
-            }
-            Step::Rename { obj, from, name } => {
-                let moved = match self.resolve(r, from.dir).await? {
-                    Some(hf) => match home.rename(&hf, &from.name, hd, &name).await {
-                        Ok(()) => true,
-                        Err(HomeError::NotFound) => false,
-                        Err(e) => return Err(fail(r.b, e)),
-                    },
-                    None => false,
-                };
-                if !moved {
-                    // Home lost it on the way: made again.
-                    return self.create(r, d, hd, obj, &name).await;
-                }
-                let (h, a) = home.lookup(hd, &name).await.map_err(|e| fail(r.b, e))?;
-                self.place(r, obj, d, &name, &h, a.fileid).await
-            }
-            Step::Link { obj, from, name } => {
-                let target = match self.resolve(r, from.dir).await? {
-                    Some(hf) => match home.lookup(&hf, &from.name).await {
-                        Ok((h, _)) => Some(h),
-                        Err(HomeError::NotFound) => None,
-                        Err(e) => return Err(fail(r.b, e)),
-                    },
-                    None => None,
-                };
-                match target {
-                    Some(t) => match home.link(&t, hd, &name).await {
-                        Ok(_) | Err(HomeError::Exists) => Ok(()),
-                        Err(e) => Err(fail(r.b, e)),
-                    },
-                    None => self.create(r, d, hd, obj, &name).await,
-                }
-            }
-            Step::Create { obj, name } => self.create(r, d, hd, obj, &name).await,
-        }
-    }
-
-    /// Makes object `obj` at home as `name` in directory `d`.
-    async fn create(
-        &self,
-        r: &mut Round<'_>,
-        d: FileId,
-        hd: &HomeHandle,
-        obj: FileId,
-        name: &[u8],
-    ) -> Result<(), WireError> {
-        if is_cache_id(obj) {
-            // Fetched from home and gone there: home's change wins.
-            r.b.wb.skipped.fetch_add(1, Ordering::Relaxed);
-            warn!(dir = d, name = %String::from_utf8_lossy(name), "write-back: an object fetched from home is gone there; not made again");
-            return Ok(());
-        }
-        let Some(i) = self.inode(r, obj).await? else {
-            // Removed from the cache since it was listed: the next round
-            // sees its directory without it.
-            return Ok(());
-        };
-        let (what, attrs) = new_of(&i);
-        let (h, a) = r
-            .home
-            .create(hd, name, &what, &attrs)
-            .await
-            .map_err(|e| home_failed(r.b, e))?;
-        self.place(r, obj, d, name, &h, a.fileid).await?;
-        if i.attr.kind == FileKind::File && i.attr.size > 0 {
-            r.made.insert(obj);
-        }
-        r.created.insert(obj);
-        Ok(())
-    }
-
     /// What pushing object `id`'s data (a file) and attributes home takes,
     /// found with the round's maps (`None`: nothing to push).
     async fn prepare_push(
@@ -1153,10 +816,13 @@ impl Server {
         id: FileId,
         data: bool,
     ) -> Result<Option<PushJob>, WireError> {
+        if r.rebased.contains(&id) {
+            return Ok(None);
+        }
         let Some(i) = self.inode(r, id).await? else {
             return Ok(None);
         };
-        let Some(link) = i.home.as_deref() else {
+        let Some(link) = i.home.as_deref().cloned() else {
             return Ok(None);
         };
         if i.attr.kind == FileKind::Dir {
@@ -1171,6 +837,25 @@ impl Server {
             };
             match self.find_at(r, &rec).await? {
                 Some(h) => h,
+                None if rec.dir != 0 => {
+                    // Home removed it, or put another object at its place:
+                    // home's change wins, the cache's version is kept.
+                    let now = match self.resolve(r, rec.dir).await? {
+                        Some(hd) => match r.home.lookup(&hd, &rec.name).await {
+                            Ok(x) => Some(x),
+                            Err(HomeError::NotFound) => None,
+                            Err(e) => return Err(home_failed(r.b, e)),
+                        },
+                        None => None,
+                    };
+                    let place = now.as_ref().map(|(h, a)| WbHome {
+                        fileid: a.fileid,
+                        handle: h.0.clone(),
+                        ..rec.clone()
+                    });
+                    self.resolve_conflict(r, id, &i, now, place).await?;
+                    return Ok(None);
+                }
                 None => {
                     return Err(err(
                         ErrorCode::NotFound,
@@ -1179,14 +864,31 @@ impl Server {
                 }
             }
         };
+        if !r.created.contains(&id) {
+            // Changed at home too since the last push?
+            match r.home.getattr(&h).await {
+                Ok(a) if super::conflicts::changed_at_home(&link.seen, &i, &a) => {
+                    self.resolve_conflict(r, id, &i, Some((h, a)), None).await?;
+                    return Ok(None);
+                }
+                Ok(_) => {}
+                Err(HomeError::NotFound | HomeError::Stale) => {
+                    self.resolve_conflict(r, id, &i, None, None).await?;
+                    return Ok(None);
+                }
+                Err(e) => return Err(home_failed(r.b, e)),
+            }
+        }
         // A fetched file's bytes are home's: only its attributes go back.
         let size =
             (data && i.attr.kind == FileKind::File && link.is_local()).then_some(i.attr.size);
+        let attach = (r.iw && link.is_local()).then(|| r.counts.get(&id).copied().unwrap_or(0));
         Ok(Some(PushJob {
             id,
             h,
             size,
             attrs: attrs_of(&i),
+            attach,
         }))
     }
 
@@ -1194,6 +896,14 @@ impl Server {
     /// the attributes (mtime last).
     async fn run_push(&self, r: &Round<'_>, job: &PushJob) -> Result<(), WireError> {
         if let Some(size) = job.size {
+            if !r.created.contains(&job.id) {
+                // Home's state is the push's until it ends.
+                let req = Request::WbSeen {
+                    id: job.id,
+                    seen: super::conflicts::pushing(FileKind::File),
+                };
+                self.range_ask(&r.vol, job.id, &req).await?;
+            }
             let set = HomeSetAttr {
                 size: Some(size),
                 ..HomeSetAttr::default()
@@ -1205,17 +915,39 @@ impl Server {
             let bytes = self.push_data(r, job.id, &job.h, size).await?;
             r.b.wb.pushed_bytes.fetch_add(bytes, Ordering::Relaxed);
         }
-        r.home
+        let a = r
+            .home
             .setattr(&job.h, &job.attrs)
             .await
             .map_err(|e| home_failed(r.b, e))?;
         r.b.ok();
+        // What a later push compares with to see a change made at home.
+        let req = Request::WbSeen {
+            id: job.id,
+            seen: stamp_of(&a),
+        };
+        self.range_ask(&r.vol, job.id, &req).await?;
+        if let Some(count) = job.attach {
+            let req = Request::WbRebase {
+                binding: r.binding,
+                id: job.id,
+                count: Some(count),
+                place: None,
+                now: Some((job.h.0.clone(), stamp_of(&a), attr_of(&a))),
+            };
+            match self.range_ask(&r.vol, job.id, &req).await {
+                // Changed again meanwhile: attached after its next push.
+                Ok(_) => {}
+                Err(e) if e.code == ErrorCode::Stale => {}
+                Err(e) => return Err(e),
+            }
+        }
         Ok(())
     }
 
     /// Has every server push its units of file `id`; the units of servers
     /// that do not answer are pushed from their next copy.
-    async fn push_data(
+    pub(super) async fn push_data(
         &self,
         r: &Round<'_>,
         id: FileId,
@@ -1353,48 +1085,4 @@ impl Server {
             self.push_tick().await;
         }
     }
-}
-
-/// Notes in the round's maps where home has object `rec.id` now.
-fn note_place(r: &mut Round<'_>, rec: WbHome) {
-    let (id, spot) = (rec.id, (rec.dir, rec.name.clone()));
-    if let Some(old) = r.homes.insert(id, rec) {
-        r.by_spot.remove(&(old.dir, old.name));
-    }
-    r.by_spot.insert(spot, id);
-    r.handles.remove(&id);
-}
-
-/// Removes `name` (a directory) in `dir` at home with everything in it.
-fn remove_tree<'a>(
-    home: &'a dyn Home,
-    dir: &'a HomeHandle,
-    name: &'a [u8],
-) -> BoxFuture<'a, Result<(), HomeError>> {
-    async move {
-        let (h, _) = home.lookup(dir, name).await?;
-        loop {
-            let page = home.read_dir(&h, 0, [0; 8], PAGE as usize, true).await?;
-            if page.entries.is_empty() {
-                break;
-            }
-            for e in &page.entries {
-                let is_dir = match &e.plus {
-                    Some((_, a)) => a.kind == HomeKind::Dir,
-                    None => home.lookup(&h, &e.name).await?.1.kind == HomeKind::Dir,
-                };
-                let r = if is_dir {
-                    remove_tree(home, &h, &e.name).await
-                } else {
-                    home.remove(&h, &e.name).await
-                };
-                match r {
-                    Ok(()) | Err(HomeError::NotFound) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        home.rmdir(dir, name).await
-    }
-    .boxed()
 }

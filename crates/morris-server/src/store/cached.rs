@@ -57,9 +57,34 @@ CREATE INDEX IF NOT EXISTS cache_units_by_binding_use ON cache_units (binding, u
 CREATE TABLE IF NOT EXISTS cache_bindings (binding INTEGER PRIMARY KEY, spec BLOB NOT NULL);
 ";
 
-/// The tag of a unit of a file detached from home (see
-/// [`Store::make_unit_local`]): stored as -1.
+/// The tag of every unit of a file detached from home by an older server
+/// (stored as -1): detached whatever the version.
 pub const LOCAL_TAG: u64 = u64::MAX;
+
+/// The bit of a tag that marks a unit of a file detached from home (see
+/// [`Store::make_unit_local`]); no content version reaches it.
+const LOCAL_BIT: u64 = 1 << 31;
+
+/// The tag of a unit made the cache's own while its file was at content
+/// version `version` of generation `gen`.
+pub fn local_tag(gen: u32, version: u32) -> u64 {
+    (u64::from(gen) << 32) | LOCAL_BIT | (u64::from(version) & (LOCAL_BIT - 1))
+}
+
+/// Whether a unit tagged `tag` is still the cache's own for a read of
+/// generation `gen` at content version `version`: yes unless the file
+/// became home's version again since (a conflict resolved for home gives
+/// it a newer version; the unit is then fetched again).
+pub fn is_own_for(tag: u64, gen: u32, version: u32) -> Option<bool> {
+    if tag & LOCAL_BIT == 0 {
+        return None;
+    }
+    if tag == LOCAL_TAG {
+        return Some(true);
+    }
+    let same_gen = tag >> 32 == u64::from(gen);
+    Some(same_gen && u64::from(version) & (LOCAL_BIT - 1) <= tag & (LOCAL_BIT - 1))
+}
 
 /// Format byte of stored links, seeds and binding settings: 2 since
 /// bindings carry a sync lag; 1 (read, converted) before.
@@ -144,6 +169,29 @@ pub(super) fn forget_seed(tx: &Transaction<'_>, dir: FileId, name: &[u8]) -> Res
         .and_then(|mut s| s.execute(params![sql_id(dir), name]))
         .map_err(db_err)?;
     Ok(())
+}
+
+/// The home link of the seed of entry `dir/name`, if the entry's object
+/// `child` was fetched from home under that name.
+pub(super) fn seed_link(
+    c: &Connection,
+    dir: FileId,
+    name: &[u8],
+    child: FileId,
+) -> Result<Option<HomeLink>, WireError> {
+    let b: Option<Vec<u8>> = c
+        .prepare_cached("SELECT seed FROM cache_seeds WHERE dir = ?1 AND name = ?2")
+        .and_then(|mut s| {
+            s.query_row(params![sql_id(dir), name], |r| r.get(0))
+                .optional()
+        })
+        .map_err(db_err)?;
+    let Some(b) = b else { return Ok(None) };
+    let seed: Inode = decode("seed", &b)?;
+    if seed.id != child {
+        return Ok(None);
+    }
+    Ok(seed.home.map(|l| *l))
 }
 
 /// A name fetched from home, with the inode its object will have.
@@ -323,6 +371,15 @@ impl Store {
         let ino = self.write_txn(|tx| {
             let mut d = load_dir_row(tx, dir)?;
             let mut link = cached_link(&d.inode, "directory")?;
+            let marked = tx
+                .prepare_cached("SELECT 1 FROM wb_marks WHERE id = ?1")
+                .and_then(|mut s| s.exists(params![sql_id(dir.id)]))
+                .map_err(db_err)?;
+            if marked {
+                // Changed in the cache meanwhile (`iw`): the write-back
+                // pushes it first; home's names come in after that.
+                return Ok(d.inode);
+            }
             let wanted: std::collections::HashMap<&[u8], &Seed> =
                 seeds.iter().map(|s| (s.name.as_slice(), s)).collect();
             // Local names not at home any more.
@@ -342,6 +399,11 @@ impl Store {
                     .map_err(db_err)?;
                 for row in rows {
                     let (name, child, gen) = row.map_err(db_err)?;
+                    if !is_cache_id(super::from_sql_id(child)) {
+                        // Made in the cache (`iw`): the write-back's to
+                        // push, never taken back by a listing.
+                        continue;
+                    }
                     match wanted.get(name.as_slice()) {
                         None => gone.push(name),
                         // Another object (or the same number given to a
@@ -751,7 +813,7 @@ impl Store {
         self.with_reader(|c| {
             c.prepare_cached(
                 "SELECT count(*), coalesce(sum(bytes), 0) FROM cache_units
-                 WHERE binding = ?1 AND version != -1",
+                 WHERE binding = ?1 AND (version & 2147483648) = 0",
             )
             .and_then(|mut st| {
                 st.query_row(params![sql_id(binding)], |r| {
@@ -770,7 +832,7 @@ impl Store {
             let mut st = c
                 .prepare_cached(
                     "SELECT id, copy, block, bytes FROM cache_units
-                     WHERE binding = ?1 AND version != -1 ORDER BY used LIMIT ?2",
+                     WHERE binding = ?1 AND (version & 2147483648) = 0 ORDER BY used LIMIT ?2",
                 )
                 .map_err(db_err)?;
             let rows = st
@@ -785,7 +847,7 @@ impl Store {
         self.with_reader(|c| {
             let mut st = c
                 .prepare_cached(
-                    "SELECT id, copy, block, bytes FROM cache_units WHERE id = ?1 AND version != -1",
+                    "SELECT id, copy, block, bytes FROM cache_units WHERE id = ?1 AND (version & 2147483648) = 0",
                 )
                 .map_err(db_err)?;
             let rows = st
@@ -796,13 +858,27 @@ impl Store {
     }
 
     /// Makes the unit the cache's own (its file was detached from home to
-    /// be written): tagged [`LOCAL_TAG`], never evicted, never fetched.
-    pub fn make_unit_local(&self, id: FileId, copy: u8, block: u64) -> Result<(), WireError> {
+    /// be written): tagged `tag` (a [`local_tag`]), never evicted, never
+    /// fetched while the file is detached.
+    pub fn make_unit_local(
+        &self,
+        id: FileId,
+        copy: u8,
+        block: u64,
+        tag: u64,
+    ) -> Result<(), WireError> {
         self.write_txn(|tx| {
             tx.prepare_cached(
-                "UPDATE cache_units SET version = -1 WHERE id = ?1 AND copy = ?2 AND block = ?3",
+                "UPDATE cache_units SET version = ?4 WHERE id = ?1 AND copy = ?2 AND block = ?3",
             )
-            .and_then(|mut s| s.execute(params![sql_id(id), i64::from(copy), sql_id(block)]))
+            .and_then(|mut s| {
+                s.execute(params![
+                    sql_id(id),
+                    i64::from(copy),
+                    sql_id(block),
+                    tag as i64
+                ])
+            })
             .map_err(db_err)?;
             Ok(())
         })
@@ -825,7 +901,7 @@ impl Store {
                     "only a file is detached",
                 ));
             }
-            super::wb::put_home(
+            super::wb::put_home_new(
                 tx,
                 link.binding,
                 &morris_proto::WbHome {
@@ -880,7 +956,7 @@ fn put_seed(tx: &Transaction<'_>, dir: FileId, s: &Seed) -> Result<(), WireError
 
 /// Takes home's attributes into a cached inode (kind stays; the link count
 /// of a directory stays the local one).
-fn apply_home_attr(a: &mut Attr, home: &Attr) {
+pub(super) fn apply_home_attr(a: &mut Attr, home: &Attr) {
     a.mode = home.mode;
     a.uid = home.uid;
     a.gid = home.gid;

@@ -403,12 +403,20 @@ fn changes_under_a_binding_leave_marks_cleared_only_when_unchanged() {
             fileid: 5,
             handle: vec![1],
         },
+        None,
     )
     .unwrap();
     assert_eq!(s.wb_homes(r.id).unwrap().len(), 1);
     s.unlink(r, b"f", None, None).unwrap();
     s.delete_inode(f.handle(), None).unwrap();
     assert!(s.wb_homes(r.id).unwrap().is_empty());
+    // ... its place at home is kept as a departed name.
+    let gone = s.wb_gone(r.id).unwrap();
+    assert_eq!(gone.len(), 1);
+    assert_eq!((gone[0].id, gone[0].dir, gone[0].fileid), (f.id, r.id, 5));
+    assert_eq!(gone[0].name, b"f".to_vec());
+    s.wb_gone_clear(&[(r.id, b"f".to_vec(), f.id)]).unwrap();
+    assert!(s.wb_gone(r.id).unwrap().is_empty());
     let left = s.wb_marks(r.id, u64::MAX).unwrap();
     assert_eq!(left.len(), 1, "only the root's names mark: {left:?}");
     assert_eq!(left[0].id, r.id);

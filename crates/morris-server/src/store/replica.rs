@@ -28,7 +28,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::{db_err, Formatted, Store};
 
 /// The tables whose changes are mirrored, with their columns.
-const REPLICATED: [(&str, &str); 11] = [
+const REPLICATED: [(&str, &str); 12] = [
     ("volume", "one, descriptor, own_index, counter"),
     ("inodes", "id, gen, data, next_cookie"),
     ("entries", "dir, name, cookie, child, gen, kind"),
@@ -40,6 +40,7 @@ const REPLICATED: [(&str, &str); 11] = [
     ("cache_seeds", "dir, name, seed"),
     ("wb_marks", "id, binding, names, attrs, data, count, since"),
     ("wb_homes", "id, binding, dir, name, fileid, handle"),
+    ("wb_gone", "dir, name, id, binding, fileid"),
 ];
 
 /// Whether `table` is mirrored.

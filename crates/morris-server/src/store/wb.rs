@@ -13,11 +13,20 @@
 //!   handle), for objects the write-back made or moved at home. Objects
 //!   fetched from home need none: their id is derived from home's file
 //!   number, and they do not move.
+//! * `wb_gone`: (directory, name, object) → home's file number of an
+//!   object that left that name in the cache and has no other record: one
+//!   fetched from home (removed or replaced: written by the directory's
+//!   owner in the change's transaction) or one the write-back had placed
+//!   there and that was deleted since (written by its owner, from its
+//!   place record). The write-back removes the name at home; an
+//!   independent-writer cache tells it from a name another writer made
+//!   meanwhile (which it keeps). Forgotten once home no longer has it.
 
-use morris_proto::{FileId, WbHome, WbMark, WireError};
-use rusqlite::{params, Transaction};
+use morris_proto::home::{is_cache_id, HomeStamp};
+use morris_proto::{Attr, ErrorCode, FileId, WbHome, WbMark, WireError};
+use rusqlite::{params, OptionalExtension, Transaction};
 
-use super::{db_err, from_sql_id, sql_id, Store};
+use super::{db_err, encode_inode, from_sql_id, load_inode, sql_id, Store};
 
 /// The tables of this module (run at every open).
 pub(super) const SCHEMA: &str = "
@@ -40,7 +49,47 @@ CREATE TABLE IF NOT EXISTS wb_homes (
     handle BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS wb_homes_by_binding ON wb_homes (binding);
+CREATE TABLE IF NOT EXISTS wb_gone (
+    dir INTEGER NOT NULL,
+    name BLOB NOT NULL,
+    id INTEGER NOT NULL,
+    binding INTEGER NOT NULL,
+    fileid INTEGER NOT NULL,
+    PRIMARY KEY (dir, name, id)
+);
+CREATE INDEX IF NOT EXISTS wb_gone_by_binding ON wb_gone (binding);
 ";
+
+/// Records that entry `dir/name`, naming `child`, leaves the cache's
+/// directory (in the change's transaction): if `child` was fetched from
+/// home under that name, the write-back is to remove it there.
+pub(super) fn depart(
+    tx: &Transaction<'_>,
+    dir: FileId,
+    name: &[u8],
+    child: FileId,
+) -> Result<(), WireError> {
+    if !is_cache_id(child) {
+        return Ok(());
+    }
+    let Some(link) = super::cached::seed_link(tx, dir, name, child)? else {
+        return Ok(());
+    };
+    tx.prepare_cached(
+        "INSERT OR REPLACE INTO wb_gone (dir, name, id, binding, fileid) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            sql_id(dir),
+            name,
+            sql_id(child),
+            sql_id(link.binding),
+            sql_id(link.fileid)
+        ])
+    })
+    .map_err(db_err)?;
+    Ok(())
+}
 
 /// What changed.
 #[derive(Debug, Clone, Copy, Default)]
@@ -79,11 +128,20 @@ pub(super) fn mark(
 }
 
 /// Forgets the marks and home place of object `id` (it is being deleted:
-/// its directory's mark covers its removal at home).
+/// its directory's mark covers its removal at home, where its place is
+/// kept as a departed name, so that an independent-writer cache knows the
+/// name at home for its own).
 pub(super) fn forget(tx: &Transaction<'_>, id: FileId) -> Result<(), WireError> {
+    tx.execute(
+        "INSERT OR REPLACE INTO wb_gone (dir, name, id, binding, fileid)
+         SELECT dir, name, id, binding, fileid FROM wb_homes WHERE id = ?1 AND dir != 0",
+        params![sql_id(id)],
+    )
+    .map_err(db_err)?;
     for sql in [
         "DELETE FROM wb_marks WHERE id = ?1",
         "DELETE FROM wb_homes WHERE id = ?1",
+        "DELETE FROM wb_gone WHERE dir = ?1",
     ] {
         tx.execute(sql, params![sql_id(id)]).map_err(db_err)?;
     }
@@ -93,10 +151,29 @@ pub(super) fn forget(tx: &Transaction<'_>, id: FileId) -> Result<(), WireError> 
 /// Stores where home has object `h.id` of `binding` (a record with `dir`
 /// 0 names it by its handle alone: a file fetched from home, detached).
 pub(super) fn put_home(tx: &Transaction<'_>, binding: FileId, h: &WbHome) -> Result<(), WireError> {
-    tx.prepare_cached(
-        "INSERT OR REPLACE INTO wb_homes (id, binding, dir, name, fileid, handle)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )
+    put_home_as(tx, binding, h, "REPLACE")
+}
+
+/// [`put_home`], unless object `h.id` has a record already (a file made in
+/// the cache, pushed and detached again keeps its place).
+pub(super) fn put_home_new(
+    tx: &Transaction<'_>,
+    binding: FileId,
+    h: &WbHome,
+) -> Result<(), WireError> {
+    put_home_as(tx, binding, h, "IGNORE")
+}
+
+fn put_home_as(
+    tx: &Transaction<'_>,
+    binding: FileId,
+    h: &WbHome,
+    or: &str,
+) -> Result<(), WireError> {
+    tx.prepare_cached(&format!(
+        "INSERT OR {or} INTO wb_homes (id, binding, dir, name, fileid, handle)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
+    ))
     .and_then(|mut s| {
         s.execute(params![
             sql_id(h.id),
@@ -200,10 +277,16 @@ impl Store {
         })
     }
 
-    /// Records where home has object `h.id` of `binding`, if the object
-    /// still exists here (else nothing: it was removed meanwhile, and its
-    /// directory's next push removes it at home).
-    pub fn wb_set_home(&self, binding: FileId, h: &WbHome) -> Result<(), WireError> {
+    /// Records where home has object `h.id` of `binding`, and home's stamp
+    /// of it (`seen`), if the object still exists here (else nothing: it
+    /// was removed meanwhile, and its directory's next push removes it at
+    /// home).
+    pub fn wb_set_home(
+        &self,
+        binding: FileId,
+        h: &WbHome,
+        seen: Option<HomeStamp>,
+    ) -> Result<(), WireError> {
         self.write_txn(|tx| {
             let exists = tx
                 .prepare_cached("SELECT 1 FROM inodes WHERE id = ?1")
@@ -211,8 +294,174 @@ impl Store {
                 .map_err(db_err)?;
             if exists {
                 put_home(tx, binding, h)?;
+                if let Some(seen) = seen {
+                    set_seen(tx, h.id, seen)?;
+                }
             }
             Ok(())
         })
     }
+
+    /// Records home's stamp of object `id` as a push left it (nothing if
+    /// the object is gone).
+    pub fn wb_seen(&self, id: FileId, seen: HomeStamp) -> Result<(), WireError> {
+        self.write_txn(|tx| set_seen(tx, id, seen))
+    }
+
+    /// Whether object `id` has changes not yet pushed home.
+    pub fn wb_marked(&self, id: FileId) -> Result<bool, WireError> {
+        self.with_reader(|c| {
+            c.prepare_cached("SELECT 1 FROM wb_marks WHERE id = ?1")
+                .and_then(|mut s| s.exists(params![sql_id(id)]))
+                .map_err(db_err)
+        })
+    }
+
+    /// The names fetched objects of `binding` left in directories kept
+    /// here (as [`WbHome`] records: `id` the object, `handle` empty).
+    pub fn wb_gone(&self, binding: FileId) -> Result<Vec<WbHome>, WireError> {
+        self.with_reader(|c| {
+            let mut st = c
+                .prepare_cached(
+                    "SELECT id, dir, name, fileid FROM wb_gone WHERE binding = ?1 ORDER BY dir",
+                )
+                .map_err(db_err)?;
+            let rows = st
+                .query_map(params![sql_id(binding)], |r| {
+                    Ok(WbHome {
+                        id: from_sql_id(r.get(0)?),
+                        dir: from_sql_id(r.get(1)?),
+                        name: r.get(2)?,
+                        fileid: from_sql_id(r.get(3)?),
+                        handle: Vec::new(),
+                    })
+                })
+                .map_err(db_err)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(db_err)
+        })
+    }
+
+    /// A name of object `id` in a directory kept here (as a [`WbHome`]
+    /// record: `dir`, `name`), if any. Scans the entries: for conflicts,
+    /// which are rare.
+    pub fn wb_name_of(&self, id: FileId) -> Result<Vec<WbHome>, WireError> {
+        self.with_reader(|c| {
+            c.prepare_cached("SELECT dir, name FROM entries WHERE child = ?1 LIMIT 1")
+                .and_then(|mut s| {
+                    s.query_row(params![sql_id(id)], |r| {
+                        Ok(WbHome {
+                            id,
+                            dir: from_sql_id(r.get(0)?),
+                            name: r.get(1)?,
+                            fileid: 0,
+                            handle: Vec::new(),
+                        })
+                    })
+                    .optional()
+                })
+                .map(|o| o.into_iter().collect())
+                .map_err(db_err)
+        })
+    }
+
+    /// Forgets departed names `(dir, name, id)` (only records of that very
+    /// object: a name left again by another object since stays).
+    pub fn wb_gone_clear(&self, gone: &[(FileId, Vec<u8>, FileId)]) -> Result<(), WireError> {
+        self.write_txn(|tx| {
+            for (dir, name, id) in gone {
+                tx.prepare_cached("DELETE FROM wb_gone WHERE dir = ?1 AND name = ?2 AND id = ?3")
+                    .and_then(|mut s| s.execute(params![sql_id(*dir), name, sql_id(*id)]))
+                    .map_err(db_err)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// A conflict resolved for home: object `id` becomes home's version
+    /// (`now`: handle, stamp, attributes — a directory keeps its own; a new
+    /// content version), its place record becomes `place` (when given),
+    /// and its mark goes — only if the mark's change count is still
+    /// `count` (0: no mark); `Stale` if not. `count` `None`: the mark
+    /// stays. `now` `None`: home removed the object; only the mark goes.
+    pub fn wb_rebase(
+        &self,
+        id: FileId,
+        count: Option<u64>,
+        binding: FileId,
+        place: Option<&WbHome>,
+        now: Option<&(Vec<u8>, HomeStamp, Attr)>,
+    ) -> Result<(), WireError> {
+        self.write_txn(|tx| {
+            if let Some(count) = count {
+                let marked: Option<i64> = tx
+                    .prepare_cached("SELECT count FROM wb_marks WHERE id = ?1")
+                    .and_then(|mut s| s.query_row(params![sql_id(id)], |r| r.get(0)).optional())
+                    .map_err(db_err)?;
+                let as_read = marked.map_or(0, |c| u64::try_from(c).unwrap_or(0));
+                if as_read != count {
+                    return Err(WireError::new(
+                        ErrorCode::Stale,
+                        format!("object {id} changed in the cache meanwhile"),
+                    ));
+                }
+                tx.execute("DELETE FROM wb_marks WHERE id = ?1", params![sql_id(id)])
+                    .map_err(db_err)?;
+            }
+            let Some((handle, stamp, attr)) = now else {
+                return Ok(());
+            };
+            let Some(mut ino) = load_inode(tx, id)? else {
+                return Ok(());
+            };
+            let Some(mut link) = ino.home.take().map(|l| *l) else {
+                return Err(WireError::new(
+                    ErrorCode::Invalid,
+                    format!("object {id} is not under a binding"),
+                ));
+            };
+            link.handle = handle.clone();
+            link.seen = *stamp;
+            link.checked_ms = morris_proto::home::wall_ms();
+            link.version = link.version.wrapping_add(1);
+            if let Some(p) = place {
+                link.fileid = p.fileid;
+                put_home(tx, binding, p)?;
+            } else {
+                // Made in the cache, or detached: home's number is the
+                // place record's; a detached file's handle is in its link
+                // again.
+                let fileid: Option<i64> = tx
+                    .prepare_cached("SELECT fileid FROM wb_homes WHERE id = ?1")
+                    .and_then(|mut s| s.query_row(params![sql_id(id)], |r| r.get(0)).optional())
+                    .map_err(db_err)?;
+                if let Some(f) = fileid {
+                    link.fileid = from_sql_id(f);
+                }
+                tx.execute(
+                    "DELETE FROM wb_homes WHERE id = ?1 AND dir = 0",
+                    params![sql_id(id)],
+                )
+                .map_err(db_err)?;
+            }
+            if ino.attr.kind != morris_proto::FileKind::Dir {
+                super::cached::apply_home_attr(&mut ino.attr, attr);
+            }
+            tx.execute(
+                "UPDATE inodes SET data = ?2 WHERE id = ?1",
+                params![sql_id(id), encode_inode(&ino)?],
+            )
+            .map_err(db_err)?;
+            super::cached::put_link(tx, id, &link)?;
+            Ok(())
+        })
+    }
+}
+
+/// Sets home's stamp in object `id`'s link (nothing if it has none).
+fn set_seen(tx: &Transaction<'_>, id: FileId, seen: HomeStamp) -> Result<(), WireError> {
+    let Some(mut link) = super::cached::link_of(tx, id)? else {
+        return Ok(());
+    };
+    link.seen = seen;
+    super::cached::put_link(tx, id, &link)
 }

@@ -34,7 +34,7 @@ fn nothing_to_do_when_both_sides_agree() {
         obj: Some(10),
         moving: false,
     }];
-    assert!(plan(1, &cache, &home).is_empty());
+    assert!(plan(1, &cache, &home, false).is_empty());
 }
 
 #[test]
@@ -68,7 +68,7 @@ fn a_swap_goes_through_temporary_names() {
             moving: true,
         },
     ];
-    let steps = plan(1, &cache, &home);
+    let steps = plan(1, &cache, &home, false);
     assert_eq!(
         steps,
         vec![
@@ -119,7 +119,7 @@ fn a_name_removed_and_made_again_is_removed_then_created() {
         moving: false,
     }];
     assert_eq!(
-        plan(1, &cache, &home),
+        plan(1, &cache, &home, false),
         vec![
             Step::Remove {
                 name: n("f"),
@@ -131,6 +131,65 @@ fn a_name_removed_and_made_again_is_removed_then_created() {
             },
         ]
     );
+}
+
+#[test]
+fn an_independent_writers_names_stay_and_the_caches_removals_go() {
+    // Home has `theirs` (another writer's: not the cache's), `gone` (an
+    // object the cache fetched and removed) and `kept`.
+    let cache = [
+        Named {
+            name: n("kept"),
+            obj: 10,
+            home_at: Some(spot(1, "kept")),
+            still_there: true,
+        },
+        Named {
+            name: n("new"),
+            obj: 30,
+            home_at: None,
+            still_there: false,
+        },
+    ];
+    let home = [
+        AtHome {
+            name: n("kept"),
+            is_dir: false,
+            obj: Some(10),
+            moving: false,
+        },
+        AtHome {
+            name: n("theirs"),
+            is_dir: false,
+            obj: None,
+            moving: false,
+        },
+        AtHome {
+            name: n("gone"),
+            is_dir: true,
+            obj: Some(20),
+            moving: false,
+        },
+    ];
+    let create = Step::Create {
+        obj: 30,
+        name: n("new"),
+    };
+    let remove = Step::Remove {
+        name: n("gone"),
+        is_dir: true,
+    };
+    assert_eq!(
+        plan(1, &cache, &home, true),
+        vec![remove.clone(), create.clone()]
+    );
+    // A single writer removes what is not the cache's.
+    let sw = plan(1, &cache, &home, false);
+    assert!(sw.contains(&Step::Remove {
+        name: n("theirs"),
+        is_dir: false
+    }));
+    assert!(sw.contains(&remove) && sw.contains(&create));
 }
 
 // ---------------------------------------------------------------- simulation
@@ -557,7 +616,7 @@ impl World {
                 continue;
             }
             let (cache, home) = self.sides(d);
-            let steps = plan(d, &cache, &home);
+            let steps = plan(d, &cache, &home, false);
             if std::env::var("WB_TRACE").is_ok() && !steps.is_empty() {
                 eprintln!("dir {d}: cache {cache:?}\n  home {home:?}\n  steps {steps:?}");
             }

@@ -1,0 +1,213 @@
+//! Cache mode II's independent writers and conflicts end to end (a real
+//! FUSE mount, a local directory as home, changed behind the cache's back
+//! as another writer would): both versions of an object changed on both
+//! sides are kept, home's at its path and the cache's under `.conflicts/`;
+//! another writer's names and changes come into an `iw` cache; the cache's
+//! removals and creations reach home.
+
+mod common;
+mod trees;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use common::*;
+use trees::*;
+
+/// A volume of four servers with one mount and a directory `c` in it,
+/// bound to `home` with `args`.
+fn bound(home: &Path, args: &[&str]) -> (Cluster, Mount) {
+    let c = Cluster::start(4, ClusterOpts::default());
+    let m = c.mount();
+    let dir = m.path.join("c");
+    fs::create_dir(&dir).expect("mkdir c");
+    let url = format!("file://{}", home.display());
+    let mut a = vec!["cache", "bind", dir.to_str().expect("utf-8"), &url];
+    a.extend_from_slice(args);
+    let o = morris(&a);
+    assert!(o.status.success(), "cache bind: {}", both(&o));
+    (c, m)
+}
+
+fn flush(m: &Mount) {
+    let dir = m.path.join("c");
+    let o = morris(&[
+        "cache",
+        "flush",
+        dir.to_str().expect("utf-8"),
+        "--timeout",
+        "120s",
+    ]);
+    assert!(o.status.success(), "cache flush: {}", both(&o));
+}
+
+/// Another writer changes `p` at home: new bytes, and an mtime an hour
+/// ahead (no clock coarseness can hide the change).
+fn change_at_home(p: &Path, data: &[u8]) {
+    fs::write(p, data).expect("write at home");
+    let f = fs::File::options().write(true).open(p).expect("open");
+    f.set_modified(SystemTime::now() + Duration::from_secs(3600))
+        .expect("set mtime");
+}
+
+/// The files in home's `.conflicts/` whose names start with `name.`, with
+/// their bytes.
+fn kept(home: &Path, name: &str) -> Vec<(PathBuf, Vec<u8>)> {
+    let dir = home.join(".conflicts");
+    let Ok(rd) = fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<(PathBuf, Vec<u8>)> = rd
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("{name}.conflict-"))
+        })
+        .map(|e| {
+            let p = e.path();
+            let b = fs::read(&p).expect("read kept");
+            (p, b)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Conflicts counted by every server (`morris cache status --json`).
+fn conflicts_counted(c: &Cluster) -> u64 {
+    let o = morris(&["cache", "status", "--server", c.addr(0), "--json"]);
+    assert!(o.status.success(), "cache status: {}", both(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    v.as_array()
+        .expect("array")
+        .iter()
+        .flat_map(|s| s["bindings"].as_array().cloned().unwrap_or_default())
+        .map(|b| b["conflicts"].as_u64().unwrap_or(0))
+        .sum()
+}
+
+fn seed(home: &Path) {
+    fs::create_dir_all(home.join("d")).expect("mkdir");
+    fs::write(home.join("d/f"), b"home v1").expect("write");
+    fs::write(home.join("d/keep"), b"kept as it is").expect("write");
+    fs::write(home.join("d/del"), b"removed in the cache").expect("write");
+    fs::write(home.join("d/later"), b"changed at home later").expect("write");
+}
+
+#[test]
+fn an_iw_cache_keeps_both_versions_and_merges_both_writers_names() {
+    require_fuse();
+    let home = tempdir();
+    let h = home.path();
+    seed(h);
+    let (cl, m) = bound(h, &["--mode", "iw", "--sync-lag", "1h", "--validity", "1s"]);
+    let c = m.path.join("c");
+    // The cache reads, then writes d/f; home writes it too meanwhile.
+    assert_eq!(fs::read(c.join("d/f")).expect("read"), b"home v1");
+    assert_eq!(
+        fs::read(c.join("d/later")).expect("read"),
+        b"changed at home later"
+    );
+    fs::write(c.join("d/f"), b"cache v2").expect("write in the cache");
+    change_at_home(&h.join("d/f"), b"home v2, longer");
+    // Names: each side makes one; both make `same`; the cache removes one.
+    fs::write(c.join("d/mine"), b"mine").expect("create in the cache");
+    fs::write(c.join("d/same"), b"the cache's same").expect("create in the cache");
+    fs::remove_file(c.join("d/del")).expect("remove in the cache");
+    fs::write(h.join("d/theirs"), b"theirs").expect("create at home");
+    fs::write(h.join("d/same"), b"home's same").expect("create at home");
+    flush(&m);
+
+    // Home: its own versions at their paths, the cache's under .conflicts/.
+    assert_eq!(fs::read(h.join("d/f")).expect("read"), b"home v2, longer");
+    let kf = kept(h, "f");
+    assert_eq!(kf.len(), 1, "the cache's d/f kept once: {kf:?}");
+    assert_eq!(kf[0].1, b"cache v2");
+    assert_eq!(fs::read(h.join("d/same")).expect("read"), b"home's same");
+    let ks = kept(h, "same");
+    assert_eq!(ks.len(), 1, "the cache's d/same kept once: {ks:?}");
+    assert_eq!(ks[0].1, b"the cache's same");
+    // Both writers' names, the cache's removal.
+    assert_eq!(fs::read(h.join("d/theirs")).expect("read"), b"theirs");
+    assert_eq!(fs::read(h.join("d/mine")).expect("read"), b"mine");
+    assert_eq!(fs::read(h.join("d/keep")).expect("read"), b"kept as it is");
+    assert!(!h.join("d/del").exists(), "d/del still at home");
+    assert_eq!(conflicts_counted(&cl), 2);
+
+    // The cache comes to show the same: home's versions, another writer's
+    // names, the kept versions under .conflicts/.
+    wait_for(
+        Duration::from_secs(30),
+        "the cache to show home's d/f",
+        || match fs::read(c.join("d/f")) {
+            Ok(b) if b == b"home v2, longer" => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    );
+    wait_for(Duration::from_secs(30), "another writer's names", || {
+        if c.join("d/theirs").exists() && c.join(".conflicts").exists() {
+            Ok(())
+        } else {
+            Err("not yet".into())
+        }
+    });
+    assert_eq!(fs::read(c.join("d/same")).expect("read"), b"home's same");
+    assert_eq!(fs::read(c.join("d/mine")).expect("read"), b"mine");
+    assert!(!c.join("d/del").exists());
+    assert_same_tree(h, &c);
+
+    // Home's later change to a file nobody changed in the cache comes in,
+    // as does one to a file the cache made and pushed.
+    change_at_home(&h.join("d/later"), b"changed at home, later still");
+    change_at_home(&h.join("d/mine"), b"mine, changed at home");
+    wait_for(Duration::from_secs(30), "home's later changes", || {
+        let a = fs::read(c.join("d/later")).map_err(|e| e.to_string())?;
+        let b = fs::read(c.join("d/mine")).map_err(|e| e.to_string())?;
+        if a == b"changed at home, later still" && b == b"mine, changed at home" {
+            Ok(())
+        } else {
+            Err(format!("{a:?} {b:?}"))
+        }
+    });
+    // A second change in the cache, with home unchanged since: no conflict.
+    fs::write(c.join("d/mine"), b"mine, again in the cache").expect("write");
+    flush(&m);
+    assert_eq!(
+        fs::read(h.join("d/mine")).expect("read"),
+        b"mine, again in the cache"
+    );
+    assert_eq!(conflicts_counted(&cl), 2);
+    assert!(kept(h, "mine").is_empty());
+}
+
+#[test]
+fn a_sw_cache_keeps_its_version_when_home_changed_behind_its_back() {
+    require_fuse();
+    let home = tempdir();
+    let h = home.path();
+    seed(h);
+    let (cl, m) = bound(h, &["--mode", "sw", "--sync-lag", "1h"]);
+    let c = m.path.join("c");
+    assert_eq!(fs::read(c.join("d/f")).expect("read"), b"home v1");
+    fs::write(c.join("d/f"), b"cache v2").expect("write in the cache");
+    fs::write(c.join("d/new"), b"new").expect("create in the cache");
+    flush(&m);
+    assert_eq!(fs::read(h.join("d/f")).expect("read"), b"cache v2");
+    // Home changes the pushed file; the cache changes it again.
+    change_at_home(&h.join("d/f"), b"home v3");
+    change_at_home(&h.join("d/new"), b"new at home");
+    fs::write(c.join("d/f"), b"cache v3").expect("write in the cache");
+    fs::write(c.join("d/new"), b"new in the cache").expect("write in the cache");
+    flush(&m);
+    assert_eq!(fs::read(h.join("d/f")).expect("read"), b"home v3");
+    assert_eq!(fs::read(h.join("d/new")).expect("read"), b"new at home");
+    assert_eq!(kept(h, "f").len(), 1);
+    assert_eq!(kept(h, "f")[0].1, b"cache v3");
+    assert_eq!(kept(h, "new")[0].1, b"new in the cache");
+    assert_eq!(conflicts_counted(&cl), 2);
+    // The cache shows home's versions now.
+    assert_eq!(fs::read(c.join("d/f")).expect("read"), b"home v3");
+    assert_eq!(fs::read(c.join("d/new")).expect("read"), b"new at home");
+}
