@@ -6,6 +6,8 @@
 //! removals and creations reach home.
 
 mod common;
+#[path = "../../morris-home/tests/ganesha/mod.rs"]
+mod ganesha;
 mod trees;
 
 use std::fs;
@@ -18,12 +20,16 @@ use trees::*;
 /// A volume of four servers with one mount and a directory `c` in it,
 /// bound to `home` with `args`.
 fn bound(home: &Path, args: &[&str]) -> (Cluster, Mount) {
+    bound_to(&format!("file://{}", home.display()), args)
+}
+
+/// [`bound`], to home `url`.
+fn bound_to(url: &str, args: &[&str]) -> (Cluster, Mount) {
     let c = Cluster::start(4, ClusterOpts::default());
     let m = c.mount();
     let dir = m.path.join("c");
     fs::create_dir(&dir).expect("mkdir c");
-    let url = format!("file://{}", home.display());
-    let mut a = vec!["cache", "bind", dir.to_str().expect("utf-8"), &url];
+    let mut a = vec!["cache", "bind", dir.to_str().expect("utf-8"), url];
     a.extend_from_slice(args);
     let o = morris(&a);
     assert!(o.status.success(), "cache bind: {}", both(&o));
@@ -102,7 +108,29 @@ fn an_iw_cache_keeps_both_versions_and_merges_both_writers_names() {
     let home = tempdir();
     let h = home.path();
     seed(h);
-    let (cl, m) = bound(h, &["--mode", "iw", "--sync-lag", "1h", "--validity", "1s"]);
+    independent_writers(h, &format!("file://{}", h.display()));
+}
+
+#[test]
+fn with_an_nfs_home_an_iw_cache_keeps_both_versions_and_merges_names() {
+    require_fuse();
+    let work = tempdir();
+    let export = work.path().join("export");
+    fs::create_dir(&export).expect("mkdir");
+    seed(&export);
+    let g = ganesha::Ganesha::start_new(&export, &work.path().join("ganesha"));
+    // Home's other writer writes the exported directory itself.
+    independent_writers(&export, &g.url().to_string());
+    drop(g);
+}
+
+/// The independent-writer scenario: home `h` (reached as `url`) and an
+/// `iw` cache change the same objects and names.
+fn independent_writers(h: &Path, url: &str) {
+    let (cl, m) = bound_to(
+        url,
+        &["--mode", "iw", "--sync-lag", "1h", "--validity", "1s"],
+    );
     let c = m.path.join("c");
     // The cache reads, then writes d/f; home writes it too meanwhile.
     assert_eq!(fs::read(c.join("d/f")).expect("read"), b"home v1");

@@ -421,3 +421,111 @@ fn changes_under_a_binding_leave_marks_cleared_only_when_unchanged() {
     assert_eq!(left.len(), 1, "only the root's names mark: {left:?}");
     assert_eq!(left[0].id, r.id);
 }
+
+#[test]
+fn a_fetched_name_removed_or_replaced_in_the_cache_is_recorded_as_departed() {
+    let (_d, s) = store();
+    let r = bound_root(&s);
+    let a = seed(ROOT_ID, "a", 10, b"ha");
+    let b = seed(ROOT_ID, "b", 11, b"hb");
+    s.fill(r, &[a.clone(), b.clone()], true).unwrap();
+    // `a` removed; `b` replaced by a file made in the cache.
+    s.unlink(r, b"a", None, None).unwrap();
+    let f = s
+        .create_inode(ROOT_ID, &attr(FileKind::File), None, 1, Some(r.id), None)
+        .unwrap();
+    s.link(r, b"f", f.handle(), FileKind::File, None, None)
+        .unwrap();
+    s.rename(r, b"f", b"b", Some(b.inode.id), None).unwrap();
+    let mut gone = s.wb_gone(r.id).unwrap();
+    gone.sort_by(|x, y| x.name.cmp(&y.name));
+    let got: Vec<(Vec<u8>, FileId, u64)> = gone
+        .iter()
+        .map(|g| (g.name.clone(), g.id, g.fileid))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (b"a".to_vec(), a.inode.id, 10),
+            (b"b".to_vec(), b.inode.id, 11)
+        ]
+    );
+    // A listing from home keeps the object made in the cache while the
+    // directory's change is not pushed, and after.
+    let dir_attr = s.get_inode(ROOT_ID).unwrap().unwrap().attr;
+    let (_, what) = s
+        .refresh_dir(r, &[a.clone(), b.clone()], stamp(0, 500), &dir_attr)
+        .unwrap();
+    assert_eq!((what.added, what.removed), (0, 0), "marked: left as it is");
+    let marks: Vec<(FileId, u64)> = s
+        .wb_marks(r.id, u64::MAX)
+        .unwrap()
+        .iter()
+        .map(|m| (m.id, m.count))
+        .collect();
+    s.wb_clear(&marks).unwrap();
+    let (_, what) = s
+        .refresh_dir(r, &[a.clone(), b.clone()], stamp(0, 600), &dir_attr)
+        .unwrap();
+    assert_eq!(what.added, 1, "home still has a: it comes back");
+    assert_eq!(s.lookup(r, b"b").unwrap().unwrap().child, f.handle());
+}
+
+#[test]
+fn a_conflict_makes_the_object_homes_version_only_if_unchanged_since_read() {
+    let (_d, s) = store();
+    let r = bound_root(&s);
+    let f = s
+        .create_inode(ROOT_ID, &attr(FileKind::File), None, 1, Some(r.id), None)
+        .unwrap();
+    s.link(r, b"f", f.handle(), FileKind::File, None, None)
+        .unwrap();
+    let count = s
+        .wb_marks(r.id, u64::MAX)
+        .unwrap()
+        .iter()
+        .find(|m| m.id == f.id)
+        .unwrap()
+        .count;
+    let place = morris_proto::WbHome {
+        id: f.id,
+        dir: r.id,
+        name: b"f".to_vec(),
+        fileid: 42,
+        handle: b"hf".to_vec(),
+    };
+    let mut home_attr = attr(FileKind::File);
+    home_attr.size = 77;
+    let now = (b"hf".to_vec(), stamp(77, 900), home_attr);
+    // Changed in the cache since the push read the mark: refused.
+    assert_eq!(
+        s.wb_rebase(f.id, Some(count + 1), r.id, Some(&place), Some(&now))
+            .unwrap_err()
+            .code,
+        ErrorCode::Stale
+    );
+    s.wb_rebase(f.id, Some(count), r.id, Some(&place), Some(&now))
+        .unwrap();
+    let i = s.get_inode(f.id).unwrap().unwrap();
+    let l = i.home.unwrap();
+    assert!(!l.is_local());
+    assert_eq!((l.fileid, l.seen.size, l.version), (42, 77, 1));
+    assert_eq!(i.attr.size, 77);
+    assert!(s
+        .wb_marks(r.id, u64::MAX)
+        .unwrap()
+        .iter()
+        .all(|m| m.id != f.id));
+    assert_eq!(s.wb_homes(r.id).unwrap(), vec![place]);
+}
+
+#[test]
+fn a_unit_made_local_is_the_caches_until_a_newer_version() {
+    let t = local_tag(3, 5);
+    assert_eq!(is_own_for(t, 3, 5), Some(true));
+    assert_eq!(is_own_for(t, 3, 4), Some(true), "an older read: stale");
+    assert_eq!(is_own_for(t, 3, 6), Some(false), "home's again: fetched");
+    assert_eq!(is_own_for(t, 4, 5), Some(false), "another object");
+    assert_eq!(is_own_for(cached::LOCAL_TAG, 9, 9), Some(true));
+    assert_eq!(is_own_for((3u64 << 32) | 5, 3, 5), None);
+}
