@@ -100,6 +100,11 @@ fn seed(home: &Path) {
     fs::write(home.join("d/keep"), b"kept as it is").expect("write");
     fs::write(home.join("d/del"), b"removed in the cache").expect("write");
     fs::write(home.join("d/later"), b"changed at home later").expect("write");
+    for t in ["tree", "gone"] {
+        fs::create_dir_all(home.join(t).join("sub")).expect("mkdir");
+        fs::write(home.join(t).join("a"), b"a").expect("write");
+        fs::write(home.join(t).join("sub/b"), b"b").expect("write");
+    }
 }
 
 #[test]
@@ -146,6 +151,11 @@ fn independent_writers(h: &Path, url: &str) {
     fs::remove_file(c.join("d/del")).expect("remove in the cache");
     fs::write(h.join("d/theirs"), b"theirs").expect("create at home");
     fs::write(h.join("d/same"), b"home's same").expect("create at home");
+    // Two trees removed in the cache; another writer adds to one of them
+    // after the cache listed it.
+    fs::remove_dir_all(c.join("tree")).expect("rm -r tree in the cache");
+    fs::remove_dir_all(c.join("gone")).expect("rm -r gone in the cache");
+    fs::write(h.join("tree/sub/new"), b"another writer's").expect("create at home");
     flush(&m);
 
     // Home: its own versions at their paths, the cache's under .conflicts/.
@@ -162,7 +172,15 @@ fn independent_writers(h: &Path, url: &str) {
     assert_eq!(fs::read(h.join("d/mine")).expect("read"), b"mine");
     assert_eq!(fs::read(h.join("d/keep")).expect("read"), b"kept as it is");
     assert!(!h.join("d/del").exists(), "d/del still at home");
-    assert_eq!(conflicts_counted(&cl), 2);
+    // What the cache removed goes, another writer's name stays (with the
+    // directories that hold it: two more conflicts).
+    assert!(!h.join("gone").exists(), "gone still at home");
+    assert!(!h.join("tree/a").exists() && !h.join("tree/sub/b").exists());
+    assert_eq!(
+        fs::read(h.join("tree/sub/new")).expect("read"),
+        b"another writer's"
+    );
+    assert_eq!(conflicts_counted(&cl), 4);
 
     // The cache comes to show the same: home's versions, another writer's
     // names, the kept versions under .conflicts/.
@@ -184,6 +202,14 @@ fn independent_writers(h: &Path, url: &str) {
     assert_eq!(fs::read(c.join("d/same")).expect("read"), b"home's same");
     assert_eq!(fs::read(c.join("d/mine")).expect("read"), b"mine");
     assert!(!c.join("d/del").exists());
+    wait_for(
+        Duration::from_secs(30),
+        "tree/sub/new in the cache",
+        || match fs::read(c.join("tree/sub/new")) {
+            Ok(b) if b == b"another writer's" => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    );
     assert_same_tree(h, &c);
 
     // Home's later change to a file nobody changed in the cache comes in,
@@ -206,7 +232,7 @@ fn independent_writers(h: &Path, url: &str) {
         fs::read(h.join("d/mine")).expect("read"),
         b"mine, again in the cache"
     );
-    assert_eq!(conflicts_counted(&cl), 2);
+    assert_eq!(conflicts_counted(&cl), 4);
     assert!(kept(h, "mine").is_empty());
 }
 

@@ -11,6 +11,7 @@
 //! ascending id order ([`Leases::lock_many`]), the paper's fixed lock order.
 
 use bytes::Bytes;
+use morris_proto::home::is_cache_id;
 use morris_proto::{
     Attr, DirEntry, ErrorCode, FileId, FileKind, Handle, Inode, Reply, Request, SetAttr, Timestamp,
     MAX_NAME_LEN, MAX_SYMLINK_LEN, ROOT_ID,
@@ -260,6 +261,23 @@ impl Client {
                 .get_seeded(e.child, Mode::Read, seed.as_ref())
                 .await
             {
+                Ok(g) if g.inode().attr.nlink == 0 && is_cache_id(e.child.id) => {
+                    // Removed here, named again by home's listing (an `iw`
+                    // cache's removal that home did not take): made live
+                    // again from its seed by its owner.
+                    drop(g);
+                    if let Some(seed) = self.seed_of(dir, name, e.child).await? {
+                        if seed.handle() == e.child && seed.attr.nlink > 0 {
+                            let g = self
+                                .leases
+                                .get_seeded(e.child, Mode::Read, Some(&seed))
+                                .await?;
+                            return self.fresh(&g).await;
+                        }
+                    }
+                    let g = self.leases.get(e.child, Mode::Read).await?;
+                    return self.fresh(&g).await;
+                }
                 Ok(g) => return self.fresh(&g).await,
                 // The entry changed under us (removed, replaced): look again.
                 Err(err) if err.code == ErrorCode::Stale || err.code == ErrorCode::NotFound => {

@@ -418,6 +418,18 @@ impl Leases {
                         format!("file {} was replaced", h.id),
                     ));
                 }
+                // Removed here (no name left), and named again from home's
+                // listing (an `iw` cache's removal home did not take): the
+                // owner makes it live again, recalling this lease first.
+                let revived = seed.is_some_and(|s| {
+                    s.handle() == h && s.attr.nlink > 0 && e.state.lock().inode.attr.nlink == 0
+                });
+                if revived && want == Mode::Read {
+                    match self.acquire(h, want, seed, true).await? {
+                        Some(g) => return Ok(g),
+                        None => continue,
+                    }
+                }
                 if self.usable(&e, want) {
                     let g = crate::slow::watch(
                         || format!("a use of the lease on {} ({want:?})", h.id),
@@ -445,7 +457,7 @@ impl Leases {
                     self.discard(&e);
                 }
             }
-            match self.acquire(h, want, seed).await? {
+            match self.acquire(h, want, seed, false).await? {
                 Some(g) => return Ok(g),
                 // Given back before it could be used: ask again.
                 None => continue,
@@ -455,11 +467,13 @@ impl Leases {
 
     /// Takes the lease from its owner and returns a use of it; `None` if a
     /// recall gave it back before the use could be taken (ask again).
+    /// `revive`: ask even though a lease is cached (see `get_seeded`).
     async fn acquire(
         self: &Arc<Self>,
         h: Handle,
         want: Mode,
         seed: Option<&Inode>,
+        revive: bool,
     ) -> Result<Option<LeaseGuard>> {
         let _serial = crate::slow::watch(
             || format!("another acquire of (an inode sharing a lock with) {}", h.id),
@@ -475,7 +489,7 @@ impl Leases {
         // shard, the shard for the give-back (the checker saw the NFS
         // gateway wedged this way). So: take a use only if one is free at
         // once, and otherwise let go of the shard and start again.
-        let cached = self.map.lock().get(&h.id).cloned();
+        let cached = self.map.lock().get(&h.id).cloned().filter(|_| !revive);
         if let Some(e) = cached {
             if self.usable(&e, want) {
                 if let Ok(g) = e.uses.clone().try_read_owned() {

@@ -100,8 +100,11 @@ async fn an_acquire_never_waits_for_a_give_back_holding_the_shared_lock() {
     leases.on_recall(0, d.id, LeaseMode::Write);
     // An acquire of the directory (an upgrade for a rename, say) starts.
     let (l2, dh) = (leases.clone(), d.handle());
-    let upgrade =
-        tokio::spawn(async move { l2.acquire(dh, Mode::Write, None).await.map(|g| g.is_some()) });
+    let upgrade = tokio::spawn(async move {
+        l2.acquire(dh, Mode::Write, None, false)
+            .await
+            .map(|g| g.is_some())
+    });
     tokio::time::sleep(Duration::from_millis(200)).await;
     // The holder of the directory's use now needs the file's lease.
     let got = tokio::time::timeout(

@@ -924,7 +924,7 @@ impl Store {
             if existing.as_ref().is_some_and(|e| e.kind == FileKind::Dir) {
                 nlink -= 1;
             }
-            a.nlink = u32::try_from(nlink.max(0))
+            a.nlink = u32::try_from(nlink.max(2))
                 .map_err(|_| WireError::new(ErrorCode::TooManyLinks, "too many subdirectories"))?;
             touch_dir(a);
             store_dir_row(tx, &d)?;
@@ -970,7 +970,9 @@ impl Store {
             let a = &mut d.inode.attr;
             a.size = a.size.saturating_sub(1);
             if e.kind == FileKind::Dir {
-                a.nlink = a.nlink.saturating_sub(1);
+                // Never below 2 while the directory has a name: a directory
+                // listed from home counts no subdirectories it was given.
+                a.nlink = a.nlink.saturating_sub(1).max(2);
             }
             touch_dir(a);
             store_dir_row(tx, &d)?;
@@ -1032,7 +1034,7 @@ impl Store {
             if let Some(t) = &dst {
                 a.size = a.size.saturating_sub(1);
                 if t.kind == FileKind::Dir {
-                    a.nlink = a.nlink.saturating_sub(1);
+                    a.nlink = a.nlink.saturating_sub(1).max(2);
                 }
             }
             touch_dir(a);

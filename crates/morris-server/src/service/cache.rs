@@ -956,11 +956,14 @@ impl Server {
         let replacing = match metadata(|| store.get_inode(seed.id))? {
             Some(old)
                 if old.gen == seed.gen
+                    && old.attr.nlink > 0
                     && old.home.as_ref().is_some_and(|l| l.binding == link.binding) =>
             {
                 // Made already (by this client's earlier ask or another's).
                 return Ok(old);
             }
+            // Another object on its id, or this one removed in the cache
+            // and listed from home again: every client's view of it goes.
             Some(_) => true,
             None => false,
         };

@@ -471,7 +471,17 @@ impl Server {
                 Ok(())
             }
             Step::Remove { name, is_dir } => {
-                let r2 = if is_dir {
+                let r2 = if is_dir && r.iw {
+                    // Only what the cache knew: another writer's names in
+                    // it stay, and so does the directory then.
+                    match home.lookup(hd, &name).await {
+                        Ok((h, a)) => match departed(r, d, &name, a.fileid) {
+                            Some(obj) => remove_known(r, obj, hd, &h, &name).await,
+                            None => Ok(()),
+                        },
+                        Err(e) => Err(e),
+                    }
+                } else if is_dir {
                     remove_tree(&*home, hd, &name).await
                 } else {
                     home.remove(hd, &name).await
@@ -589,6 +599,72 @@ pub(super) fn note_place(r: &mut Round<'_>, rec: WbHome) {
     }
     r.by_spot.insert(spot, id);
     r.handles.remove(&id);
+}
+
+/// Removes directory `name` (handle `h`, the cache's object `obj`) in
+/// `dir` at home with what in it the cache knew (names it left, objects
+/// it placed, aside names), depth first; names another writer made in it
+/// stay, and so does the directory then (its removal is undone in the
+/// cache by the next listing of its parent: counted as a conflict).
+fn remove_known<'a>(
+    r: &'a Round<'_>,
+    obj: FileId,
+    dir: &'a HomeHandle,
+    h: &'a HomeHandle,
+    name: &'a [u8],
+) -> BoxFuture<'a, Result<(), HomeError>> {
+    async move {
+        let home = &*r.home;
+        let mut entries = Vec::new();
+        let (mut cookie, mut verifier) = (0, [0u8; 8]);
+        loop {
+            let page = home.read_dir(h, cookie, verifier, PAGE as usize, true).await?;
+            verifier = page.verifier;
+            let eof = page.eof;
+            for e in page.entries {
+                cookie = e.cookie;
+                entries.push(e);
+            }
+            if eof {
+                break;
+            }
+        }
+        for e in entries {
+            let known = departed(r, obj, &e.name, e.fileid).or_else(|| parse_temp(&e.name));
+            let Some(child) = known else {
+                continue;
+            };
+            let (ch, a) = match &e.plus {
+                Some(p) => p.clone(),
+                None => match home.lookup(h, &e.name).await {
+                    Ok(x) => x,
+                    Err(HomeError::NotFound) => continue,
+                    Err(err) => return Err(err),
+                },
+            };
+            let res = if a.kind == HomeKind::Dir {
+                remove_known(r, child, h, &ch, &e.name).await
+            } else {
+                home.remove(h, &e.name).await
+            };
+            match res {
+                Ok(()) | Err(HomeError::NotFound) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        match home.rmdir(dir, name).await {
+            Err(HomeError::NotEmpty) => {
+                r.b.wb.conflicts.fetch_add(1, Ordering::Relaxed);
+                warn!(
+                    name = %String::from_utf8_lossy(name),
+                    "write-back: a directory removed in the cache holds another writer's names at home: kept"
+                );
+                Ok(())
+            }
+            other => other,
+        }
+    }
+    .boxed()
 }
 
 /// Removes `name` (a directory) in `dir` at home with everything in it.

@@ -430,21 +430,39 @@ impl Server {
             made: HashSet::new(),
             created: HashSet::new(),
         };
-        let (ok, names_ok) = self.run_round(&mut r, &due).await;
+        let (ok, names_ok, left) = self.run_round(&mut r, &due).await;
         let cleared: Vec<(FileId, u64)> = due
             .iter()
             .filter(|m| ok.contains(&m.id) && !r.rebased.contains(&m.id))
             .map(|m| (m.id, m.count))
             .collect();
-        // The names fetched objects left in directories pushed whole: home
-        // no longer has them.
-        let done_gone: Vec<(u32, WbHome)> = r
-            .gone
-            .values()
-            .flatten()
-            .filter(|g| names_ok.contains(&g.1.dir))
-            .cloned()
-            .collect();
+        // Departed names home no longer has: those of directories pushed
+        // whole, and those of directories removed at home with them.
+        let departed: Vec<&(u32, WbHome)> = r.gone.values().flatten().collect();
+        let mut cleared_ids = HashSet::new();
+        let mut done_gone = Vec::new();
+        let mut taken = vec![false; departed.len()];
+        for (k, g) in departed.iter().enumerate() {
+            if names_ok.contains(&g.1.dir) && !left.contains(&g.1.dir) {
+                taken[k] = true;
+                cleared_ids.insert(g.1.id);
+                done_gone.push((*g).clone());
+            }
+        }
+        loop {
+            let mut more = false;
+            for (k, g) in departed.iter().enumerate() {
+                if !taken[k] && cleared_ids.contains(&g.1.dir) {
+                    taken[k] = true;
+                    more = true;
+                    cleared_ids.insert(g.1.id);
+                    done_gone.push((*g).clone());
+                }
+            }
+            if !more {
+                break;
+            }
+        }
         self.clear_gone(&vol, done_gone).await?;
         let failed = due.iter().filter(|m| !ok.contains(&m.id)).count();
         self.clear_marks(&vol, &cleared).await?;
@@ -546,13 +564,13 @@ impl Server {
         Ok(())
     }
 
-    /// Pushes what `due` marks; returns the objects done, and the
-    /// directories whose names were pushed.
+    /// Pushes what `due` marks; returns the objects done, the directories
+    /// whose names were pushed, and those gone from the binding.
     async fn run_round(
         &self,
         r: &mut Round<'_>,
         due: &[WbMark],
-    ) -> (HashSet<FileId>, HashSet<FileId>) {
+    ) -> (HashSet<FileId>, HashSet<FileId>, HashSet<FileId>) {
         let mut done = HashSet::new();
         // Directories gone from the binding (their departed names need no
         // push).
@@ -701,8 +719,7 @@ impl Server {
                 done.insert(m.id);
             }
         }
-        names_ok.extend(left);
-        (done, names_ok)
+        (done, names_ok, left)
     }
 
     /// Object `id`'s inode (read once per round).
@@ -738,7 +755,11 @@ impl Server {
             let Some(i) = self.inode(r, at).await? else {
                 return Ok(None);
             };
-            if i.attr.kind != FileKind::Dir || i.home.as_ref().map(|l| l.binding) != Some(r.binding)
+            // Removed (kept while open: an orphan has no link), or not
+            // under the binding.
+            if i.attr.kind != FileKind::Dir
+                || i.attr.nlink == 0
+                || i.home.as_ref().map(|l| l.binding) != Some(r.binding)
             {
                 return Ok(None);
             }

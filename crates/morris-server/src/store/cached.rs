@@ -487,8 +487,28 @@ impl Store {
             if let Some(old) = load_inode(tx, seed.id)? {
                 let same = old.gen == seed.gen
                     && old.home.as_ref().is_some_and(|l| l.binding == link.binding);
-                if same {
+                if same && old.attr.nlink > 0 {
                     return Ok((old, false));
+                }
+                if same {
+                    // Removed in the cache (an orphan, kept while open)
+                    // and listed from home again (`iw`: home kept it, as
+                    // another writer's names were in it): alive again, as
+                    // home has it; the orphan's reaping must not take it.
+                    tx.execute(
+                        "DELETE FROM orphans WHERE ino = ?1",
+                        params![sql_id(seed.id)],
+                    )
+                    .map_err(db_err)?;
+                    let mut new = seed.clone();
+                    new.stale.clear();
+                    tx.execute(
+                        "UPDATE inodes SET data = ?2 WHERE id = ?1",
+                        params![sql_id(new.id), encode_inode(&new)?],
+                    )
+                    .map_err(db_err)?;
+                    put_link(tx, new.id, &link)?;
+                    return Ok((new, false));
                 }
                 tracing::info!(
                     id = seed.id,

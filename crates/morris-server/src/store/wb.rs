@@ -130,7 +130,8 @@ pub(super) fn mark(
 /// Forgets the marks and home place of object `id` (it is being deleted:
 /// its directory's mark covers its removal at home, where its place is
 /// kept as a departed name, so that an independent-writer cache knows the
-/// name at home for its own).
+/// name at home for its own). The names that left a directory being
+/// deleted stay too: its removal at home removes just those.
 pub(super) fn forget(tx: &Transaction<'_>, id: FileId) -> Result<(), WireError> {
     tx.execute(
         "INSERT OR REPLACE INTO wb_gone (dir, name, id, binding, fileid)
@@ -141,7 +142,6 @@ pub(super) fn forget(tx: &Transaction<'_>, id: FileId) -> Result<(), WireError> 
     for sql in [
         "DELETE FROM wb_marks WHERE id = ?1",
         "DELETE FROM wb_homes WHERE id = ?1",
-        "DELETE FROM wb_gone WHERE dir = ?1",
     ] {
         tx.execute(sql, params![sql_id(id)]).map_err(db_err)?;
     }
