@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use morris_client::{Client, ClientConfig, FileKind, Inode, ROOT_ID};
-use morris_proto::home::{Binding, CacheMode};
+use morris_proto::home::{Binding, CacheMode, OnDisconnect};
 
 use crate::mountinfo;
 use crate::runtime;
@@ -96,6 +96,11 @@ pub struct BindArgs {
     /// changes of the same object within it go with it).
     #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
     pub sync_lag: Duration,
+    /// sw, iw, lu: what a change does while home does not answer: local
+    /// (made and queued, pushed when home is back) or block (waits until
+    /// home answers, as on a hard NFS mount).
+    #[arg(long, default_value = "local", value_parser = parse_on_disconnect)]
+    pub on_disconnect: OnDisconnect,
     /// How long what was checked against home is trusted (e.g. 15s, 500ms;
     /// 0: every open and lookup asks home).
     #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
@@ -136,6 +141,10 @@ pub struct PathsArgs {
 
 fn parse_mode(s: &str) -> Result<CacheMode, String> {
     CacheMode::parse(s).ok_or_else(|| format!("{s:?} is not a cache mode (ro, sw, iw, lu)"))
+}
+
+fn parse_on_disconnect(s: &str) -> Result<OnDisconnect, String> {
+    OnDisconnect::parse(s).ok_or_else(|| format!("{s:?} is not local or block"))
 }
 
 /// The morris mount holding `path`, the path's components inside it, and
@@ -225,6 +234,7 @@ async fn bind(args: &CacheArgs, b: &BindArgs) -> Result<ExitCode> {
             .max(1),
         max_bytes: b.max_bytes,
         sync_lag_ms: u64::try_from(b.sync_lag.as_millis()).unwrap_or(u64::MAX),
+        on_disconnect: b.on_disconnect,
     };
     client
         .bind(dir.id, binding)

@@ -265,3 +265,60 @@ fn a_sw_cache_keeps_its_version_when_home_changed_behind_its_back() {
     assert_eq!(fs::read(c.join("d/f")).expect("read"), b"home v3");
     assert_eq!(fs::read(c.join("d/new")).expect("read"), b"new at home");
 }
+
+#[test]
+fn with_on_disconnect_block_changes_wait_for_home_and_then_go_through() {
+    require_fuse();
+    let work = tempdir();
+    let export = work.path().join("export");
+    fs::create_dir(&export).expect("mkdir");
+    seed(&export);
+    let mut g = ganesha::Ganesha::start_new(&export, &work.path().join("ganesha"));
+    let (cl, m) = bound_to(
+        &g.url().to_string(),
+        &[
+            "--mode",
+            "sw",
+            "--sync-lag",
+            "1s",
+            "--timeout",
+            "2s",
+            "--on-disconnect",
+            "block",
+        ],
+    );
+    let c = m.path.join("c");
+    assert_eq!(fs::read(c.join("d/f")).expect("read"), b"home v1");
+    let _ = walk(&c);
+    fs::write(c.join("d/before"), b"made while home answers").expect("write");
+    g.stop();
+    // A home that answered within the last 2 s is taken to answer still.
+    std::thread::sleep(Duration::from_secs(3));
+    // Cached data is still read; a change waits (nothing else in its
+    // directory is looked at meanwhile: the change holds its lease).
+    assert_eq!(fs::read(c.join("d/f")).expect("read"), b"home v1");
+    let target = c.join("d/while-down");
+    let started = std::time::Instant::now();
+    let writer = std::thread::spawn(move || fs::write(target, b"waited for home"));
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(
+        !writer.is_finished(),
+        "a change went through with home down"
+    );
+    g.start();
+    writer
+        .join()
+        .expect("writer")
+        .expect("the change once home is back");
+    assert!(started.elapsed() >= Duration::from_secs(6));
+    flush(&m);
+    assert_eq!(
+        fs::read(export.join("d/while-down")).expect("read"),
+        b"waited for home"
+    );
+    assert_eq!(
+        fs::read(export.join("d/before")).expect("read"),
+        b"made while home answers"
+    );
+    drop(cl);
+}

@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use morris_proto::home::{is_cache_id, Binding, CacheMode, HomeLink, HomeRef};
+use morris_proto::home::{is_cache_id, Binding, CacheMode, HomeLink, HomeRef, OnDisconnect};
 use morris_proto::{ErrorCode, FileId, Handle, Inode, Reply, Request};
 
 use crate::leases::{FastMap, Mode};
@@ -37,6 +37,9 @@ use crate::{Client, Error, Result};
 pub(crate) struct CacheView {
     /// Bindings' settings, by bound directory, and when they were read.
     specs: parking_lot::Mutex<HashMap<FileId, (Binding, Instant)>>,
+    /// `--on-disconnect block` bindings every server was told of by this
+    /// client (each server then refuses a change while home is down).
+    told: parking_lot::Mutex<std::collections::HashSet<FileId>>,
     /// When this client last had each cached object compared with home.
     validated: parking_lot::Mutex<HashMap<FileId, Instant>>,
     /// Seeds of placeholders this client is about to look up (from
@@ -167,7 +170,15 @@ impl Client {
         let Some(l) = &i.home else {
             return Ok(());
         };
-        if self.binding_spec(l.binding).await?.writable() {
+        let spec = self.binding_spec(l.binding).await?;
+        if spec.writable() {
+            if spec.on_disconnect == OnDisconnect::Block && self.cache.told.lock().insert(l.binding)
+            {
+                if let Err(e) = self.open_home_everywhere(l.binding).await {
+                    self.cache.told.lock().remove(&l.binding);
+                    return Err(e);
+                }
+            }
             Ok(())
         } else {
             Err(Error::new(

@@ -329,7 +329,17 @@ impl Client {
         let attempts = rounds * k;
         for n in 0..attempts - 1 {
             let server = (first + n) % k;
-            match self.call_bounded(server, req.clone(), Bytes::new()).await {
+            let res = loop {
+                match self.call_bounded(server, req.clone(), Bytes::new()).await {
+                    // `--on-disconnect block`: the create waits for home.
+                    Err(e) if e.code == ErrorCode::HomeDown => {
+                        tracing::debug!(server, error = %e, "create waits for home");
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    }
+                    r => break r,
+                }
+            };
+            match res {
                 Ok((reply, _)) => return inode_reply(reply),
                 Err(e)
                     if matches!(

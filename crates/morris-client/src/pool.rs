@@ -466,6 +466,12 @@ impl Pool {
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_millis(500));
                 }
+                Err(RpcError::Remote(w)) if w.code == ErrorCode::HomeDown => {
+                    // `--on-disconnect block`: the change waits for home,
+                    // however long it takes.
+                    self.touch(i, sent);
+                    home_down_wait(req.name(), &w.message).await;
+                }
                 Err(RpcError::Remote(w)) => {
                     self.touch(i, sent);
                     return Err(Error::new(w.code, w.message));
@@ -551,6 +557,10 @@ impl Pool {
                             self.touch(s, sent);
                             match w.code {
                                 ErrorCode::Grace => {}
+                                ErrorCode::HomeDown => {
+                                    home_down_wait(req.name(), &w.message).await;
+                                    continue;
+                                }
                                 // Not serving the range (or shutting down).
                                 ErrorCode::NotOwner | ErrorCode::Unavailable => switch(s),
                                 _ => return Err(Error::new(w.code, w.message)),
@@ -691,3 +701,14 @@ impl Pool {
         v
     }
 }
+
+/// Waits before a change refused while its home does not answer
+/// (`--on-disconnect block`) is asked again.
+async fn home_down_wait(op: &str, why: &str) {
+    debug!(op, why, "change waits for home");
+    tokio::time::sleep(HOME_DOWN_RETRY).await;
+}
+
+/// How often a change waiting for its home (`--on-disconnect block`) is
+/// asked again.
+const HOME_DOWN_RETRY: Duration = Duration::from_secs(1);

@@ -35,7 +35,8 @@ pub(crate) fn errno(code: ErrorCode) -> Errno {
         | ErrorCode::NoLease
         | ErrorCode::NotOwner
         | ErrorCode::OutOfSync
-        | ErrorCode::UnknownBinding => Errno::EIO,
+        | ErrorCode::UnknownBinding
+        | ErrorCode::HomeDown => Errno::EIO,
     }
 }
 
@@ -54,7 +55,7 @@ pub(crate) fn fail(op: &'static str, ino: u64, err: &Error) -> Errno {
 mod tests {
     use super::*;
 
-    const ALL: [ErrorCode; 25] = [
+    const ALL: [ErrorCode; 26] = [
         ErrorCode::NotFound,
         ErrorCode::Exists,
         ErrorCode::NotDir,
@@ -80,6 +81,7 @@ mod tests {
         ErrorCode::ReadOnly,
         ErrorCode::UnknownBinding,
         ErrorCode::CrossDevice,
+        ErrorCode::HomeDown,
     ];
 
     #[test]
@@ -110,6 +112,7 @@ mod tests {
             libc::EROFS,
             libc::EIO,
             libc::EXDEV,
+            libc::EIO,
         ];
         for (code, want) in ALL.iter().zip(expected) {
             assert_eq!(errno(*code).code(), want, "{code:?}");

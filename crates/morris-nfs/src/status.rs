@@ -27,7 +27,7 @@ pub fn nfsstat(code: ErrorCode) -> nfsstat3 {
         ErrorCode::NotSupported => nfsstat3::NFS3ERR_NOTSUPP,
         ErrorCode::ReadOnly => nfsstat3::NFS3ERR_ROFS,
         ErrorCode::CrossDevice => nfsstat3::NFS3ERR_XDEV,
-        ErrorCode::Grace | ErrorCode::NotOwner => nfsstat3::NFS3ERR_JUKEBOX,
+        ErrorCode::Grace | ErrorCode::NotOwner | ErrorCode::HomeDown => nfsstat3::NFS3ERR_JUKEBOX,
         ErrorCode::Unavailable
         | ErrorCode::Io
         | ErrorCode::Protocol

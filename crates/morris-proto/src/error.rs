@@ -60,6 +60,9 @@ pub enum ErrorCode {
     /// The object cannot be moved there (an object fetched from a home
     /// keeps its place: `mv` copies it instead).
     CrossDevice,
+    /// The change lies under a binding whose changes wait while its home
+    /// does not answer (`--on-disconnect block`): ask again later.
+    HomeDown,
 }
 
 impl ErrorCode {
@@ -116,6 +119,7 @@ impl ErrorCode {
             ErrorCode::ReadOnly => "read-only cache of a home",
             ErrorCode::UnknownBinding => "binding not known to this server",
             ErrorCode::CrossDevice => "cannot be moved there",
+            ErrorCode::HomeDown => "home does not answer; changes wait for it",
         }
     }
 }

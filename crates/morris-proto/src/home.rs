@@ -16,8 +16,8 @@ use crate::types::{FileId, FileKind, Timestamp};
 /// it are allocated by the servers' counters (`layout::allocate_id`).
 pub const CACHE_ID_BASE: FileId = 1 << 62;
 
-/// How a cache treats changes (AFM's modes). `Iw` is refused by `bind`
-/// until conflicts are detected (docs/architecture.md, "Cache mode II").
+/// How a cache treats changes (AFM's modes; docs/architecture.md, "Cache
+/// mode II").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum CacheMode {
     /// Read-only: every change under the binding answers `ReadOnly`.
@@ -72,6 +72,37 @@ pub struct Binding {
     /// milliseconds (later changes to the same object within it are
     /// pushed with it).
     pub sync_lag_ms: u64,
+    /// What a change does while home does not answer.
+    pub on_disconnect: OnDisconnect,
+}
+
+/// What a change under a writable binding does while home does not answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum OnDisconnect {
+    /// It is made and queued, pushed once home answers again.
+    #[default]
+    Local,
+    /// It waits until home answers (as a hard NFS mount does).
+    Block,
+}
+
+impl OnDisconnect {
+    /// The short name (`local`, `block`).
+    pub fn name(self) -> &'static str {
+        match self {
+            OnDisconnect::Local => "local",
+            OnDisconnect::Block => "block",
+        }
+    }
+
+    /// Parses a short name.
+    pub fn parse(s: &str) -> Option<OnDisconnect> {
+        match s {
+            "local" => Some(OnDisconnect::Local),
+            "block" => Some(OnDisconnect::Block),
+            _ => None,
+        }
+    }
 }
 
 impl Binding {
@@ -106,6 +137,33 @@ impl From<BindingV1> for Binding {
             timeout_ms: b.timeout_ms,
             max_bytes: b.max_bytes,
             sync_lag_ms: DEFAULT_SYNC_LAG_MS,
+            on_disconnect: OnDisconnect::Local,
+        }
+    }
+}
+
+/// A binding's settings as stores kept them before `on_disconnect`
+/// (record format 2): read, never written.
+#[derive(Debug, Clone, Deserialize)]
+pub struct BindingV2 {
+    url: String,
+    mode: CacheMode,
+    validity_ms: u64,
+    timeout_ms: u64,
+    max_bytes: u64,
+    sync_lag_ms: u64,
+}
+
+impl From<BindingV2> for Binding {
+    fn from(b: BindingV2) -> Binding {
+        Binding {
+            url: b.url,
+            mode: b.mode,
+            validity_ms: b.validity_ms,
+            timeout_ms: b.timeout_ms,
+            max_bytes: b.max_bytes,
+            sync_lag_ms: b.sync_lag_ms,
+            on_disconnect: OnDisconnect::Local,
         }
     }
 }
@@ -128,6 +186,34 @@ pub struct HomeLinkV1 {
 
 impl From<HomeLinkV1> for HomeLink {
     fn from(l: HomeLinkV1) -> HomeLink {
+        HomeLink {
+            binding: l.binding,
+            handle: l.handle,
+            fileid: l.fileid,
+            seen: l.seen,
+            checked_ms: l.checked_ms,
+            version: l.version,
+            listed: l.listed,
+            bound: l.bound.map(Binding::from),
+        }
+    }
+}
+
+/// A [`HomeLink`] as stores kept it in record format 2: read, never written.
+#[derive(Debug, Clone, Deserialize)]
+pub struct HomeLinkV2 {
+    binding: FileId,
+    handle: Vec<u8>,
+    fileid: u64,
+    seen: HomeStamp,
+    checked_ms: u64,
+    version: u32,
+    listed: bool,
+    bound: Option<BindingV2>,
+}
+
+impl From<HomeLinkV2> for HomeLink {
+    fn from(l: HomeLinkV2) -> HomeLink {
         HomeLink {
             binding: l.binding,
             handle: l.handle,

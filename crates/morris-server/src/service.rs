@@ -1100,6 +1100,7 @@ impl Server {
         req: Request,
         payload: Bytes,
     ) -> Result<Reply, WireError> {
+        self.wait_for_home(&store, &req).await?;
         match req {
             Request::Renew => Ok(Reply::Ok),
             Request::Release { ino } => {

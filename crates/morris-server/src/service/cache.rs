@@ -64,6 +64,9 @@ const BACKGROUND_FETCHES: usize = 2;
 /// While home does not answer, one request in this long tries it again;
 /// the others fail (misses) or are served from the cache (the rest) at once.
 const PROBE_EVERY: Duration = Duration::from_secs(3);
+/// A home that answered this recently is taken to answer still (a change
+/// under `--on-disconnect block` does not ask it again).
+const ANSWERED_RECENTLY: Duration = Duration::from_secs(2);
 
 /// One binding as this server knows it.
 pub(crate) struct Bound {
@@ -71,6 +74,8 @@ pub(crate) struct Bound {
     /// The home, once opened (on first need; again after a failure).
     home: tokio::sync::Mutex<Option<Arc<dyn Home>>>,
     reachable: AtomicBool,
+    /// When home last answered.
+    last_ok: Mutex<Option<Instant>>,
     /// While home does not answer: since when, and when the next request
     /// may try it again.
     down: Mutex<Option<(Instant, Instant)>>,
@@ -91,6 +96,7 @@ impl Bound {
             spec,
             home: tokio::sync::Mutex::new(None),
             reachable: AtomicBool::new(true),
+            last_ok: Mutex::new(None),
             down: Mutex::new(None),
             last_error: Mutex::new(None),
             hits: AtomicU64::new(0),
@@ -170,7 +176,33 @@ impl Bound {
         }
     }
 
+    /// Whether home answers now: it did within [`ANSWERED_RECENTLY`], or
+    /// a look at its root now goes through (`--on-disconnect block`).
+    pub(super) async fn answers(&self) -> bool {
+        if self
+            .last_ok
+            .lock()
+            .is_some_and(|t| t.elapsed() < ANSWERED_RECENTLY)
+        {
+            return true;
+        }
+        let Ok(home) = self.home().await else {
+            return false;
+        };
+        match home.root().await {
+            Ok(_) => {
+                self.ok();
+                true
+            }
+            Err(e) => {
+                self.failed(e);
+                false
+            }
+        }
+    }
+
     pub(super) fn ok(&self) {
+        *self.last_ok.lock() = Some(Instant::now());
         self.reachable.store(true, Ordering::Relaxed);
         if let Some((since, _)) = self.down.lock().take() {
             info!(url = %self.spec.url, down_secs = since.elapsed().as_secs(), "home answers again");

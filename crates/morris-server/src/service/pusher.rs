@@ -24,7 +24,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use morris_home::{Home, HomeError, HomeHandle, HomeKind, HomeNew, HomeSetAttr, HomeTime};
-use morris_proto::home::{wall_ms, Binding};
+use morris_proto::home::{wall_ms, Binding, OnDisconnect};
 use morris_proto::{
     DirEntry, ErrorCode, FileId, FileKind, Inode, Reply, Request, WbHome, WbMark, WireError,
 };
@@ -34,7 +34,7 @@ use tracing::{debug, warn};
 use super::cache::{attr_of, stamp_of, Bound};
 use super::push_names::Departed;
 use super::{err, metadata, Server};
-use crate::store::Formatted;
+use crate::store::{Formatted, Store};
 
 /// Entries asked per `WbEntries` page, and per home listing page.
 pub(super) const PAGE: u32 = 1000;
@@ -210,6 +210,60 @@ impl Server {
             Request::WbGone { .. } => metadata(|| st.wb_gone(binding)).map(Reply::WbHomes),
             Request::WbNameOf { id, .. } => metadata(|| st.wb_name_of(*id)).map(Reply::WbHomes),
             _ => metadata(|| st.wb_homes(binding)).map(Reply::WbHomes),
+        }
+    }
+
+    /// `--on-disconnect block`: refuses (`HomeDown`, which the client asks
+    /// again until it passes) a change under a binding whose home does not
+    /// answer now. Nothing to do unless such a binding is known here.
+    pub(super) async fn wait_for_home(
+        &self,
+        store: &Store,
+        req: &Request,
+    ) -> Result<(), WireError> {
+        let binding_of = |id: FileId| {
+            store
+                .get_inode(id)
+                .ok()
+                .flatten()
+                .and_then(|i| i.home.map(|l| l.binding))
+        };
+        let changed = match req {
+            Request::Link { dir, .. }
+            | Request::Unlink { dir, .. }
+            | Request::Rename { dir, .. } => Some(dir.id),
+            Request::SetAttr { ino, .. } => Some(ino.id),
+            Request::CreateInode { home: Some(_), .. } => Some(0),
+            _ => None,
+        };
+        let Some(changed) = changed else {
+            return Ok(());
+        };
+        let blocking: Vec<(FileId, Arc<Bound>)> = self
+            .known_bindings()
+            .into_iter()
+            .filter(|(_, b)| b.spec.on_disconnect == OnDisconnect::Block && b.spec.writable())
+            .collect();
+        if blocking.is_empty() {
+            return Ok(());
+        }
+        let binding = match req {
+            Request::CreateInode { home, .. } => *home,
+            _ => binding_of(changed),
+        };
+        let Some((_, b)) = binding.and_then(|x| blocking.iter().find(|(id, _)| *id == x)) else {
+            return Ok(());
+        };
+        if b.answers().await {
+            Ok(())
+        } else {
+            Err(err(
+                ErrorCode::HomeDown,
+                format!(
+                    "home {} does not answer; changes under its binding wait for it (--on-disconnect block)",
+                    b.spec.url
+                ),
+            ))
         }
     }
 

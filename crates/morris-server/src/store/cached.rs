@@ -23,7 +23,9 @@
 //! of the wire types ([`HomeLink`], [`Inode`]); a change to those types
 //! must keep a frozen copy of the old layout here and convert.
 
-use morris_proto::home::{is_cache_id, Binding, BindingV1, HomeLink, HomeLinkV1, HomeStamp};
+use morris_proto::home::{
+    is_cache_id, Binding, BindingV1, BindingV2, HomeLink, HomeLinkV1, HomeLinkV2, HomeStamp,
+};
 use morris_proto::{Attr, ErrorCode, FileId, FileKind, Handle, Inode, WireError};
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
@@ -86,10 +88,12 @@ pub fn is_own_for(tag: u64, gen: u32, version: u32) -> Option<bool> {
     Some(same_gen && u64::from(version) & (LOCAL_BIT - 1) <= tag & (LOCAL_BIT - 1))
 }
 
-/// Format byte of stored links, seeds and binding settings: 2 since
-/// bindings carry a sync lag; 1 (read, converted) before.
-const FORMAT: u8 = 2;
-/// The format before [`FORMAT`].
+/// Format byte of stored links, seeds and binding settings: 3 since
+/// bindings say what changes do while home is down; 2 (read, converted)
+/// since they carry a sync lag; 1 (read, converted) before.
+const FORMAT: u8 = 3;
+/// The formats before [`FORMAT`].
+const FORMAT_2: u8 = 2;
 const FORMAT_1: u8 = 1;
 
 fn encode<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, WireError> {
@@ -101,18 +105,22 @@ fn encode<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, WireError> {
     Ok(out)
 }
 
-/// Decodes a record of the current format, or of format 1 as `Old` (a
-/// frozen copy of the layout then) converted.
-fn decode_as<T, Old>(what: &str, b: &[u8]) -> Result<T, WireError>
+/// Decodes a record of the current format, or of format 1 as `Old1` and
+/// of format 2 as `Old2` (frozen copies of the layouts then) converted.
+fn decode_as<T, Old1, Old2>(what: &str, b: &[u8]) -> Result<T, WireError>
 where
     T: serde::de::DeserializeOwned,
-    Old: serde::de::DeserializeOwned + Into<T>,
+    Old1: serde::de::DeserializeOwned + Into<T>,
+    Old2: serde::de::DeserializeOwned + Into<T>,
 {
     let corrupt =
         |e: postcard::Error| WireError::new(ErrorCode::Io, format!("corrupt {what}: {e}"));
     match b.split_first() {
         Some((&FORMAT, rest)) => postcard::from_bytes(rest).map_err(corrupt),
-        Some((&FORMAT_1, rest)) => postcard::from_bytes::<Old>(rest)
+        Some((&FORMAT_2, rest)) => postcard::from_bytes::<Old2>(rest)
+            .map(Into::into)
+            .map_err(corrupt),
+        Some((&FORMAT_1, rest)) => postcard::from_bytes::<Old1>(rest)
             .map(Into::into)
             .map_err(corrupt),
         _ => Err(WireError::new(
@@ -122,14 +130,14 @@ where
     }
 }
 
-/// [`decode_as`] of a record whose layout did not change in format 2 (a
-/// seed: its link never carries a binding's settings).
+/// [`decode_as`] of a record whose layout did not change in formats 2 and
+/// 3 (a seed: its link never carries a binding's settings).
 fn decode<T: serde::de::DeserializeOwned>(what: &str, b: &[u8]) -> Result<T, WireError> {
-    decode_as::<T, T>(what, b)
+    decode_as::<T, T, T>(what, b)
 }
 
 pub(super) fn decode_link(b: &[u8]) -> Result<HomeLink, WireError> {
-    decode_as::<HomeLink, HomeLinkV1>("home link", b)
+    decode_as::<HomeLink, HomeLinkV1, HomeLinkV2>("home link", b)
 }
 
 /// The home link stored for `id`, if any.
@@ -725,7 +733,7 @@ impl Store {
                 let (id, b) = row.map_err(db_err)?;
                 out.push((
                     super::from_sql_id(id),
-                    decode_as::<Binding, BindingV1>("binding settings", &b),
+                    decode_as::<Binding, BindingV1, BindingV2>("binding settings", &b),
                 ));
             }
             Ok(out)

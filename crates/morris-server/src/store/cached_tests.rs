@@ -56,6 +56,7 @@ fn bound_root(s: &Store) -> Handle {
         timeout_ms: 1000,
         max_bytes: 0,
         sync_lag_ms: 15_000,
+        on_disconnect: morris_proto::home::OnDisconnect::Local,
     });
     let ino = s.bind(r, &l).unwrap();
     assert_eq!(ino.home.as_deref(), Some(&l));
@@ -87,6 +88,7 @@ fn only_an_empty_directory_that_is_not_cached_can_be_bound() {
         timeout_ms: 1,
         max_bytes: 0,
         sync_lag_ms: 15_000,
+        on_disconnect: morris_proto::home::OnDisconnect::Local,
     });
     assert_eq!(s.bind(r, &l).unwrap_err().code, ErrorCode::NotEmpty);
     s.unlink(r, b"f", None, None).unwrap();
@@ -528,4 +530,59 @@ fn a_unit_made_local_is_the_caches_until_a_newer_version() {
     assert_eq!(is_own_for(t, 4, 5), Some(false), "another object");
     assert_eq!(is_own_for(cached::LOCAL_TAG, 9, 9), Some(true));
     assert_eq!(is_own_for((3u64 << 32) | 5, 3, 5), None);
+}
+
+/// A link stored before bindings said what changes do while home is down
+/// (record format 2) still reads, with changes made locally.
+#[test]
+fn a_format_2_link_reads_with_changes_made_locally_while_home_is_down() {
+    #[derive(serde::Serialize)]
+    struct BindingV2 {
+        url: String,
+        mode: CacheMode,
+        validity_ms: u64,
+        timeout_ms: u64,
+        max_bytes: u64,
+        sync_lag_ms: u64,
+    }
+    #[derive(serde::Serialize)]
+    struct LinkV2 {
+        binding: FileId,
+        handle: Vec<u8>,
+        fileid: u64,
+        seen: morris_proto::home::HomeStamp,
+        checked_ms: u64,
+        version: u32,
+        listed: bool,
+        bound: Option<BindingV2>,
+    }
+    let l = link(1, b"root", 2);
+    let old = LinkV2 {
+        binding: l.binding,
+        handle: l.handle.clone(),
+        fileid: l.fileid,
+        seen: l.seen,
+        checked_ms: l.checked_ms,
+        version: l.version,
+        listed: l.listed,
+        bound: Some(BindingV2 {
+            url: "file:///x".into(),
+            mode: CacheMode::Sw,
+            validity_ms: 7,
+            timeout_ms: 8,
+            max_bytes: 9,
+            sync_lag_ms: 10,
+        }),
+    };
+    let mut bytes = vec![2u8];
+    bytes.extend(postcard::to_stdvec(&old).unwrap());
+    let got = super::cached::decode_link(&bytes).unwrap();
+    let b = got.bound.clone().unwrap();
+    assert_eq!(b.mode, CacheMode::Sw);
+    assert_eq!(
+        (b.validity_ms, b.timeout_ms, b.max_bytes, b.sync_lag_ms),
+        (7, 8, 9, 10)
+    );
+    assert_eq!(b.on_disconnect, morris_proto::home::OnDisconnect::Local);
+    assert_eq!(got.handle, l.handle);
 }
