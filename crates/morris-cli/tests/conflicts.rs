@@ -322,3 +322,51 @@ fn with_on_disconnect_block_changes_wait_for_home_and_then_go_through() {
     );
     drop(cl);
 }
+
+#[test]
+fn kill_9_of_each_server_while_conflicts_are_resolved_keeps_each_version_once() {
+    require_fuse();
+    let home = tempdir();
+    let h = home.path();
+    fs::create_dir(h.join("d")).expect("mkdir");
+    let n = 8;
+    for i in 0..4 * n {
+        fs::write(h.join(format!("d/f{i}")), format!("home v1 of {i}")).expect("write");
+    }
+    let (mut cl, m) = bound(h, &["--mode", "iw", "--sync-lag", "1h"]);
+    let c = m.path.join("c");
+    for round in 0..4 {
+        for i in round * n..(round + 1) * n {
+            let name = format!("d/f{i}");
+            assert_eq!(
+                fs::read(c.join(&name)).expect("read"),
+                format!("home v1 of {i}").as_bytes()
+            );
+            fs::write(c.join(&name), format!("the cache's {i}")).expect("write");
+            change_at_home(&h.join(&name), format!("home v2 of {i}").as_bytes());
+        }
+        let dir = c.to_str().expect("utf-8").to_string();
+        let pushing =
+            std::thread::spawn(move || morris(&["cache", "flush", &dir, "--timeout", "5s"]));
+        std::thread::sleep(Duration::from_millis(100 + 150 * round as u64));
+        cl.kill9(round);
+        let _ = pushing.join();
+        cl.restart(round);
+    }
+    flush(&m);
+    for i in 0..4 * n {
+        let name = format!("f{i}");
+        assert_eq!(
+            fs::read(h.join("d").join(&name)).expect("read"),
+            format!("home v2 of {i}").as_bytes(),
+            "home's version at d/{name}"
+        );
+        let k = kept(h, &name);
+        assert_eq!(k.len(), 1, "the cache's {name} kept once: {k:?}");
+        assert_eq!(k[0].1, format!("the cache's {i}").as_bytes());
+    }
+    let all = fs::read_dir(h.join(".conflicts")).expect("list").count();
+    assert_eq!(all, 4 * n, "nothing else in .conflicts/");
+    // (Counts are each server process's: the killed ones' are gone.)
+    assert!(conflicts_counted(&cl) > 0);
+}

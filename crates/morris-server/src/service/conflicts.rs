@@ -124,23 +124,33 @@ impl Server {
 
     /// The name object `id` has in the cache, for its `.conflicts/` copy
     /// (a file keeps no parent: found in the round's maps, else by asking
-    /// every range; `file` if none knows).
-    async fn name_in_cache(&self, r: &Round<'_>, id: FileId) -> Vec<u8> {
+    /// every range; `file` if every range answered and none names it). A
+    /// range that does not answer fails the resolution (the next round
+    /// tries again): the copy's name must not depend on who answered.
+    async fn name_in_cache(&self, r: &Round<'_>, id: FileId) -> Result<Vec<u8>, WireError> {
         if let Some(rec) = r.homes.get(&id).filter(|rec| rec.dir != 0) {
-            return rec.name.clone();
+            return Ok(rec.name.clone());
         }
         if let Some((_, n)) = r.named_in.get(&id).and_then(|v| v.first()) {
-            return n.clone();
+            return Ok(n.clone());
         }
         for range in 0..r.vol.layout.servers {
             let req = Request::WbNameOf { id, range };
-            if let Ok(Reply::WbHomes(found)) = self.range_ask_r(&r.vol, range, &req).await {
-                if let Some(f) = found.into_iter().next() {
-                    return f.name;
+            match self.range_ask_r(&r.vol, range, &req).await? {
+                Reply::WbHomes(found) => {
+                    if let Some(f) = found.into_iter().next() {
+                        return Ok(f.name);
+                    }
+                }
+                other => {
+                    return Err(super::err(
+                        morris_proto::ErrorCode::Protocol,
+                        format!("unexpected {other:?}"),
+                    ))
                 }
             }
         }
-        b"file".to_vec()
+        Ok(b"file".to_vec())
     }
 
     /// Writes the cache's version of object `id` (inode `i`) to
@@ -154,7 +164,7 @@ impl Server {
         home_mtime: i64,
     ) -> Result<Vec<u8>, WireError> {
         let cd = self.conflicts_dir(r).await?;
-        let base = self.name_in_cache(r, id).await;
+        let base = self.name_in_cache(r, id).await?;
         let name = conflict_name(&base, id, home_mtime);
         let (what, attrs) = new_of(i);
         let home = r.home.clone();
