@@ -367,6 +367,7 @@ fn kill_9_of_each_server_while_conflicts_are_resolved_keeps_each_version_once() 
     }
     let all = fs::read_dir(h.join(".conflicts")).expect("list").count();
     assert_eq!(all, 4 * n, "nothing else in .conflicts/");
-    // (Counts are each server process's: the killed ones' are gone.)
-    assert!(conflicts_counted(&cl) > 0);
+    // (Not the conflict counts: they are each server process's, and the
+    // pusher may be among the servers killed after its work.)
+    drop(cl);
 }

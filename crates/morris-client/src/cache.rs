@@ -69,7 +69,7 @@ impl CacheView {
 }
 
 /// What a cached read or fetch of file `i` (linked by `link`) names.
-fn home_ref(i: &Inode, link: &HomeLink) -> HomeRef {
+pub(crate) fn home_ref(i: &Inode, link: &HomeLink) -> HomeRef {
     HomeRef {
         binding: link.binding,
         handle: link.handle.clone(),
@@ -186,12 +186,6 @@ impl Client {
                 format!("{} lies in a read-only cache of a home", i.id),
             ))
         }
-    }
-
-    /// Refuses writing `i`'s data (open for writing, truncate) in a
-    /// read-only cache.
-    pub(crate) async fn check_write_data(&self, i: &Inode) -> Result<()> {
-        self.check_change(i).await
     }
 
     /// Before file `id` is opened for writing or truncated: if it was

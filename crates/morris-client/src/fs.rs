@@ -982,11 +982,7 @@ impl Client {
         let h = self.leases.handle(id)?;
         let g = self.leases.get(h, Mode::Write).await?;
         let cur = self.fresh(&g).await?;
-        if set.size.is_some() {
-            self.check_write_data(&cur).await?;
-        } else {
-            self.check_change(&cur).await?;
-        }
+        self.check_change(&cur).await?;
         let mut set = check_setattr(&cur, &set, caller)?;
         if let Some(size) = set.size {
             match cur.attr.kind {

@@ -188,7 +188,7 @@ impl Client {
                 return Err(Error::new(ErrorCode::IsDir, "open a directory for writing"));
             }
             if write {
-                self.check_write_data(&g.inode()).await?;
+                self.check_change(&g.inode()).await?;
             }
             // Counted while the lease is in use, so a recall of it (another
             // client about to remove the last name) sees this open.
@@ -292,15 +292,12 @@ impl Client {
                 st.local_writes,
                 Source {
                     stale: st.inode.stale.clone(),
-                    home: st.inode.home.as_ref().filter(|l| !l.is_local()).map(|l| {
-                        Arc::new(HomeRef {
-                            binding: l.binding,
-                            handle: l.handle.clone(),
-                            gen: st.inode.gen,
-                            version: l.version,
-                            size: a.size,
-                        })
-                    }),
+                    home: st
+                        .inode
+                        .home
+                        .as_ref()
+                        .filter(|l| !l.is_local())
+                        .map(|l| Arc::new(crate::cache::home_ref(&st.inode, l))),
                 },
             )
         };

@@ -67,6 +67,9 @@ const PROBE_EVERY: Duration = Duration::from_secs(3);
 /// A home that answered this recently is taken to answer still (a change
 /// under `--on-disconnect block` does not ask it again).
 const ANSWERED_RECENTLY: Duration = Duration::from_secs(2);
+/// Longest a change under `--on-disconnect block` waits for home's answer
+/// before it is refused (and asked again by the client).
+const ANSWER_WITHIN: Duration = Duration::from_secs(5);
 
 /// One binding as this server knows it.
 pub(crate) struct Bound {
@@ -189,15 +192,18 @@ impl Bound {
         let Ok(home) = self.home().await else {
             return false;
         };
-        match home.root().await {
-            Ok(_) => {
+        // Not longer than a client waits for an answer, whatever the
+        // binding's `--timeout`.
+        match tokio::time::timeout(ANSWER_WITHIN, home.root()).await {
+            Ok(Ok(_)) => {
                 self.ok();
                 true
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 self.failed(e);
                 false
             }
+            Err(_) => false,
         }
     }
 

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
-use morris_home::{Home, HomeError, HomeHandle, HomeKind};
+use morris_home::{Home, HomeEntry, HomeError, HomeHandle, HomeKind};
 use morris_proto::home::{cache_id, is_cache_id, HomeStamp};
 use morris_proto::{
     DirEntry, ErrorCode, FileId, FileKind, Inode, Reply, Request, WbHome, WireError,
@@ -110,26 +110,11 @@ impl Server {
             ));
         }
         // Home's entries.
-        let mut at_home = Vec::new();
-        let (mut cookie, mut verifier) = (0, [0u8; 8]);
-        loop {
-            let page = r
-                .home
-                .read_dir(&hd, cookie, verifier, PAGE as usize, true)
-                .await
-                .map_err(|e| home_failed(r.b, e))?;
-            // Home answers (after a time down, requests go through again).
-            r.b.ok();
-            verifier = page.verifier;
-            let eof = page.eof;
-            for e in page.entries {
-                cookie = e.cookie;
-                at_home.push(e);
-            }
-            if eof {
-                break;
-            }
-        }
+        let mut at_home = list_home(&*r.home, &hd)
+            .await
+            .map_err(|e| home_failed(r.b, e))?;
+        // Home answers (after a time down, requests go through again).
+        r.b.ok();
         let fsid = match at_home
             .iter()
             .find_map(|e| e.plus.as_ref().map(|p| p.1.fsid))
@@ -601,6 +586,26 @@ pub(super) fn note_place(r: &mut Round<'_>, rec: WbHome) {
     r.handles.remove(&id);
 }
 
+/// Every entry of home's directory `h`, page by page.
+async fn list_home(home: &dyn Home, h: &HomeHandle) -> Result<Vec<HomeEntry>, HomeError> {
+    let mut entries = Vec::new();
+    let (mut cookie, mut verifier) = (0, [0u8; 8]);
+    loop {
+        let page = home
+            .read_dir(h, cookie, verifier, PAGE as usize, true)
+            .await?;
+        verifier = page.verifier;
+        let eof = page.eof;
+        for e in page.entries {
+            cookie = e.cookie;
+            entries.push(e);
+        }
+        if eof {
+            return Ok(entries);
+        }
+    }
+}
+
 /// Removes directory `name` (handle `h`, the cache's object `obj`) in
 /// `dir` at home with what in it the cache knew (names it left, objects
 /// it placed, aside names), depth first; names another writer made in it
@@ -615,20 +620,7 @@ fn remove_known<'a>(
 ) -> BoxFuture<'a, Result<(), HomeError>> {
     async move {
         let home = &*r.home;
-        let mut entries = Vec::new();
-        let (mut cookie, mut verifier) = (0, [0u8; 8]);
-        loop {
-            let page = home.read_dir(h, cookie, verifier, PAGE as usize, true).await?;
-            verifier = page.verifier;
-            let eof = page.eof;
-            for e in page.entries {
-                cookie = e.cookie;
-                entries.push(e);
-            }
-            if eof {
-                break;
-            }
-        }
+        let entries = list_home(home, h).await?;
         for e in entries {
             let known = departed(r, obj, &e.name, e.fileid).or_else(|| parse_temp(&e.name));
             let Some(child) = known else {
