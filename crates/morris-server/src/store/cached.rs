@@ -588,7 +588,8 @@ impl Store {
     /// Removes every object of binding `binding` this store keeps: the
     /// entries (and seeds) of its cached directories and of the bound
     /// directory, and its cached inodes with their links, orphan and open
-    /// records. Returns (entries, inodes) removed. The bound directory's
+    /// records, and the write-back's marks, places and departed names.
+    /// Returns (entries, inodes) removed. The bound directory's
     /// own inode and link stay (`unbind` removes the link).
     pub fn purge_binding(&self, binding: FileId) -> Result<(u64, u64), WireError> {
         let (entries, inodes) = self.write_txn(|tx| {
@@ -634,6 +635,15 @@ impl Store {
                 ] {
                     tx.execute(sql, params![sql_id(id)]).map_err(db_err)?;
                 }
+            }
+            // The write-back's records of the binding go with it (`unbind`
+            // refuses queued changes unless told to drop them).
+            for sql in [
+                "DELETE FROM wb_marks WHERE binding = ?1",
+                "DELETE FROM wb_homes WHERE binding = ?1",
+                "DELETE FROM wb_gone WHERE binding = ?1",
+            ] {
+                tx.execute(sql, params![sql_id(binding)]).map_err(db_err)?;
             }
             Ok((entries, inodes))
         })?;

@@ -250,7 +250,13 @@ fn a_binding_is_purged_whole_and_then_unbound() {
     let other = seed(999, "x", 13, b"hx");
     s.create_cached(&other.inode).unwrap();
     assert_eq!(s.unbind(r).unwrap_err().code, ErrorCode::NotEmpty);
-    assert_eq!(s.purge_binding(ROOT_ID).unwrap(), (3, 2));
+    // A fetched name removed in the cache: a departed name and a mark.
+    s.unlink(d.handle(), b"inner", None, None).unwrap();
+    assert_eq!(s.wb_gone(ROOT_ID).unwrap().len(), 1);
+    assert!(!s.wb_marks(ROOT_ID, u64::MAX).unwrap().is_empty());
+    assert_eq!(s.purge_binding(ROOT_ID).unwrap(), (2, 2));
+    assert!(s.wb_gone(ROOT_ID).unwrap().is_empty());
+    assert!(s.wb_marks(ROOT_ID, u64::MAX).unwrap().is_empty());
     assert!(s.get_inode(a.inode.id).unwrap().is_none());
     assert!(s.get_inode(other.inode.id).unwrap().is_some());
     let plain = s.unbind(r).unwrap();

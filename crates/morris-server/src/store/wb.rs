@@ -317,8 +317,8 @@ impl Store {
         })
     }
 
-    /// The names fetched objects of `binding` left in directories kept
-    /// here (as [`WbHome`] records: `id` the object, `handle` empty).
+    /// The names objects of `binding` left with no other record, kept here
+    /// (as [`WbHome`] records: `id` the object, `handle` empty).
     pub fn wb_gone(&self, binding: FileId) -> Result<Vec<WbHome>, WireError> {
         self.with_reader(|c| {
             let mut st = c
