@@ -261,7 +261,7 @@ impl Client {
                 .get_seeded(e.child, Mode::Read, seed.as_ref())
                 .await
             {
-                Ok(g) if g.inode().attr.nlink == 0 && is_cache_id(e.child.id) => {
+                Ok(g) if is_cache_id(e.child.id) && g.entry.state.lock().inode.attr.nlink == 0 => {
                     // Removed here, named again by home's listing (an `iw`
                     // cache's removal that home did not take): made live
                     // again from its seed by its owner.
