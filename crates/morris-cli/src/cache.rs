@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use morris_client::{Client, ClientConfig, FileKind, Inode, ROOT_ID};
-use morris_proto::home::{Binding, CacheMode, OnDisconnect};
+use morris_proto::home::{Binding, CacheMode, OnConflict, OnDisconnect};
 
 use crate::mountinfo;
 use crate::runtime;
@@ -89,7 +89,8 @@ pub struct BindArgs {
     /// changes are pushed home after the sync lag. iw: independent
     /// writers, as sw, and home's own changes come into the cache; an
     /// object changed on both sides keeps home's version, the cache's
-    /// goes to .conflicts/ at home. lu: local updates, never pushed.
+    /// goes to .conflicts/ at home (or the opposite: --on-conflict
+    /// cache). lu: local updates, never pushed.
     #[arg(long, default_value = "ro", value_parser = parse_mode)]
     pub mode: CacheMode,
     /// sw, iw: how long a change waits before it is pushed home (later
@@ -101,6 +102,12 @@ pub struct BindArgs {
     /// home answers, as on a hard NFS mount).
     #[arg(long, default_value = "local", value_parser = parse_on_disconnect)]
     pub on_disconnect: OnDisconnect,
+    /// sw, iw: whose version of an object changed both in the cache and
+    /// at home keeps its path at home: home (the cache's is written to
+    /// .conflicts/ at home, the cached object becomes home's) or cache
+    /// (home's is copied to .conflicts/, the cache's pushed over it).
+    #[arg(long, default_value = "home", value_parser = parse_on_conflict)]
+    pub on_conflict: OnConflict,
     /// How long what was checked against home is trusted (e.g. 15s, 500ms;
     /// 0: every open and lookup asks home).
     #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
@@ -145,6 +152,10 @@ fn parse_mode(s: &str) -> Result<CacheMode, String> {
 
 fn parse_on_disconnect(s: &str) -> Result<OnDisconnect, String> {
     OnDisconnect::parse(s).ok_or_else(|| format!("{s:?} is not local or block"))
+}
+
+fn parse_on_conflict(s: &str) -> Result<OnConflict, String> {
+    OnConflict::parse(s).ok_or_else(|| format!("{s:?} is not home or cache"))
 }
 
 /// The morris mount holding `path`, the path's components inside it, and
@@ -235,16 +246,27 @@ async fn bind(args: &CacheArgs, b: &BindArgs) -> Result<ExitCode> {
         max_bytes: b.max_bytes,
         sync_lag_ms: u64::try_from(b.sync_lag.as_millis()).unwrap_or(u64::MAX),
         on_disconnect: b.on_disconnect,
+        on_conflict: b.on_conflict,
     };
     client
         .bind(dir.id, binding)
         .await
         .map_err(|e| anyhow!("binding {} to {}: {e}", b.dir.display(), b.url))?;
     println!(
-        "{} now caches {} (mode {}, validity {}, timeout {}, max {})",
+        "{} now caches {} (mode {}{}, validity {}, timeout {}, max {})",
         b.dir.display(),
         b.url,
         b.mode.name(),
+        if matches!(b.mode, CacheMode::Sw | CacheMode::Iw) {
+            format!(
+                ", sync lag {}, on disconnect {}, on conflict {}",
+                humantime::format_duration(b.sync_lag),
+                b.on_disconnect.name(),
+                b.on_conflict.name()
+            )
+        } else {
+            String::new()
+        },
         humantime::format_duration(b.validity),
         humantime::format_duration(b.timeout),
         if b.max_bytes == 0 {
@@ -337,8 +359,9 @@ async fn status(args: &CacheArgs, s: &StatusArgs) -> Result<ExitCode> {
                     "fetched_bytes": x.fetched_bytes, "fetch_ms": x.fetch_ms,
                     "meta_requests": x.meta_requests, "evictions": x.evictions,
                     "cached_bytes": x.cached_bytes, "mode": x.mode,
-                    "queued": x.queued, "oldest_ms": x.oldest_ms, "pushed": x.pushed,
-                    "pushed_bytes": x.pushed_bytes, "rounds": x.rounds, "skipped": x.skipped,
+                    "queued": x.queued, "oldest_ms": x.oldest_ms, "dirty_bytes": x.dirty_bytes,
+                    "pushed": x.pushed, "pushed_bytes": x.pushed_bytes, "push_ms": x.push_ms,
+                    "rounds": x.rounds, "skipped": x.skipped,
                     "conflicts": x.conflicts,
                 })).collect::<Vec<_>>() }),
                 Err(e) => serde_json::json!({ "server": i, "error": e.to_string() }),
@@ -393,15 +416,29 @@ async fn status(args: &CacheArgs, s: &StatusArgs) -> Result<ExitCode> {
     if !writable.is_empty() {
         println!();
         println!(
-            "{:<6} {:<4} {:>8} {:>9} {:>9} {:>10} {:>7} {:>9}  HOME",
-            "SERVER", "MODE", "QUEUED", "OLDEST", "PUSHED", "PUSHED-B", "ROUNDS", "CONFLICTS"
+            "{:<6} {:<4} {:>8} {:>10} {:>9} {:>9} {:>10} {:>10} {:>7} {:>9}  HOME",
+            "SERVER",
+            "MODE",
+            "QUEUED",
+            "DIRTY",
+            "OLDEST",
+            "PUSHED",
+            "PUSHED-B",
+            "PUSH-RATE",
+            "ROUNDS",
+            "CONFLICTS"
         );
         for (i, b) in writable {
+            let rate = match b.pushed_bytes.saturating_mul(1000).checked_div(b.push_ms) {
+                Some(r) => format!("{}/s", human(r)),
+                None => "-".into(),
+            };
             println!(
-                "{:<6} {:<4} {:>8} {:>9} {:>9} {:>10} {:>7} {:>9}  {}",
+                "{:<6} {:<4} {:>8} {:>10} {:>9} {:>9} {:>10} {:>10} {:>7} {:>9}  {}",
                 i,
                 b.mode,
                 b.queued,
+                human(b.dirty_bytes),
                 if b.queued == 0 {
                     "-".to_string()
                 } else {
@@ -409,6 +446,7 @@ async fn status(args: &CacheArgs, s: &StatusArgs) -> Result<ExitCode> {
                 },
                 b.pushed,
                 human(b.pushed_bytes),
+                rate,
                 b.rounds,
                 b.conflicts,
                 b.url

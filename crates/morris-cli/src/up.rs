@@ -301,6 +301,7 @@ async fn bind_root(client: &morris_client::Client, url: &str, args: &UpArgs) -> 
         max_bytes: args.cache_max_bytes,
         sync_lag_ms: morris_proto::home::DEFAULT_SYNC_LAG_MS,
         on_disconnect: morris_proto::home::OnDisconnect::Local,
+        on_conflict: morris_proto::home::OnConflict::Home,
     };
     client
         .bind(morris_client::ROOT_ID, binding)

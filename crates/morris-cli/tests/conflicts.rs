@@ -237,6 +237,121 @@ fn independent_writers(h: &Path, url: &str) {
 }
 
 #[test]
+fn with_on_conflict_cache_the_caches_version_takes_homes_path() {
+    require_fuse();
+    let home = tempdir();
+    let h = home.path();
+    seed(h);
+    cache_wins(h, &format!("file://{}", h.display()));
+}
+
+#[test]
+fn with_an_nfs_home_and_on_conflict_cache_the_caches_version_takes_homes_path() {
+    require_fuse();
+    let work = tempdir();
+    let export = work.path().join("export");
+    fs::create_dir(&export).expect("mkdir");
+    seed(&export);
+    let g = ganesha::Ganesha::start_new(&export, &work.path().join("ganesha"));
+    cache_wins(&export, &g.url().to_string());
+    drop(g);
+}
+
+/// The cache-wins scenario: home `h` (reached as `url`) and an `iw` cache
+/// bound with `--on-conflict cache` change the same objects and names;
+/// home's versions end under `.conflicts/`.
+fn cache_wins(h: &Path, url: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let (cl, m) = bound_to(
+        url,
+        &[
+            "--mode",
+            "iw",
+            "--sync-lag",
+            "1h",
+            "--validity",
+            "1s",
+            "--on-conflict",
+            "cache",
+        ],
+    );
+    let c = m.path.join("c");
+    // Data written on both sides.
+    assert_eq!(fs::read(c.join("d/f")).expect("read"), b"home v1");
+    fs::write(c.join("d/f"), b"cache v2").expect("write in the cache");
+    change_at_home(&h.join("d/f"), b"home v2, longer");
+    // Only attributes changed in the cache, the data at home.
+    fs::set_permissions(c.join("d/keep"), fs::Permissions::from_mode(0o600)).expect("chmod");
+    change_at_home(&h.join("d/keep"), b"kept, changed at home");
+    // A name made on both sides.
+    fs::write(c.join("d/same"), b"the cache's same").expect("create in the cache");
+    fs::write(h.join("d/same"), b"home's same").expect("create at home");
+    fs::write(c.join("d/mine"), b"mine").expect("create in the cache");
+    flush(&m);
+
+    assert_eq!(fs::read(h.join("d/f")).expect("read"), b"cache v2");
+    let kf = kept(h, "f");
+    assert_eq!(kf.len(), 1, "home's d/f kept once: {kf:?}");
+    assert_eq!(kf[0].1, b"home v2, longer");
+    assert_eq!(
+        fs::read(h.join("d/same")).expect("read"),
+        b"the cache's same"
+    );
+    let ks = kept(h, "same");
+    assert_eq!(ks.len(), 1, "home's d/same kept once: {ks:?}");
+    assert_eq!(ks[0].1, b"home's same");
+    // The cache's mode on home's data (the cache wrote none), home's
+    // version kept too.
+    assert_eq!(
+        fs::read(h.join("d/keep")).expect("read"),
+        b"kept, changed at home"
+    );
+    assert_eq!(meta(&h.join("d/keep")).mode & 0o7777, 0o600);
+    assert_eq!(kept(h, "keep").len(), 1);
+    assert_eq!(fs::read(h.join("d/mine")).expect("read"), b"mine");
+    assert_eq!(conflicts_counted(&cl), 3);
+    // The cache reads home's data of d/keep now, its own elsewhere.
+    wait_for(
+        Duration::from_secs(30),
+        "the cache to read home's d/keep",
+        || match fs::read(c.join("d/keep")) {
+            Ok(b) if b == b"kept, changed at home" => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    );
+    assert_eq!(fs::read(c.join("d/f")).expect("read"), b"cache v2");
+    assert_eq!(
+        fs::read(c.join("d/same")).expect("read"),
+        b"the cache's same"
+    );
+
+    // Another writer removes a file the cache made; the cache writes it
+    // again before it learns: made again at home.
+    fs::remove_file(h.join("d/mine")).expect("remove at home");
+    if let Err(e) = fs::write(c.join("d/mine"), b"mine, again") {
+        panic!("write in the cache: {e}\n{}", cl.logs());
+    }
+    flush(&m);
+    assert_eq!(fs::read(h.join("d/mine")).expect("read"), b"mine, again");
+    assert_eq!(conflicts_counted(&cl), 4);
+    wait_for(Duration::from_secs(30), ".conflicts/ in the cache", || {
+        if c.join(".conflicts").exists() {
+            Ok(())
+        } else {
+            Err("not yet".into())
+        }
+    });
+    wait_for(Duration::from_secs(30), "the same tree", || {
+        if walk(h) == walk(&c) {
+            Ok(())
+        } else {
+            Err(format!("{:?} vs {:?}", walk(h), walk(&c)))
+        }
+    });
+    assert_same_tree(h, &c);
+}
+
+#[test]
 fn a_sw_cache_keeps_its_version_when_home_changed_behind_its_back() {
     require_fuse();
     let home = tempdir();

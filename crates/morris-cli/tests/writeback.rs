@@ -56,6 +56,19 @@ fn queue_of(c: &Cluster) -> (u64, Vec<bool>) {
     (queued, reachable)
 }
 
+/// A number of every server's status summed over its bindings
+/// (`morris cache status --json`).
+fn status_sum(c: &Cluster, field: &str) -> u64 {
+    let o = morris(&["cache", "status", "--server", live(c), "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    v.as_array()
+        .expect("array")
+        .iter()
+        .flat_map(|s| s["bindings"].as_array().cloned().unwrap_or_default())
+        .map(|b| b[field].as_u64().unwrap_or(0))
+        .sum()
+}
+
 /// [`assert_same_tree`] but for symlinks' times, which nfs-ganesha does not
 /// set (it answers the SETATTR and keeps them).
 fn assert_same_tree_nfs(home: &Path, cache: &Path) {
@@ -515,7 +528,7 @@ fn with_an_nfs_home_down_changes_are_queued_and_pushed_when_it_returns() {
 fn a_1_gib_file_written_in_a_sw_cache_reaches_home_whole() {
     require_fuse();
     let home = tempdir();
-    let (_cl, m) = bound(home.path(), &["--mode", "sw", "--sync-lag", "1h"]);
+    let (cl, m) = bound(home.path(), &["--mode", "sw", "--sync-lag", "1h"]);
     let c = m.path.join("c");
     let len: usize = 1 << 30;
     let piece = 4 << 20;
@@ -527,7 +540,12 @@ fn a_1_gib_file_written_in_a_sw_cache_reaches_home_whole() {
     }
     f.sync_all().expect("fsync");
     drop(f);
+    // Status counts the queued file's bytes, then the push and its time.
+    assert_eq!(status_sum(&cl, "dirty_bytes"), len as u64);
     flush(&m);
+    assert_eq!(status_sum(&cl, "dirty_bytes"), 0);
+    assert!(status_sum(&cl, "pushed_bytes") >= len as u64);
+    assert!(status_sum(&cl, "push_ms") > 0);
     let mut h = File::open(home.path().join("big")).expect("open at home");
     assert_eq!(h.metadata().expect("stat").len(), len as u64);
     let mut buf = vec![0u8; piece];

@@ -194,8 +194,10 @@ impl Client {
     /// (`Localize`), then its owner detaches it from home's data
     /// (`Detach`): from then on it is written and read as a file of the
     /// volume, and the write-back pushes it back to the same home file.
-    /// Called without a lease on `id` held (the owner recalls them).
-    pub(crate) async fn make_local(&self, id: FileId) -> Result<()> {
+    /// Called without a lease on `id` held (the owner recalls them). With
+    /// `truncate` (the file is emptied next) nothing is fetched: the
+    /// servers drop what they hold of it and the owner empties it.
+    pub(crate) async fn make_local(&self, id: FileId, truncate: bool) -> Result<()> {
         if self
             .leases
             .cached_inode(id)
@@ -222,7 +224,7 @@ impl Client {
                     let home = home.clone();
                     async move {
                         self.pool
-                            .call(s, Request::Localize { id, home }, Bytes::new())
+                            .call(s, Request::Localize { id, home, truncate }, Bytes::new())
                             .await
                             .map(|(r, _)| r)
                     }
@@ -231,10 +233,21 @@ impl Client {
             }
         });
         for r in futures::future::join_all(calls).await {
-            r?;
+            // Home no longer has it: this object is stale (a kernel looks
+            // its name up again; an `open(O_CREAT)` then makes it anew).
+            r.map_err(|e| match e.code {
+                ErrorCode::NotFound => Error::new(ErrorCode::Stale, e.message),
+                _ => e,
+            })?;
         }
         let r = self
-            .call_owner(id, Request::Detach { ino: i.handle() })
+            .call_owner(
+                id,
+                Request::Detach {
+                    ino: i.handle(),
+                    truncate,
+                },
+            )
             .await?;
         let Reply::Inode(_) = r else {
             return Err(unexpected(&r));

@@ -364,7 +364,7 @@ impl Client {
     /// a stale entry to drop and look up again (`stat` then says ENOENT).
     pub async fn getattr(&self, id: FileId) -> Result<Inode> {
         let i = self.do_getattr(id).await?;
-        let i = self.after_find(i).await?;
+        let i = self.after_find_by_id(i).await?;
         if i.attr.nlink == 0 && !self.orphan_reachable(i.handle()) {
             return Err(Error::new(
                 ErrorCode::Stale,
@@ -554,10 +554,24 @@ impl Client {
     pub async fn open(&self, id: FileId, write: bool, truncate: bool) -> Result<u64> {
         if let Some(i) = self.leases.cached_inode(id) {
             if i.home.as_ref().is_some_and(|l| !l.is_local()) {
-                self.after_find(i).await?;
+                self.after_find_by_id(i).await?;
             }
         }
         self.do_open(id, write, truncate).await
+    }
+
+    /// [`Client::after_find`] for an operation on an object rather than a
+    /// name: a cached object that home no longer has is a stale handle
+    /// (`ESTALE`, so that a kernel looks its name up again, finds it gone
+    /// and, for an `open(O_CREAT)`, makes it anew), not `ENOENT`.
+    async fn after_find_by_id(&self, i: Inode) -> Result<Inode> {
+        self.after_find(i).await.map_err(|e| {
+            if e.code == ErrorCode::NotFound {
+                Error::new(ErrorCode::Stale, e.message)
+            } else {
+                e
+            }
+        })
     }
 
     /// Reads up to `size` bytes at `offset` (short only at end of file).

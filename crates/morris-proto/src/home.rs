@@ -74,6 +74,41 @@ pub struct Binding {
     pub sync_lag_ms: u64,
     /// What a change does while home does not answer.
     pub on_disconnect: OnDisconnect,
+    /// Whose version keeps the path at home when an object changed both
+    /// in the cache and at home.
+    pub on_conflict: OnConflict,
+}
+
+/// Whose version of an object changed both in the cache and at home keeps
+/// its path at home; the other is kept under `.conflicts/` in home's
+/// bound directory (docs/architecture.md, "Conflicts").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum OnConflict {
+    /// Home's (Panache's choice): the cached object becomes home's version.
+    #[default]
+    Home,
+    /// The cache's: home's version is copied to `.conflicts/`, then the
+    /// cache's is pushed over it.
+    Cache,
+}
+
+impl OnConflict {
+    /// The short name (`home`, `cache`).
+    pub fn name(self) -> &'static str {
+        match self {
+            OnConflict::Home => "home",
+            OnConflict::Cache => "cache",
+        }
+    }
+
+    /// Parses a short name.
+    pub fn parse(s: &str) -> Option<OnConflict> {
+        match s {
+            "home" => Some(OnConflict::Home),
+            "cache" => Some(OnConflict::Cache),
+            _ => None,
+        }
+    }
 }
 
 /// What a change under a writable binding does while home does not answer.
@@ -138,6 +173,7 @@ impl From<BindingV1> for Binding {
             max_bytes: b.max_bytes,
             sync_lag_ms: DEFAULT_SYNC_LAG_MS,
             on_disconnect: OnDisconnect::Local,
+            on_conflict: OnConflict::Home,
         }
     }
 }
@@ -164,6 +200,35 @@ impl From<BindingV2> for Binding {
             max_bytes: b.max_bytes,
             sync_lag_ms: b.sync_lag_ms,
             on_disconnect: OnDisconnect::Local,
+            on_conflict: OnConflict::Home,
+        }
+    }
+}
+
+/// A binding's settings as stores kept them before `on_conflict` (record
+/// format 3): read, never written.
+#[derive(Debug, Clone, Deserialize)]
+pub struct BindingV3 {
+    url: String,
+    mode: CacheMode,
+    validity_ms: u64,
+    timeout_ms: u64,
+    max_bytes: u64,
+    sync_lag_ms: u64,
+    on_disconnect: OnDisconnect,
+}
+
+impl From<BindingV3> for Binding {
+    fn from(b: BindingV3) -> Binding {
+        Binding {
+            url: b.url,
+            mode: b.mode,
+            validity_ms: b.validity_ms,
+            timeout_ms: b.timeout_ms,
+            max_bytes: b.max_bytes,
+            sync_lag_ms: b.sync_lag_ms,
+            on_disconnect: b.on_disconnect,
+            on_conflict: OnConflict::Home,
         }
     }
 }
@@ -214,6 +279,34 @@ pub struct HomeLinkV2 {
 
 impl From<HomeLinkV2> for HomeLink {
     fn from(l: HomeLinkV2) -> HomeLink {
+        HomeLink {
+            binding: l.binding,
+            handle: l.handle,
+            fileid: l.fileid,
+            seen: l.seen,
+            checked_ms: l.checked_ms,
+            version: l.version,
+            listed: l.listed,
+            bound: l.bound.map(Binding::from),
+        }
+    }
+}
+
+/// A [`HomeLink`] as stores kept it in record format 3: read, never written.
+#[derive(Debug, Clone, Deserialize)]
+pub struct HomeLinkV3 {
+    binding: FileId,
+    handle: Vec<u8>,
+    fileid: u64,
+    seen: HomeStamp,
+    checked_ms: u64,
+    version: u32,
+    listed: bool,
+    bound: Option<BindingV3>,
+}
+
+impl From<HomeLinkV3> for HomeLink {
+    fn from(l: HomeLinkV3) -> HomeLink {
         HomeLink {
             binding: l.binding,
             handle: l.handle,

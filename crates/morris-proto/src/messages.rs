@@ -702,6 +702,9 @@ pub enum Request {
         id: FileId,
         /// What it is at home.
         home: HomeRef,
+        /// The file is about to be emptied: nothing is fetched, the
+        /// server's units of it are evicted instead.
+        truncate: bool,
     },
     /// Detaches cached file `ino` from home's data (at its owner, every
     /// lease on it recalled first), after `Localize` at every server: its
@@ -710,6 +713,9 @@ pub enum Request {
     Detach {
         /// The file.
         ino: Handle,
+        /// Emptied in the same step (after `Localize` with `truncate`),
+        /// its data marked for the write-back.
+        truncate: bool,
     },
     /// Waits until every change to `binding` made before this request is
     /// at home (at the binding's pusher, the bound directory's owner).
@@ -1010,12 +1016,18 @@ pub struct BindingStatus {
     pub queued: u64,
     /// Age of the oldest of them, ms.
     pub oldest_ms: u64,
+    /// Sizes of the files among them whose data changed (what their
+    /// pushes write home).
+    pub dirty_bytes: u64,
     /// Objects pushed home by this server (names, attributes or data).
     pub pushed: u64,
     /// Bytes of data pushed home by this server.
     pub pushed_bytes: u64,
     /// Push rounds this server ran as the binding's pusher.
     pub rounds: u64,
+    /// Time those rounds took, ms (`pushed_bytes` / this = the push rate
+    /// while pushing).
+    pub push_ms: u64,
     /// Objects its pushes found in a state they cannot push (an object
     /// fetched from home and gone there; a directory not listed whole),
     /// logged as warnings.

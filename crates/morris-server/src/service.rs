@@ -234,7 +234,7 @@ fn subject(req: &Request) -> Option<FileId> {
         | Request::Unbind { dir }
         | Request::HomeLookup { dir, .. }
         | Request::Seed { dir, .. } => Some(dir.id),
-        Request::Revalidate { ino } | Request::Detach { ino } => Some(ino.id),
+        Request::Revalidate { ino } | Request::Detach { ino, .. } => Some(ino.id),
         Request::CreateCached { inode } => Some(inode.id),
         Request::AcquireCached { seed } => Some(seed.id),
         Request::ReadCached { id, .. }
@@ -734,8 +734,8 @@ impl Server {
                     .await,
             ),
             Request::Flush { binding } => plain(self.flush(binding).await),
-            Request::Localize { id, home } => plain(
-                self.localize(&vol, id, &home)
+            Request::Localize { id, home, truncate } => plain(
+                self.localize(&vol, id, &home, truncate)
                     .await
                     .map(|bytes| Reply::Fetched { bytes }),
             ),
@@ -1425,9 +1425,9 @@ impl Server {
                 Self::check_owner(vol, ino.id)?;
                 self.revalidate(store, ino).await.map(Reply::Inode)
             }
-            Request::Detach { ino } => {
+            Request::Detach { ino, truncate } => {
                 Self::check_owner(vol, ino.id)?;
-                self.detach(store, ino).await.map(Reply::Inode)
+                self.detach(store, ino, truncate).await.map(Reply::Inode)
             }
             Request::WbEntries { dir, cookie, max } => {
                 Self::check_owner(vol, dir)?;

@@ -1327,3 +1327,4 @@ pub use cached::UnitRec;
 pub use cached::{is_own_for, local_tag};
 pub use once::OpKey;
 pub use replica::Captured;
+pub use wb::WbQueue;

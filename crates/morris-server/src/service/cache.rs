@@ -1488,7 +1488,14 @@ impl Server {
         vol: &Formatted,
         id: FileId,
         home: &HomeRef,
+        truncate: bool,
     ) -> Result<u64, WireError> {
+        if truncate {
+            // Emptied next: home's bytes are not needed (nor home, which
+            // may have lost the file meanwhile); what is held goes.
+            self.evict(vol, id).await?;
+            return Ok(0);
+        }
         let unit = u64::from(vol.layout.unit);
         let mut fetched = 0;
         for index in 1..=home.size.div_ceil(unit) {
@@ -1518,10 +1525,15 @@ impl Server {
     /// `Detach`: cached file `h` becomes the cache's own (see
     /// [`Store::detach`]), under this server's write lease on it (every
     /// client's is recalled first: a reader must not go on reading it as
-    /// home's).
-    pub(super) async fn detach(&self, store: Arc<Store>, h: Handle) -> Result<Inode, WireError> {
+    /// home's); emptied with `truncate`.
+    pub(super) async fn detach(
+        &self,
+        store: Arc<Store>,
+        h: Handle,
+        truncate: bool,
+    ) -> Result<Inode, WireError> {
         let _own = self.own_write_lease(h.id).await?;
-        metadata(|| store.detach(h))
+        metadata(|| store.detach(h, truncate))
     }
 
     /// `CacheStatus`.
@@ -1534,9 +1546,11 @@ impl Server {
             let mut s = b.status(bytes);
             s.binding = id;
             s.mode = b.spec.mode.name().to_string();
-            let (queued, oldest) = self.wb_queue(id);
-            s.queued = queued;
-            s.oldest_ms = oldest.map_or(0, |t| wall_ms().saturating_sub(t));
+            let q = self.wb_queue(id);
+            s.queued = q.objects;
+            s.oldest_ms = q.oldest_ms.map_or(0, |t| wall_ms().saturating_sub(t));
+            s.dirty_bytes = q.dirty_bytes;
+            s.push_ms = b.wb.push_ms.load(Ordering::Relaxed);
             s.pushed = b.wb.pushed.load(Ordering::Relaxed);
             s.pushed_bytes = b.wb.pushed_bytes.load(Ordering::Relaxed);
             s.rounds = b.wb.rounds.load(Ordering::Relaxed);

@@ -11,8 +11,18 @@
 //! | a name the cache made (`iw`) | a directory under it, the cache a directory too | merged: the cache's directory is home's from now on; both sides' entries stay |
 //! | a name the cache made (`iw`) | another kind of object | home's object is moved into `.conflicts/` at home; the cache's takes the name |
 //!
-//! The cache's version is never lost: it is at home before the cached
-//! object changes, and the change (`WbRebase`, at the object's owner,
+//! With `--on-conflict cache` the cache's version wins instead:
+//!
+//! | found by the push | home has | what happens |
+//! |---|---|---|
+//! | a file the cache changed | changed | home's version is copied to `.conflicts/`, then the cache's is pushed over it (data the cache wrote; for a file whose data is home's, only the attributes the cache changed, after which the cached object reads home's data again) |
+//! | a file made in the cache | nothing at its place, or another object | that object (if any) is moved into `.conflicts/` at home; the cache's is made again at its place |
+//! | a name the cache made (`iw`) | another file under it | home's file is moved into `.conflicts/`; the cache's takes the name |
+//! | a file fetched from home, changed in the cache | removed at home | home's change wins (the cache may not hold all of its data): as the first table |
+//!
+//! The loser's version is never lost: it is at home before the winner's
+//! replaces it. With home winning, the cache's version is at home before
+//! the cached object changes, and the change (`WbRebase`, at the object's owner,
 //! every lease on it recalled first) is refused if the object changed in
 //! the cache since the push read its mark — the next round writes the
 //! newer version to the same `.conflicts/` name. Every conflict is
@@ -21,8 +31,9 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use morris_home::{HomeAttr, HomeError, HomeHandle, HomeNew, HomeSetAttr};
-use morris_proto::home::HomeStamp;
+use bytes::Bytes;
+use morris_home::{HomeAttr, HomeError, HomeHandle, HomeKind, HomeNew, HomeSetAttr, HomeTime};
+use morris_proto::home::{HomeStamp, OnConflict};
 use morris_proto::{Attr, FileId, FileKind, Inode, Reply, Request, WbHome, WireError};
 use tracing::warn;
 
@@ -70,6 +81,11 @@ fn conflict_name(name: &[u8], id: FileId, secs: i64) -> Vec<u8> {
     let mut out: Vec<u8> = name.iter().copied().take(200).collect();
     out.extend_from_slice(format!(".conflict-{id:x}-{secs}").as_bytes());
     out
+}
+
+/// Whether the cache's version wins conflicts in this round's binding.
+pub(super) fn cache_wins(r: &Round<'_>) -> bool {
+    r.b.spec.on_conflict == OnConflict::Cache
 }
 
 impl Server {
@@ -200,6 +216,106 @@ impl Server {
         Ok(name)
     }
 
+    /// Copies home's object `h` (attributes `a`), which the cache's
+    /// version of object `id` is about to replace, to `.conflicts/` at
+    /// home (the cache winning). Made again in place if a crash cut an
+    /// earlier copy short.
+    pub(super) async fn keep_home_version(
+        &self,
+        r: &mut Round<'_>,
+        id: FileId,
+        h: &HomeHandle,
+        a: &HomeAttr,
+    ) -> Result<Vec<u8>, WireError> {
+        let cd = self.conflicts_dir(r).await?;
+        let base = self.name_in_cache(r, id).await?;
+        let name = conflict_name(&base, id, a.mtime.secs);
+        let home = r.home.clone();
+        let failed = |e| home_failed(r.b, e);
+        let what = match a.kind {
+            HomeKind::File => HomeNew::File,
+            HomeKind::Dir => HomeNew::Dir,
+            HomeKind::Symlink => HomeNew::Symlink(home.read_link(h).await.map_err(failed)?),
+            HomeKind::BlockDev | HomeKind::CharDev => HomeNew::Device(a.kind, a.rdev),
+            HomeKind::Fifo => HomeNew::Fifo,
+            HomeKind::Socket => HomeNew::Socket,
+        };
+        let set = HomeSetAttr {
+            mode: (a.kind != HomeKind::Symlink).then_some(a.mode & 0o7777),
+            ..HomeSetAttr::default()
+        };
+        let copy = match home.create(&cd, &name, &what, &set).await {
+            Ok((c, _)) => c,
+            Err(HomeError::Exists) => home.lookup(&cd, &name).await.map_err(failed)?.0,
+            Err(e) => return Err(failed(e)),
+        };
+        if a.kind == HomeKind::File {
+            let mut off = 0u64;
+            let step = home.max_read().clamp(4096, 1 << 20);
+            loop {
+                let got = home.read(h, off, step).await.map_err(failed)?;
+                let mut data: Bytes = got.data;
+                let end = data.is_empty() || got.eof;
+                while !data.is_empty() {
+                    let n = home.write(&copy, off, data.clone()).await.map_err(failed)?;
+                    if n == 0 {
+                        return Err(failed(HomeError::Io("home took no bytes".into())));
+                    }
+                    let n = (n as usize).min(data.len());
+                    off += n as u64;
+                    data = data.slice(n..);
+                }
+                if end {
+                    break;
+                }
+            }
+            home.commit(&copy).await.map_err(failed)?;
+            let trim = HomeSetAttr {
+                size: Some(off),
+                ..HomeSetAttr::default()
+            };
+            home.setattr(&copy, &trim).await.map_err(failed)?;
+        }
+        let times = HomeSetAttr {
+            atime: Some(a.atime),
+            mtime: Some(a.mtime),
+            ..HomeSetAttr::default()
+        };
+        if a.kind != HomeKind::Symlink {
+            home.setattr(&copy, &times).await.map_err(failed)?;
+        }
+        r.b.wb.conflicts.fetch_add(1, Ordering::Relaxed);
+        warn!(
+            binding = r.binding,
+            id,
+            kept = %String::from_utf8_lossy(&name),
+            "write-back: conflict (changed in the cache and at home): the cache's version wins, home's was copied to .conflicts/ at home"
+        );
+        Ok(name)
+    }
+
+    /// Moves what home has under `name` in its directory `hd` (another
+    /// writer's object, modified at `mtime`) into `.conflicts/` at home,
+    /// for object `obj` of the cache to take the name.
+    pub(super) async fn move_home_away(
+        &self,
+        r: &mut Round<'_>,
+        hd: &HomeHandle,
+        name: &[u8],
+        obj: FileId,
+        mtime: HomeTime,
+    ) -> Result<Vec<u8>, WireError> {
+        let cd = self.conflicts_dir(r).await?;
+        let kept = conflict_name(name, obj, mtime.secs);
+        match r.home.rename(hd, name, &cd, &kept).await {
+            // Already moved (a round cut short after it).
+            Ok(()) | Err(HomeError::NotFound) => {}
+            Err(e) => return Err(home_failed(r.b, e)),
+        }
+        r.b.wb.conflicts.fetch_add(1, Ordering::Relaxed);
+        Ok(kept)
+    }
+
     /// Resolves a conflict on object `id` (inode `i`): its version is kept
     /// under `.conflicts/` at home, then it becomes home's object `now`
     /// (placed at `place`, if the cache made it), or, with `now` `None`,
@@ -289,22 +405,17 @@ impl Server {
             warn!(dir = d, name = %String::from_utf8_lossy(name), "write-back: a directory made both in the cache and at home: merged");
             return Ok(false);
         }
-        if i.attr.kind == FileKind::File && home_kind == FileKind::File {
+        let files = i.attr.kind == FileKind::File && home_kind == FileKind::File;
+        if files && !cache_wins(r) {
             self.resolve_conflict(r, obj, i, Some((hh, ha)), Some(place.clone()))
                 .await?;
             super::push_names::note_place(r, place);
             return Ok(false);
         }
-        // Different kinds: home's object goes into `.conflicts/` at home,
-        // the cache's takes the name.
-        let cd = self.conflicts_dir(r).await?;
-        let kept = conflict_name(name, obj, ha.mtime.secs);
-        r.home
-            .rename(hd, name, &cd, &kept)
-            .await
-            .map_err(|e| home_failed(r.b, e))?;
-        r.b.wb.conflicts.fetch_add(1, Ordering::Relaxed);
-        warn!(dir = d, name = %String::from_utf8_lossy(name), kept = %String::from_utf8_lossy(&kept), "write-back: a name made both in the cache and at home (different kinds): home's object moved to .conflicts/");
+        // Different kinds, or the cache's file winning: home's object
+        // goes into `.conflicts/` at home, the cache's takes the name.
+        let kept = self.move_home_away(r, hd, name, obj, ha.mtime).await?;
+        warn!(dir = d, name = %String::from_utf8_lossy(name), kept = %String::from_utf8_lossy(&kept), "write-back: a name made both in the cache and at home: home's object moved to .conflicts/");
         Ok(true)
     }
 }

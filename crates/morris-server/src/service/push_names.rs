@@ -514,7 +514,7 @@ impl Server {
     }
 
     /// Makes object `obj` at home as `name` in directory `d`.
-    async fn create(
+    pub(super) async fn create(
         &self,
         r: &mut Round<'_>,
         d: FileId,

@@ -63,6 +63,9 @@ pub(crate) struct WbState {
     pub(crate) pushed: AtomicU64,
     pub(crate) pushed_bytes: AtomicU64,
     pub(crate) rounds: AtomicU64,
+    /// Time spent in rounds that pushed something, ms (`pushed_bytes` /
+    /// this = the push rate while pushing).
+    pub(crate) push_ms: AtomicU64,
     /// Objects found in a state the pusher cannot push (counted, logged).
     pub(crate) skipped: AtomicU64,
     /// Conflicts resolved (see `conflicts.rs`).
@@ -97,7 +100,9 @@ struct PushJob {
     attrs: HomeSetAttr,
     /// `iw`, an object whose data is the cache's own: once pushed it
     /// becomes home's again (so that home's later changes come in), its
-    /// mark going with it if unchanged (the count as read).
+    /// mark going with it if unchanged (the count as read). Also a file
+    /// whose data is home's, changed at home, after the cache's
+    /// attributes won: it reads home's new data after.
     attach: Option<u64>,
 }
 
@@ -131,6 +136,9 @@ pub(super) struct Round<'a> {
     /// Every object made at home this round (with its attributes as the
     /// round read them).
     pub(super) created: HashSet<FileId>,
+    /// Directories whose home copy a conflict's resolution changed: their
+    /// attributes are pushed again at the end of the round.
+    pub(super) touched: HashSet<FileId>,
     /// Home's `.conflicts/` directory, once found this round.
     pub(super) conflicts: Option<HomeHandle>,
     /// Objects whose conflict this round resolved (their marks are gone).
@@ -269,21 +277,22 @@ impl Server {
 
     /// The marks of `binding` kept here (status): how many, the oldest's
     /// time.
-    pub(super) fn wb_queue(&self, binding: FileId) -> (u64, Option<u64>) {
+    pub(super) fn wb_queue(&self, binding: FileId) -> crate::store::WbQueue {
+        let mut q = crate::store::WbQueue::default();
         let Ok(ranges) = self.ranges() else {
-            return (0, None);
+            return q;
         };
-        let (mut n, mut oldest) = (0, None::<u64>);
         for r in ranges.serving(self.now_ms()) {
             let st = r.store.clone();
-            if let Ok((k, t)) = metadata(|| st.wb_queue(binding)) {
-                n += k;
-                if let Some(t) = t {
-                    oldest = Some(oldest.map_or(t, |o| o.min(t)));
+            if let Ok(k) = metadata(|| st.wb_queue(binding)) {
+                q.objects += k.objects;
+                q.dirty_bytes = q.dirty_bytes.saturating_add(k.dirty_bytes);
+                if let Some(t) = k.oldest_ms {
+                    q.oldest_ms = Some(q.oldest_ms.map_or(t, |o| o.min(t)));
                 }
             }
         }
-        (n, oldest)
+        q
     }
 
     /// Every range's marks of `binding` set at or before `due_before`, and
@@ -483,8 +492,12 @@ impl Server {
             handles: HashMap::new(),
             made: HashSet::new(),
             created: HashSet::new(),
+            touched: HashSet::new(),
         };
+        let started = std::time::Instant::now();
         let (ok, names_ok, left) = self.run_round(&mut r, &due).await;
+        let spent = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        b.wb.push_ms.fetch_add(spent, Ordering::Relaxed);
         let cleared: Vec<(FileId, u64)> = due
             .iter()
             .filter(|m| ok.contains(&m.id) && !r.rebased.contains(&m.id))
@@ -720,6 +733,7 @@ impl Server {
         // changed their times at home.
         let mut dir_attrs: Vec<FileId> = names_ok.iter().copied().collect();
         dir_attrs.extend(due.iter().filter(|m| m.attrs && !m.names).map(|m| m.id));
+        dir_attrs.extend(r.touched.iter().copied());
         dir_attrs.sort_unstable();
         dir_attrs.dedup();
         for d in dir_attrs {
@@ -913,23 +927,45 @@ impl Server {
             match self.find_at(r, &rec).await? {
                 Some(h) => h,
                 None if rec.dir != 0 => {
-                    // Home removed it, or put another object at its place:
-                    // home's change wins, the cache's version is kept.
-                    let now = match self.resolve(r, rec.dir).await? {
-                        Some(hd) => match r.home.lookup(&hd, &rec.name).await {
+                    // Home removed it, or put another object at its place.
+                    let hd = self.resolve(r, rec.dir).await?;
+                    let now = match &hd {
+                        Some(hd) => match r.home.lookup(hd, &rec.name).await {
                             Ok(x) => Some(x),
                             Err(HomeError::NotFound) => None,
                             Err(e) => return Err(home_failed(r.b, e)),
                         },
                         None => None,
                     };
-                    let place = now.as_ref().map(|(h, a)| WbHome {
-                        fileid: a.fileid,
-                        handle: h.0.clone(),
-                        ..rec.clone()
-                    });
-                    self.resolve_conflict(r, id, &i, now, place).await?;
-                    return Ok(None);
+                    if let (Some(hd), true) = (hd, super::conflicts::cache_wins(r)) {
+                        // The cache's version wins: made again at its
+                        // place, what home has there moved away.
+                        match &now {
+                            Some((_, a)) => {
+                                self.move_home_away(r, &hd, &rec.name, id, a.mtime).await?;
+                            }
+                            None => {
+                                r.b.wb.conflicts.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        self.create(r, rec.dir, &hd, id, &rec.name).await?;
+                        r.touched.insert(rec.dir);
+                        warn!(binding = r.binding, id, name = %String::from_utf8_lossy(&rec.name), "write-back: conflict (changed in the cache, removed or replaced at home): the cache's version made again at home");
+                        match r.homes.get(&id) {
+                            Some(p) if r.created.contains(&id) => HomeHandle(p.handle.clone()),
+                            // Removed from the cache meanwhile.
+                            _ => return Ok(None),
+                        }
+                    } else {
+                        // Home's change wins, the cache's version is kept.
+                        let place = now.as_ref().map(|(h, a)| WbHome {
+                            fileid: a.fileid,
+                            handle: h.0.clone(),
+                            ..rec.clone()
+                        });
+                        self.resolve_conflict(r, id, &i, now, place).await?;
+                        return Ok(None);
+                    }
                 }
                 None => {
                     return Err(err(
@@ -939,12 +975,19 @@ impl Server {
                 }
             }
         };
+        let mut rebase_after = false;
         if !r.created.contains(&id) {
             // Changed at home too since the last push?
             match r.home.getattr(&h).await {
                 Ok(a) if super::conflicts::changed_at_home(&link.seen, &i, &a) => {
-                    self.resolve_conflict(r, id, &i, Some((h, a)), None).await?;
-                    return Ok(None);
+                    if !super::conflicts::cache_wins(r) {
+                        self.resolve_conflict(r, id, &i, Some((h, a)), None).await?;
+                        return Ok(None);
+                    }
+                    self.keep_home_version(r, id, &h, &a).await?;
+                    // Home's data stays under the cache's attributes when
+                    // the cache did not write the data: read again after.
+                    rebase_after = !link.is_local();
                 }
                 Ok(_) => {}
                 Err(HomeError::NotFound | HomeError::Stale) => {
@@ -957,7 +1000,8 @@ impl Server {
         // A fetched file's bytes are home's: only its attributes go back.
         let size =
             (data && i.attr.kind == FileKind::File && link.is_local()).then_some(i.attr.size);
-        let attach = (r.iw && link.is_local()).then(|| r.counts.get(&id).copied().unwrap_or(0));
+        let attach = ((r.iw && link.is_local()) || rebase_after)
+            .then(|| r.counts.get(&id).copied().unwrap_or(0));
         Ok(Some(PushJob {
             id,
             h,

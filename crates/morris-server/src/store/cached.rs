@@ -24,7 +24,8 @@
 //! must keep a frozen copy of the old layout here and convert.
 
 use morris_proto::home::{
-    is_cache_id, Binding, BindingV1, BindingV2, HomeLink, HomeLinkV1, HomeLinkV2, HomeStamp,
+    is_cache_id, Binding, BindingV1, BindingV2, BindingV3, HomeLink, HomeLinkV1, HomeLinkV2,
+    HomeLinkV3, HomeStamp,
 };
 use morris_proto::{Attr, ErrorCode, FileId, FileKind, Handle, Inode, WireError};
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
@@ -88,11 +89,13 @@ pub fn is_own_for(tag: u64, gen: u32, version: u32) -> Option<bool> {
     Some(same_gen && u64::from(version) & (LOCAL_BIT - 1) <= tag & (LOCAL_BIT - 1))
 }
 
-/// Format byte of stored links, seeds and binding settings: 3 since
-/// bindings say what changes do while home is down; 2 (read, converted)
-/// since they carry a sync lag; 1 (read, converted) before.
-const FORMAT: u8 = 3;
+/// Format byte of stored links, seeds and binding settings: 4 since
+/// bindings say whose version wins a conflict; 3 (read, converted) since
+/// they say what changes do while home is down; 2 (read, converted) since
+/// they carry a sync lag; 1 (read, converted) before.
+const FORMAT: u8 = 4;
 /// The formats before [`FORMAT`].
+const FORMAT_3: u8 = 3;
 const FORMAT_2: u8 = 2;
 const FORMAT_1: u8 = 1;
 
@@ -105,18 +108,23 @@ fn encode<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, WireError> {
     Ok(out)
 }
 
-/// Decodes a record of the current format, or of format 1 as `Old1` and
-/// of format 2 as `Old2` (frozen copies of the layouts then) converted.
-fn decode_as<T, Old1, Old2>(what: &str, b: &[u8]) -> Result<T, WireError>
+/// Decodes a record of the current format, or of format 1 as `Old1`, of
+/// format 2 as `Old2` and of format 3 as `Old3` (frozen copies of the
+/// layouts then) converted.
+fn decode_as<T, Old1, Old2, Old3>(what: &str, b: &[u8]) -> Result<T, WireError>
 where
     T: serde::de::DeserializeOwned,
     Old1: serde::de::DeserializeOwned + Into<T>,
     Old2: serde::de::DeserializeOwned + Into<T>,
+    Old3: serde::de::DeserializeOwned + Into<T>,
 {
     let corrupt =
         |e: postcard::Error| WireError::new(ErrorCode::Io, format!("corrupt {what}: {e}"));
     match b.split_first() {
         Some((&FORMAT, rest)) => postcard::from_bytes(rest).map_err(corrupt),
+        Some((&FORMAT_3, rest)) => postcard::from_bytes::<Old3>(rest)
+            .map(Into::into)
+            .map_err(corrupt),
         Some((&FORMAT_2, rest)) => postcard::from_bytes::<Old2>(rest)
             .map(Into::into)
             .map_err(corrupt),
@@ -130,14 +138,14 @@ where
     }
 }
 
-/// [`decode_as`] of a record whose layout did not change in formats 2 and
-/// 3 (a seed: its link never carries a binding's settings).
+/// [`decode_as`] of a record whose layout did not change in formats 2 to
+/// 4 (a seed: its link never carries a binding's settings).
 fn decode<T: serde::de::DeserializeOwned>(what: &str, b: &[u8]) -> Result<T, WireError> {
-    decode_as::<T, T, T>(what, b)
+    decode_as::<T, T, T, T>(what, b)
 }
 
 pub(super) fn decode_link(b: &[u8]) -> Result<HomeLink, WireError> {
-    decode_as::<HomeLink, HomeLinkV1, HomeLinkV2>("home link", b)
+    decode_as::<HomeLink, HomeLinkV1, HomeLinkV2, HomeLinkV3>("home link", b)
 }
 
 /// The home link stored for `id`, if any.
@@ -743,7 +751,7 @@ impl Store {
                 let (id, b) = row.map_err(db_err)?;
                 out.push((
                     super::from_sql_id(id),
-                    decode_as::<Binding, BindingV1, BindingV2>("binding settings", &b),
+                    decode_as::<Binding, BindingV1, BindingV2, BindingV3>("binding settings", &b),
                 ));
             }
             Ok(out)
@@ -925,8 +933,9 @@ impl Store {
     /// Detaches cached file `h` from home's data (it is about to be
     /// written in a writable cache): its link becomes a local one and
     /// where home has it is kept apart (`wb_homes`, by handle), so the
-    /// write-back pushes its data there.
-    pub fn detach(&self, h: Handle) -> Result<Inode, WireError> {
+    /// write-back pushes its data there. With `truncate` it is emptied
+    /// too, its data marked for the write-back, in the same transaction.
+    pub fn detach(&self, h: Handle, truncate: bool) -> Result<Inode, WireError> {
         self.write_txn(|tx| {
             let mut ino = check_handle(h, load_inode(tx, h.id)?)?;
             let mut link = cached_link(&ino, "file")?;
@@ -951,6 +960,30 @@ impl Store {
                 },
             )?;
             put_link(tx, h.id, &link)?;
+            if truncate {
+                // Emptied: home's bytes were never made the cache's (no
+                // `Localize` fetched them); its data goes home at the next
+                // push.
+                let now = morris_proto::Timestamp::now();
+                ino.attr.size = 0;
+                ino.attr.mtime = now;
+                ino.attr.ctime = now;
+                tx.execute(
+                    "UPDATE inodes SET data = ?2 WHERE id = ?1",
+                    params![sql_id(h.id), super::encode_inode(&ino)?],
+                )
+                .map_err(db_err)?;
+                super::wb::mark(
+                    tx,
+                    h.id,
+                    link.binding,
+                    super::wb::Changed {
+                        attrs: true,
+                        data: true,
+                        ..Default::default()
+                    },
+                )?;
+            }
             ino.home = Some(Box::new(link));
             Ok(ino)
         })

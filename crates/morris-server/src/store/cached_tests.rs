@@ -57,6 +57,7 @@ fn bound_root(s: &Store) -> Handle {
         max_bytes: 0,
         sync_lag_ms: 15_000,
         on_disconnect: morris_proto::home::OnDisconnect::Local,
+        on_conflict: morris_proto::home::OnConflict::Home,
     });
     let ino = s.bind(r, &l).unwrap();
     assert_eq!(ino.home.as_deref(), Some(&l));
@@ -89,6 +90,7 @@ fn only_an_empty_directory_that_is_not_cached_can_be_bound() {
         max_bytes: 0,
         sync_lag_ms: 15_000,
         on_disconnect: morris_proto::home::OnDisconnect::Local,
+        on_conflict: morris_proto::home::OnConflict::Home,
     });
     assert_eq!(s.bind(r, &l).unwrap_err().code, ErrorCode::NotEmpty);
     s.unlink(r, b"f", None, None).unwrap();
@@ -377,7 +379,7 @@ fn changes_under_a_binding_leave_marks_cleared_only_when_unchanged() {
     let marks = s.wb_marks(r.id, u64::MAX).unwrap();
     // Marks set after a time are not due before it.
     assert!(s.wb_marks(r.id, 0).unwrap().is_empty());
-    assert_eq!(s.wb_queue(r.id).unwrap().0, 2);
+    assert_eq!(s.wb_queue(r.id).unwrap().objects, 2);
     let root_mark = marks.iter().find(|m| m.id == r.id).unwrap().clone();
     assert!(root_mark.names);
     let file_mark = marks.iter().find(|m| m.id == f.id).unwrap().clone();
@@ -392,6 +394,8 @@ fn changes_under_a_binding_leave_marks_cleared_only_when_unchanged() {
     let now = s.wb_marks(r.id, u64::MAX).unwrap();
     let fm = now.iter().find(|m| m.id == f.id).unwrap();
     assert!(fm.data && fm.count > file_mark.count);
+    // Its size counts as queued data.
+    assert_eq!(s.wb_queue(r.id).unwrap().dirty_bytes, 10);
     // A clear with the count read before the write keeps the mark.
     assert_eq!(
         s.wb_clear(&[(f.id, file_mark.count), (r.id, root_mark.count)])
@@ -591,4 +595,62 @@ fn a_format_2_link_reads_with_changes_made_locally_while_home_is_down() {
     );
     assert_eq!(b.on_disconnect, morris_proto::home::OnDisconnect::Local);
     assert_eq!(got.handle, l.handle);
+}
+
+/// A link stored before bindings said whose version wins a conflict
+/// (record format 3) still reads, keeping its setting for a disconnected
+/// home, with home's version winning.
+#[test]
+fn a_format_3_link_reads_with_homes_version_winning_conflicts() {
+    use morris_proto::home::{OnConflict, OnDisconnect};
+    #[derive(serde::Serialize)]
+    struct BindingV3 {
+        url: String,
+        mode: CacheMode,
+        validity_ms: u64,
+        timeout_ms: u64,
+        max_bytes: u64,
+        sync_lag_ms: u64,
+        on_disconnect: OnDisconnect,
+    }
+    #[derive(serde::Serialize)]
+    struct LinkV3 {
+        binding: FileId,
+        handle: Vec<u8>,
+        fileid: u64,
+        seen: morris_proto::home::HomeStamp,
+        checked_ms: u64,
+        version: u32,
+        listed: bool,
+        bound: Option<BindingV3>,
+    }
+    let l = link(1, b"root", 2);
+    let old = LinkV3 {
+        binding: l.binding,
+        handle: l.handle.clone(),
+        fileid: l.fileid,
+        seen: l.seen,
+        checked_ms: l.checked_ms,
+        version: l.version,
+        listed: l.listed,
+        bound: Some(BindingV3 {
+            url: "file:///x".into(),
+            mode: CacheMode::Iw,
+            validity_ms: 7,
+            timeout_ms: 8,
+            max_bytes: 9,
+            sync_lag_ms: 10,
+            on_disconnect: OnDisconnect::Block,
+        }),
+    };
+    let mut bytes = vec![3u8];
+    bytes.extend(postcard::to_stdvec(&old).unwrap());
+    let got = super::cached::decode_link(&bytes).unwrap();
+    let b = got.bound.clone().unwrap();
+    assert_eq!(b.mode, CacheMode::Iw);
+    assert_eq!(b.sync_lag_ms, 10);
+    assert_eq!(b.on_disconnect, OnDisconnect::Block);
+    assert_eq!(b.on_conflict, OnConflict::Home);
+    assert_eq!(got.handle, l.handle);
+    assert_eq!(got.version, l.version);
 }

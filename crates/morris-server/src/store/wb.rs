@@ -28,6 +28,17 @@ use rusqlite::{params, OptionalExtension, Transaction};
 
 use super::{db_err, encode_inode, from_sql_id, load_inode, sql_id, Store};
 
+/// What one binding's write-back queue holds in one store.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WbQueue {
+    /// Objects with changes not pushed yet.
+    pub objects: u64,
+    /// When the oldest of them was first changed (wall clock, ms).
+    pub oldest_ms: Option<u64>,
+    /// The sizes of the files among them whose data changed.
+    pub dirty_bytes: u64,
+}
+
 /// The tables of this module (run at every open).
 pub(super) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS wb_marks (
@@ -216,22 +227,43 @@ impl Store {
         })
     }
 
-    /// How many marks of `binding` are kept here, and the oldest's time.
-    pub fn wb_queue(&self, binding: FileId) -> Result<(u64, Option<u64>), WireError> {
+    /// What `binding`'s queue holds here: how many marks, the oldest's
+    /// time, and the bytes of the files whose data is queued (their sizes:
+    /// what their pushes write home).
+    pub fn wb_queue(&self, binding: FileId) -> Result<WbQueue, WireError> {
         self.with_reader(|c| {
-            c.prepare_cached("SELECT count(*), min(since) FROM wb_marks WHERE binding = ?1")
+            let (n, oldest) = c
+                .prepare_cached("SELECT count(*), min(since) FROM wb_marks WHERE binding = ?1")
                 .and_then(|mut s| {
                     s.query_row(params![sql_id(binding)], |r| {
                         Ok((r.get::<_, i64>(0)?, r.get::<_, Option<i64>>(1)?))
                     })
                 })
-                .map(|(n, t)| {
-                    (
-                        u64::try_from(n).unwrap_or(0),
-                        t.and_then(|t| u64::try_from(t).ok()),
-                    )
+                .map_err(db_err)?;
+            let mut st = c
+                .prepare_cached(
+                    "SELECT i.id, i.data FROM wb_marks m JOIN inodes i ON i.id = m.id
+                     WHERE m.binding = ?1 AND m.data != 0",
+                )
+                .map_err(db_err)?;
+            let rows = st
+                .query_map(params![sql_id(binding)], |r| {
+                    Ok((from_sql_id(r.get(0)?), r.get::<_, Vec<u8>>(1)?))
                 })
-                .map_err(db_err)
+                .map_err(db_err)?;
+            let mut dirty_bytes = 0u64;
+            for row in rows {
+                let (id, data) = row.map_err(db_err)?;
+                let i = super::decode_inode(id, &data)?;
+                if i.attr.kind == morris_proto::FileKind::File {
+                    dirty_bytes = dirty_bytes.saturating_add(i.attr.size);
+                }
+            }
+            Ok(WbQueue {
+                objects: u64::try_from(n).unwrap_or(0),
+                oldest_ms: oldest.and_then(|t| u64::try_from(t).ok()),
+                dirty_bytes,
+            })
         })
     }
 
