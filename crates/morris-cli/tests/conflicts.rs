@@ -352,6 +352,57 @@ fn cache_wins(h: &Path, url: &str) {
 }
 
 #[test]
+fn in_an_iw_cache_with_an_nfs_home_fetched_and_pushed_objects_move_at_home() {
+    require_fuse();
+    let work = tempdir();
+    let export = work.path().join("export");
+    fs::create_dir(&export).expect("mkdir");
+    seed(&export);
+    let h = export.as_path();
+    let g = ganesha::Ganesha::start_new(&export, &work.path().join("ganesha"));
+    let (_cl, m) = bound_to(
+        &g.url().to_string(),
+        &["--mode", "iw", "--sync-lag", "1h", "--validity", "1s"],
+    );
+    let c = m.path.join("c");
+    fs::write(c.join("d/mine"), b"made in the cache").expect("create");
+    flush(&m);
+    assert_eq!(
+        fs::read(h.join("d/mine")).expect("read"),
+        b"made in the cache"
+    );
+    // A fetched file (read), a fetched directory (not listed), and a file
+    // made here and pushed (home's from then on) move; another writer
+    // adds a name meanwhile.
+    assert_eq!(fs::read(c.join("d/keep")).expect("read"), b"kept as it is");
+    fs::rename(c.join("d/keep"), c.join("d/kept-moved")).expect("rename fetched");
+    fs::rename(c.join("gone"), c.join("d/gone-moved")).expect("rename fetched dir");
+    fs::rename(c.join("d/mine"), c.join("tree/mine")).expect("rename pushed");
+    fs::write(h.join("d/theirs"), b"theirs").expect("create at home");
+    flush(&m);
+    assert!(!h.join("d/keep").exists() && !h.join("gone").exists() && !h.join("d/mine").exists());
+    assert_eq!(
+        fs::read(h.join("d/kept-moved")).expect("read"),
+        b"kept as it is"
+    );
+    assert_eq!(fs::read(h.join("d/gone-moved/sub/b")).expect("read"), b"b");
+    assert_eq!(
+        fs::read(h.join("tree/mine")).expect("read"),
+        b"made in the cache"
+    );
+    assert_eq!(fs::read(h.join("d/theirs")).expect("read"), b"theirs");
+    wait_for(Duration::from_secs(30), "another writer's name", || {
+        if c.join("d/theirs").exists() {
+            Ok(())
+        } else {
+            Err("not yet".into())
+        }
+    });
+    assert_same_tree(h, &c);
+    drop(g);
+}
+
+#[test]
 fn a_sw_cache_keeps_its_version_when_home_changed_behind_its_back() {
     require_fuse();
     let home = tempdir();

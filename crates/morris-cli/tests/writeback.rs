@@ -582,3 +582,127 @@ fn files_written_through_the_nfs_gateway_reach_home() {
     );
     assert_same_tree(home.path(), &m.path.join("c"));
 }
+
+/// A home tree for the moves below: files never read, read, and a
+/// directory with contents never listed.
+fn seed_moves(home: &Path) {
+    fs::create_dir_all(home.join("mv/dir/sub")).expect("mkdir");
+    fs::create_dir_all(home.join("other")).expect("mkdir");
+    fs::write(home.join("mv/unread"), pattern(3, 0, 700_000)).expect("write");
+    fs::write(home.join("mv/read"), b"read before it moves").expect("write");
+    fs::write(home.join("mv/written"), b"written, ").expect("write");
+    fs::write(home.join("mv/twice"), pattern(4, 0, 200_000)).expect("write");
+    fs::write(home.join("mv/dir/sub/x"), pattern(5, 0, 500_000)).expect("write");
+    fs::write(home.join("mv/dir/y"), b"y").expect("write");
+}
+
+#[test]
+fn objects_fetched_from_an_nfs_home_move_in_a_sw_cache_and_at_home() {
+    require_fuse();
+    let work = tempdir();
+    let export = work.path().join("export");
+    fs::create_dir(&export).expect("mkdir");
+    seed_moves(&export);
+    let g = ganesha::Ganesha::start_new(&export, &work.path().join("ganesha"));
+    let (_cl, m) = bound_to(
+        Cluster::start(4, ClusterOpts::default()),
+        &g.url().to_string(),
+        &["--mode", "sw", "--sync-lag", "1h"],
+    );
+    let c = m.path.join("c");
+    assert_eq!(
+        fs::read(c.join("mv/read")).expect("read"),
+        b"read before it moves"
+    );
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(c.join("mv/written"))
+        .expect("open for append");
+    f.write_all(b"then moved").expect("append");
+    f.sync_all().expect("fsync");
+    drop(f);
+    // Within a directory, across directories, a directory with contents
+    // never listed, a written file, and one moved twice before a push.
+    fs::rename(c.join("mv/unread"), c.join("mv/unread-renamed")).expect("rename in place");
+    fs::rename(c.join("mv/read"), c.join("other/read")).expect("rename across");
+    fs::rename(c.join("mv/dir"), c.join("moved-dir")).expect("rename a directory");
+    fs::rename(c.join("mv/written"), c.join("other/written")).expect("rename written");
+    fs::create_dir(c.join("new")).expect("mkdir");
+    fs::rename(c.join("mv/twice"), c.join("mv/once")).expect("rename");
+    fs::rename(c.join("mv/once"), c.join("new/twice")).expect("rename again");
+    // Read after the move (not fetched before it): home's bytes.
+    assert_eq!(
+        fs::read(c.join("moved-dir/sub/x")).expect("read moved"),
+        pattern(5, 0, 500_000)
+    );
+    flush(&m);
+    assert_same_tree_nfs(&export, &c);
+    for gone in [
+        "mv/unread",
+        "mv/read",
+        "mv/dir",
+        "mv/written",
+        "mv/twice",
+        "mv/once",
+    ] {
+        assert!(!export.join(gone).exists(), "{gone} still at home");
+    }
+    assert_eq!(
+        fs::read(export.join("mv/unread-renamed")).expect("read"),
+        pattern(3, 0, 700_000)
+    );
+    assert_eq!(
+        fs::read(export.join("other/written")).expect("read"),
+        b"written, then moved"
+    );
+    assert_eq!(
+        fs::read(export.join("moved-dir/sub/x")).expect("read"),
+        pattern(5, 0, 500_000)
+    );
+    assert_eq!(
+        fs::read(export.join("new/twice")).expect("read"),
+        pattern(4, 0, 200_000)
+    );
+    // Moved again after its move was pushed, and read whole in the cache.
+    fs::rename(c.join("new/twice"), c.join("mv/back")).expect("rename back");
+    fs::rename(c.join("moved-dir"), c.join("other/moved-dir")).expect("rename again");
+    flush(&m);
+    assert_eq!(
+        fs::read(export.join("mv/back")).expect("read"),
+        pattern(4, 0, 200_000)
+    );
+    assert_eq!(
+        fs::read(c.join("mv/back")).expect("read"),
+        pattern(4, 0, 200_000)
+    );
+    assert!(export.join("other/moved-dir/sub/x").exists());
+    assert_same_tree_nfs(&export, &c);
+    drop(g);
+}
+
+#[test]
+fn with_a_local_home_fetched_objects_move_once_written_and_else_answer_exdev() {
+    require_fuse();
+    let home = tempdir();
+    seed_moves(home.path());
+    let (_cl, m) = bound(home.path(), &["--mode", "sw", "--sync-lag", "1h"]);
+    let c = m.path.join("c");
+    // A local directory's handles are paths: home's data does not move.
+    let e = fs::rename(c.join("mv/read"), c.join("mv/read2")).expect_err("moved");
+    assert_eq!(e.raw_os_error(), Some(libc::EXDEV), "{e}");
+    // Written, it is the cache's own, and moves.
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(c.join("mv/written"))
+        .expect("open for append");
+    f.write_all(b"then moved").expect("append");
+    drop(f);
+    fs::rename(c.join("mv/written"), c.join("other/written")).expect("rename written");
+    flush(&m);
+    assert!(!home.path().join("mv/written").exists());
+    assert_eq!(
+        fs::read(home.path().join("other/written")).expect("read"),
+        b"written, then moved"
+    );
+    assert_same_tree(home.path(), &c);
+}

@@ -289,6 +289,53 @@ impl Client {
         }
     }
 
+    /// Whether cached object `i`, if its data is home's, may be moved in
+    /// the cache: its home's handles survive a rename there (an NFS
+    /// home's do; a local directory's are paths).
+    pub(crate) async fn moves_at_home(&self, i: &Inode) -> Result<bool> {
+        match i.home.as_deref() {
+            Some(l) if !l.is_local() => Ok(self
+                .binding_spec(l.binding)
+                .await?
+                .url
+                .starts_with("nfs://")),
+            _ => Ok(true),
+        }
+    }
+
+    /// Before object `i`, fetched from home, leaves its name `name` in
+    /// directory `dir`: its owner records that home has it there (unless
+    /// an earlier move not pushed yet did), so that the write-back moves
+    /// it at home rather than take its new name for a new object.
+    pub(crate) async fn place_before_move(
+        &self,
+        i: &Inode,
+        dir: FileId,
+        name: &[u8],
+    ) -> Result<()> {
+        let Some(l) = i.home.as_deref() else {
+            return Ok(());
+        };
+        if !is_cache_id(i.id) {
+            // Made in the cache: the write-back's records say where.
+            return Ok(());
+        }
+        let req = Request::WbPlace {
+            binding: l.binding,
+            home: morris_proto::WbHome {
+                id: i.id,
+                dir,
+                name: name.to_vec(),
+                fileid: l.fileid,
+                handle: l.handle.clone(),
+            },
+        };
+        match self.call_owner(i.id, req).await? {
+            Reply::Ok => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Whether this client should compare cached object `id` with home now.
     async fn due(&self, id: FileId, link: &HomeLink) -> Result<bool> {
         let spec = self.binding_spec(link.binding).await?;

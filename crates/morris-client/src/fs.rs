@@ -52,9 +52,11 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
 
 /// Refuses moving (or linking) `obj` into directory `to`: across the edge
 /// of a binding (a cache is a file system of its own: `mv` copies), or an
-/// object fetched from home (it keeps its place there; moving one is not
-/// built yet, `mv` copies it).
-pub(crate) fn check_move(obj: &Inode, to: &Inode) -> Result<()> {
+/// object whose data is home's unless `moves_at_home` (its home's handles
+/// survive a rename there, as an NFS server's do: the write-back then
+/// moves it at home; a local-directory home's handles are paths, and a
+/// hard link of one is not built: `mv` and `cp` copy).
+pub(crate) fn check_move(obj: &Inode, to: &Inode, moves_at_home: bool) -> Result<()> {
     let ob = obj.home.as_ref().map(|l| l.binding);
     let db = to.home.as_ref().map(|l| l.binding);
     if ob != db {
@@ -63,7 +65,7 @@ pub(crate) fn check_move(obj: &Inode, to: &Inode) -> Result<()> {
             format!("{} and {} lie in different caches", obj.id, to.id),
         ));
     }
-    if obj.home.as_ref().is_some_and(|l| !l.is_local()) {
+    if !moves_at_home && obj.home.as_ref().is_some_and(|l| !l.is_local()) {
         return Err(Error::new(
             ErrorCode::CrossDevice,
             format!("{} was fetched from home and keeps its place", obj.id),
@@ -579,7 +581,7 @@ impl Client {
         self.check_change(&d).await?;
         let c = self.fresh(cg).await?;
         self.check_change(&c).await?;
-        check_move(&c, &d)?;
+        check_move(&c, &d, false)?;
         if c.attr.kind == FileKind::Dir {
             return Err(Error::new(ErrorCode::Perm, "hard link to a directory"));
         }
@@ -853,7 +855,8 @@ impl Client {
             self.check_change(&sg.inode()).await?;
             self.check_change(&dg.inode()).await?;
             let s_inode = self.do_getattr_nolease(s.child).await?;
-            check_move(&s_inode, &dg.inode())?;
+            let moves_at_home = self.moves_at_home(&s_inode).await?;
+            check_move(&s_inode, &dg.inode(), moves_at_home)?;
             check_delete(&sg.inode(), &s_inode, caller)?;
             check_access(&dg.inode(), caller, W_OK | X_OK)?;
             if let Some(d) = &d {
@@ -866,6 +869,9 @@ impl Client {
                     ));
                 }
             }
+            // Home has an object fetched from it at its old name until
+            // the write-back moves it there: recorded first.
+            self.place_before_move(&s_inode, sdir, sname).await?;
             let replace = d.as_ref().map(|e| e.child.id);
             let mut moved = s.clone();
             moved.name = dname.to_vec();

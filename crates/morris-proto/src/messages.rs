@@ -603,6 +603,18 @@ pub enum Request {
         /// Home's stamp of the object as the write-back left it.
         seen: Option<HomeStamp>,
     },
+    /// Before an object fetched from home is moved in the cache: records
+    /// that home has it at `home.dir`/`home.name` (at its owner), unless
+    /// a record of where home has it exists already (one left by an
+    /// earlier move not pushed yet); a file's detached record (by handle,
+    /// `dir` 0) becomes this one. The write-back then moves it at home.
+    /// [`Reply::Ok`].
+    WbPlace {
+        /// The bound directory's id.
+        binding: FileId,
+        /// Where home has the object now.
+        home: WbHome,
+    },
     /// Records home's stamp of object `id` just after the write-back
     /// pushed it (at its owner). [`Reply::Ok`].
     WbSeen {
@@ -852,6 +864,7 @@ impl Request {
             Request::WbClear { .. } => "WbClear",
             Request::WbHomes { .. } => "WbHomes",
             Request::WbSetHome { .. } => "WbSetHome",
+            Request::WbPlace { .. } => "WbPlace",
             Request::WbSeen { .. } => "WbSeen",
             Request::WbRebase { .. } => "WbRebase",
             Request::WbGone { .. } => "WbGone",

@@ -253,7 +253,7 @@ fn subject(req: &Request) -> Option<FileId> {
         | Request::DeleteData { id } => Some(*id),
         Request::Sync { id } => *id,
         Request::WbEntries { dir, .. } => Some(*dir),
-        Request::WbSetHome { home, .. } => Some(home.id),
+        Request::WbSetHome { home, .. } | Request::WbPlace { home, .. } => Some(home.id),
         Request::WbSeen { id, .. } | Request::WbRebase { id, .. } => Some(*id),
         Request::WbClear { marks } => marks.first().map(|m| m.0),
         Request::WbGoneClear { at, .. } => Some(*at),
@@ -969,6 +969,7 @@ impl Server {
             | Request::Detach { .. }
             | Request::WbEntries { .. }
             | Request::WbSetHome { .. }
+            | Request::WbPlace { .. }
             | Request::WbSeen { .. }
             | Request::WbRebase { .. }
             | Request::WbGoneClear { .. }
@@ -1000,6 +1001,7 @@ impl Server {
                 | Request::Revalidate { .. }
                 | Request::Detach { .. }
                 | Request::WbSetHome { .. }
+                | Request::WbPlace { .. }
                 | Request::WbSeen { .. }
                 | Request::WbRebase { .. }
                 | Request::WbGoneClear { .. }
@@ -1447,6 +1449,10 @@ impl Server {
             } => {
                 Self::check_owner(vol, home.id)?;
                 metadata(move || store.wb_set_home(binding, &home, seen)).map(|()| Reply::Ok)
+            }
+            Request::WbPlace { binding, home } => {
+                Self::check_owner(vol, home.id)?;
+                metadata(move || store.wb_place(binding, &home)).map(|()| Reply::Ok)
             }
             Request::WbSeen { id, seen } => {
                 Self::check_owner(vol, id)?;

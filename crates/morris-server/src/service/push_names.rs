@@ -139,8 +139,10 @@ impl Server {
         let mut named = Vec::with_capacity(cache.len());
         for e in &cache {
             let obj = e.child.id;
-            let (home_at, still_there) = if is_cache_id(obj) {
-                // Fetched from home: it keeps its place there.
+            // A fetched object keeps its place at home unless it was
+            // moved in the cache (`WbPlace`: a record with a directory).
+            let placed = r.homes.get(&obj).is_some_and(|rec| rec.dir != 0);
+            let (home_at, still_there) = if is_cache_id(obj) && !placed {
                 (
                     Some(Spot {
                         dir: d,
@@ -191,14 +193,45 @@ impl Server {
                     })
                 }
             });
+            if let Some(o) = same.filter(|&o| {
+                is_cache_id(o)
+                    && r.homes
+                        .get(&o)
+                        .is_some_and(|rec| rec.dir != 0 && (rec.dir != d || rec.name != h.name))
+            }) {
+                // A fetched object home has where the cache names it, its
+                // record elsewhere (its move was made at home, the record
+                // lost to a crash): the record follows.
+                let hh = match &h.plus {
+                    Some((hh, _)) => hh.clone(),
+                    None => {
+                        r.home
+                            .lookup(&hd, &h.name)
+                            .await
+                            .map_err(|e| home_failed(r.b, e))?
+                            .0
+                    }
+                };
+                self.place(r, o, d, &h.name, &hh, h.fileid, None).await?;
+            }
             let departed = departed(r, d, &h.name, h.fileid);
             let obj = identify(&h.name, same, departed);
-            let moving = obj.is_some_and(|o| {
-                !here_names.values().any(|&x| x == o)
-                    && r.named_in
+            let mut moving = false;
+            if let Some(o) = obj.filter(|o| here_names.get(h.name.as_slice()) != Some(o)) {
+                // Named elsewhere (here under another name, or in another
+                // directory): moved there by a rename, not removed here.
+                moving = here_names.values().any(|&x| x == o)
+                    || r.named_in
                         .get(&o)
-                        .is_some_and(|v| v.iter().any(|(dir, _)| *dir != d))
-            });
+                        .is_some_and(|v| v.iter().any(|(dir, _)| *dir != d));
+                if !moving && is_cache_id(o) && r.homes.get(&o).is_some_and(|rec| rec.dir == d) {
+                    // Fetched, moved away from here in the cache, named
+                    // in a directory this round does not push: left for
+                    // that directory's push to move (removing it here
+                    // would lose what of it the cache does not hold).
+                    moving = self.inode(r, o).await?.is_some_and(|i| i.attr.nlink > 0);
+                }
+            }
             homes_list.push(AtHome {
                 name: h.name.clone(),
                 is_dir,
@@ -442,7 +475,7 @@ impl Server {
                     .homes
                     .get(&obj)
                     .is_some_and(|rec| rec.dir == at.dir && rec.name == at.name);
-                if was_there && !is_cache_id(obj) {
+                if was_there {
                     let hn = self.resolve(r, now_at.dir).await?;
                     if let Some(hn) = hn {
                         let (h, a) = home

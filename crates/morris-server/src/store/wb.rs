@@ -10,9 +10,11 @@
 //!   cleared only if the count is unchanged since the push read it.
 //! * `wb_homes`: object id → where home has it (the cache directory whose
 //!   home directory holds it, the name there, home's file number and
-//!   handle), for objects the write-back made or moved at home. Objects
-//!   fetched from home need none: their id is derived from home's file
-//!   number, and they do not move.
+//!   handle), for objects the write-back made or moved at home, and for
+//!   objects fetched from home once moved in the cache (`WbPlace`: where
+//!   home has them until the write-back moves them there) or written (a
+//!   detached file: by handle, `dir` 0). Other fetched objects need none:
+//!   their id is derived from home's file number, and they have not moved.
 //! * `wb_gone`: (directory, name, object) → home's file number of an
 //!   object that left that name in the cache and has no other record: one
 //!   fetched from home (removed or replaced: written by the directory's
@@ -331,6 +333,45 @@ impl Store {
                 }
             }
             Ok(())
+        })
+    }
+
+    /// Records that home has object `h.id` at `h.dir`/`h.name`, before it
+    /// moves in the cache, unless a record of where home has it exists (a
+    /// detached file's record by handle, `dir` 0, is replaced). Nothing if
+    /// the object is gone.
+    pub fn wb_place(&self, binding: FileId, h: &WbHome) -> Result<(), WireError> {
+        self.write_txn(|tx| {
+            let exists = tx
+                .prepare_cached("SELECT 1 FROM inodes WHERE id = ?1")
+                .and_then(|mut s| s.exists(params![sql_id(h.id)]))
+                .map_err(db_err)?;
+            if !exists {
+                return Ok(());
+            }
+            let at: Option<(i64, i64, Vec<u8>)> = tx
+                .prepare_cached("SELECT dir, fileid, handle FROM wb_homes WHERE id = ?1")
+                .and_then(|mut s| {
+                    s.query_row(params![sql_id(h.id)], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                    })
+                    .optional()
+                })
+                .map_err(db_err)?;
+            match at {
+                Some((dir, _, _)) if dir != 0 => Ok(()),
+                // Detached: home's number and handle are the record's.
+                Some((_, fileid, handle)) => put_home(
+                    tx,
+                    binding,
+                    &WbHome {
+                        fileid: from_sql_id(fileid),
+                        handle,
+                        ..h.clone()
+                    },
+                ),
+                None => put_home(tx, binding, h),
+            }
         })
     }
 
