@@ -328,9 +328,7 @@ fn cache_wins(h: &Path, url: &str) {
     // Another writer removes a file the cache made; the cache writes it
     // again before it learns: made again at home.
     fs::remove_file(h.join("d/mine")).expect("remove at home");
-    if let Err(e) = fs::write(c.join("d/mine"), b"mine, again") {
-        panic!("write in the cache: {e}\n{}", cl.logs());
-    }
+    fs::write(c.join("d/mine"), b"mine, again").expect("write in the cache");
     flush(&m);
     assert_eq!(fs::read(h.join("d/mine")).expect("read"), b"mine, again");
     assert_eq!(conflicts_counted(&cl), 4);
@@ -400,6 +398,40 @@ fn in_an_iw_cache_with_an_nfs_home_fetched_and_pushed_objects_move_at_home() {
     });
     assert_same_tree(h, &c);
     drop(g);
+}
+
+#[test]
+fn a_sw_cache_winning_conflicts_makes_a_file_home_removed_again_with_its_bytes() {
+    use std::os::unix::fs::PermissionsExt;
+    require_fuse();
+    let home = tempdir();
+    let h = home.path();
+    seed(h);
+    let (cl, m) = bound(
+        h,
+        &["--mode", "sw", "--sync-lag", "1h", "--on-conflict", "cache"],
+    );
+    let c = m.path.join("c");
+    fs::write(c.join("d/made"), b"made in the cache").expect("create in the cache");
+    assert_eq!(fs::read(c.join("d/f")).expect("read"), b"home v1");
+    flush(&m);
+    // Home removes the made file and changes a fetched one behind the
+    // cache's back; the cache changes only the mode of the first, the
+    // bytes of the second.
+    fs::remove_file(h.join("d/made")).expect("remove at home");
+    change_at_home(&h.join("d/f"), b"home v2");
+    fs::set_permissions(c.join("d/made"), fs::Permissions::from_mode(0o640)).expect("chmod");
+    fs::write(c.join("d/f"), b"cache v2").expect("write in the cache");
+    flush(&m);
+    assert_eq!(
+        fs::read(h.join("d/made")).expect("read"),
+        b"made in the cache"
+    );
+    assert_eq!(meta(&h.join("d/made")).mode & 0o7777, 0o640);
+    assert_eq!(fs::read(h.join("d/f")).expect("read"), b"cache v2");
+    assert_eq!(kept(h, "f")[0].1, b"home v2");
+    assert_eq!(conflicts_counted(&cl), 2);
+    assert_eq!(meta(&h.join("d")), meta(&c.join("d")));
 }
 
 #[test]

@@ -998,6 +998,9 @@ impl Server {
             }
         }
         // A fetched file's bytes are home's: only its attributes go back.
+        // One made again at home just now (a conflict the cache won) takes
+        // its data whatever changed.
+        let data = data || r.made.contains(&id);
         let size =
             (data && i.attr.kind == FileKind::File && link.is_local()).then_some(i.attr.size);
         let attach = ((r.iw && link.is_local()) || rebase_after)
