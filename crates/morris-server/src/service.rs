@@ -27,6 +27,7 @@ use crate::ranges::{Range, Ranges, Role};
 use crate::store::{check_name, check_new_name, FormatOutcome, Formatted, OpKey, Store};
 
 mod cache;
+mod cache_units;
 mod conflicts;
 mod orphans;
 mod peer;

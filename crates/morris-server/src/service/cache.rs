@@ -6,25 +6,19 @@
 //! | a name of a cached directory this server owns | `HomeLookup` misses it | [`Server::home_lookup`] |
 //! | every name of such a directory | its first `ReadDir` from cookie 0 | [`Server::home_list`] |
 //! | home's attributes of an object this server owns | `Revalidate` after the validity lag | [`Server::revalidate`] |
-//! | a stripe unit this server holds | `ReadCached`/`FetchCached` finds it missing at the file's version | [`Server::ensure_unit`] |
+//! | a stripe unit this server holds | `ReadCached`/`FetchCached` finds it missing at the file's version | [`Server::ensure_unit`] (`cache_units.rs`, with prefetch, eviction, `Localize`, `Detach`) |
 //!
 //! A change found at home is applied under this server's own write lease on
 //! the object (every client's lease on it is recalled first), so every
-//! mount, FUSE or NFS, sees the new version at once. A unit is fetched once
-//! however many readers ask for it at the same time (one lock per unit:
-//! exclusive for a fetch or an eviction, shared while a read copies the
-//! unit's bytes, so an eviction never punches a unit out under a read).
+//! mount, FUSE or NFS, sees the new version at once.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use morris_home::{Home, HomeAttr, HomeError, HomeHandle, HomeKind, HomeOptions, HomeUrl};
-use morris_proto::home::{
-    cache_gen, cache_id, wall_ms, Binding, CacheMode, HomeLink, HomeRef, HomeStamp,
-};
+use morris_proto::home::{cache_gen, cache_id, wall_ms, Binding, CacheMode, HomeLink, HomeStamp};
 use morris_proto::messages::LeaseMode;
 use morris_proto::{
     Attr, BindingStatus, DirEntry, ErrorCode, FileId, FileKind, Handle, Inode, Timestamp, WireError,
@@ -34,7 +28,7 @@ use tracing::{debug, info, warn};
 
 use super::{blocking, err, metadata, Server};
 use crate::leases::ClientId;
-use crate::store::{DirPage, Formatted, Seed, Store};
+use crate::store::{DirPage, Seed, Store};
 
 /// The lease-table client id of this server's own changes to cached objects.
 const SERVER_CLIENT: ClientId = 0;
@@ -83,12 +77,12 @@ pub(crate) struct Bound {
     /// may try it again.
     down: Mutex<Option<(Instant, Instant)>>,
     last_error: Mutex<Option<String>>,
-    hits: AtomicU64,
-    misses: AtomicU64,
-    fetched_bytes: AtomicU64,
-    fetch_ms: AtomicU64,
+    pub(super) hits: AtomicU64,
+    pub(super) misses: AtomicU64,
+    pub(super) fetched_bytes: AtomicU64,
+    pub(super) fetch_ms: AtomicU64,
     meta_requests: AtomicU64,
-    evictions: AtomicU64,
+    pub(super) evictions: AtomicU64,
     /// The write-back's state (cache mode II).
     pub(super) wb: super::pusher::WbState,
 }
@@ -271,7 +265,7 @@ fn home_err(url: &str, e: HomeError) -> WireError {
 }
 
 /// A unit of a cached file held here: (file, copy, block).
-type UnitKey = (FileId, u8, u64);
+pub(super) type UnitKey = (FileId, u8, u64);
 
 /// A directory's listing from home: its outcome once done.
 type ListSlot = tokio::sync::Mutex<Option<Result<(), WireError>>>;
@@ -299,7 +293,7 @@ pub(crate) struct CacheState {
     bound: Mutex<HashMap<FileId, Arc<Bound>>>,
     /// Per unit (file, copy, block): one fetch or eviction at a time,
     /// reads of its bytes beside each other.
-    units: Mutex<HashMap<UnitKey, Arc<tokio::sync::RwLock<()>>>>,
+    pub(super) units: Mutex<HashMap<UnitKey, Arc<tokio::sync::RwLock<()>>>>,
     /// One listing at a time per directory, and its outcome.
     lists: Mutex<HashMap<FileId, Arc<ListSlot>>>,
     /// The progress of the listings from home under way.
@@ -310,15 +304,15 @@ pub(crate) struct CacheState {
     /// name) → the directory's content version then, and when.
     absent: Mutex<HashMap<DirName, (u32, Instant)>>,
     /// Units read since the last flush of their use times.
-    touched: Mutex<Vec<UnitKey>>,
+    pub(super) touched: Mutex<Vec<UnitKey>>,
     /// Files (and copy) whose units this server is prefetching.
-    prefetching: Mutex<std::collections::HashSet<(FileId, u8)>>,
+    pub(super) prefetching: Mutex<std::collections::HashSet<(FileId, u8)>>,
     /// Background unit fetches in flight.
-    background: Arc<tokio::sync::Semaphore>,
+    pub(super) background: Arc<tokio::sync::Semaphore>,
     /// This server's own changes, one at a time per inode (sharded).
     own: Vec<Arc<tokio::sync::Mutex<()>>>,
     /// Unit fetches from home in flight on this server.
-    fetching: tokio::sync::Semaphore,
+    pub(super) fetching: tokio::sync::Semaphore,
 }
 
 /// Shards of [`CacheState::own`].
@@ -1137,139 +1131,6 @@ impl Server {
         c.insert(id, at);
     }
 
-    /// Makes sure this server holds unit (`id`, copy `replica`, block
-    /// `index`) at `home.version`, fetching it from home if not; returns
-    /// the bytes fetched (0: it was here) and a shared hold on the unit:
-    /// while it is kept, the unit is not evicted (read its bytes under it).
-    pub(super) async fn ensure_unit(
-        &self,
-        vol: &Formatted,
-        id: FileId,
-        index: u64,
-        replica: u8,
-        home: &HomeRef,
-    ) -> Result<(u64, UnitHold), WireError> {
-        let key = (id, replica, index);
-        let store = self.store.clone();
-        let have = |store: &Store| -> Result<Option<bool>, WireError> {
-            let Some(u) = store.unit(id, replica, index)? else {
-                return Ok(None);
-            };
-            if u.tag == home.tag() {
-                return Ok(Some(true));
-            }
-            match crate::store::is_own_for(u.tag, home.gen, home.version) {
-                // Detached from home to be written: the cache's own now.
-                Some(true) => Err(err(
-                    ErrorCode::Stale,
-                    format!("file {id} is the cache's own now; read it again"),
-                )),
-                // Home's version replaced the cache's since: fetched again.
-                Some(false) => Ok(None),
-                // The same object, a newer version than this read names.
-                None if u.tag >> 32 == home.tag() >> 32 && u.tag > home.tag() => Err(err(
-                    ErrorCode::Stale,
-                    format!("file {id} changed at home since this read began; read it again"),
-                )),
-                None => Ok(None),
-            }
-        };
-        // Read under the unit's shared lock, which the caller keeps while it
-        // reads the bytes: an eviction (exclusive) cannot punch the unit out
-        // between this check and that read.
-        let lock = self.unit_lock(key);
-        let shared = lock.clone().read_owned().await;
-        if metadata(|| have(&store))?.is_some() {
-            if let Ok(b) = self.bound(home.binding) {
-                b.hits.fetch_add(1, Ordering::Relaxed);
-            }
-            self.cache.touched.lock().push(key);
-            return Ok((0, shared));
-        }
-        drop(shared);
-        let b = self.bound(home.binding)?;
-        let one = lock.write_owned().await;
-        let fetched = if metadata(|| have(&store))?.is_some() {
-            b.hits.fetch_add(1, Ordering::Relaxed);
-            0
-        } else {
-            b.misses.fetch_add(1, Ordering::Relaxed);
-            let got = self.fetch_unit(vol, &b, id, index, replica, home).await?;
-            self.maybe_prefetch(vol, id, index, replica, home);
-            got
-        };
-        Ok((fetched, one.downgrade()))
-    }
-
-    /// The lock of a unit: a fetch or an eviction holds it exclusively (so
-    /// that a fetch runs once however many ask at once), a read of the
-    /// unit's bytes shared. Locks nobody holds are swept by `cache_tick`.
-    fn unit_lock(&self, key: UnitKey) -> Arc<tokio::sync::RwLock<()>> {
-        self.cache
-            .units
-            .lock()
-            .entry(key)
-            .or_insert_with(|| Arc::new(tokio::sync::RwLock::new(())))
-            .clone()
-    }
-
-    /// After a miss on unit `index` of a file this server also held the
-    /// previous unit of (`index - k`, same content): the file is read
-    /// sequentially, so the rest of this server's units of it are fetched
-    /// in the background ([`BACKGROUND_FETCHES`] at a time per server),
-    /// unless that would pass the cache's space limit. Every server does
-    /// the same for its own units, so the whole file comes in, striped.
-    fn maybe_prefetch(&self, vol: &Formatted, id: FileId, index: u64, replica: u8, home: &HomeRef) {
-        let k = u64::from(vol.layout.servers.max(1));
-        if index <= k {
-            return;
-        }
-        let store = self.store.clone();
-        let sequential = matches!(
-            store.unit(id, replica, index - k),
-            Ok(Some(u)) if u.tag == home.tag()
-        );
-        if !sequential || home.size == 0 {
-            return;
-        }
-        if !self.cache.prefetching.lock().insert((id, replica)) {
-            return;
-        }
-        let Some(me) = self.this.get().and_then(std::sync::Weak::upgrade) else {
-            self.cache.prefetching.lock().remove(&(id, replica));
-            return;
-        };
-        let vol = vol.clone();
-        let home = home.clone();
-        let last = vol.layout.block_of(home.size - 1).0;
-        tokio::spawn(async move {
-            let mut next = index + k;
-            let mut fetched = 0u64;
-            while next <= last {
-                if me.over_budget(home.binding) {
-                    break;
-                }
-                let Ok(_slot) = me.cache.background.clone().acquire_owned().await else {
-                    break;
-                };
-                match me
-                    .ensure_unit(&vol, id, next, replica, &home)
-                    .await
-                    .map(|(n, _)| n)
-                {
-                    Ok(n) => fetched += n,
-                    Err(e) => {
-                        debug!(id, block = next, error = %e, "background prefetch stopped");
-                        break;
-                    }
-                }
-                next += k;
-            }
-            debug!(id, replica, bytes = fetched, "background prefetch done");
-            me.cache.prefetching.lock().remove(&(id, replica));
-        });
-    }
-
     /// The bindings this server knows, with their state.
     pub(super) fn known_bindings(&self) -> Vec<(FileId, Arc<Bound>)> {
         self.cache
@@ -1278,262 +1139,6 @@ impl Server {
             .iter()
             .map(|(id, b)| (*id, b.clone()))
             .collect()
-    }
-
-    /// Whether this server holds as much of binding `binding`'s data as
-    /// its share of the binding's space limit allows (never, without one).
-    fn over_budget(&self, binding: FileId) -> bool {
-        let Ok(b) = self.bound(binding) else {
-            return false;
-        };
-        let Some(share) = self.share_of(&b) else {
-            return false;
-        };
-        let store = self.store.clone();
-        metadata(|| store.cached_bytes_of(binding)).is_ok_and(|(_, held)| held >= share)
-    }
-
-    /// This server's share of binding `b`'s space limit (the limit divided
-    /// evenly among the servers; `None`: no limit).
-    fn share_of(&self, b: &Bound) -> Option<u64> {
-        let vol = self.store.formatted()?;
-        if b.spec.max_bytes == 0 {
-            return None;
-        }
-        let k = u64::from(vol.layout.servers.max(1));
-        Some(b.spec.max_bytes.div_ceil(k))
-    }
-
-    /// Fetches one unit from home into this server's extent file.
-    async fn fetch_unit(
-        &self,
-        vol: &Formatted,
-        b: &Bound,
-        id: FileId,
-        index: u64,
-        replica: u8,
-        r: &HomeRef,
-    ) -> Result<u64, WireError> {
-        let unit = u64::from(vol.layout.unit);
-        let start = vol.layout.block_start(index);
-        let end = r.size.min(start.saturating_add(unit));
-        let want = end.saturating_sub(start);
-        let home = b.home().await?;
-        // A few units at a time, first come first served: the units a
-        // reader asked for first arrive first (eight fetched at once would
-        // share this server's link and all arrive late), and a few in
-        // flight keep the link busy across home's round trips.
-        let _turn = self
-            .cache
-            .fetching
-            .acquire()
-            .await
-            .map_err(|_| err(ErrorCode::Unavailable, "server is stopping"))?;
-        let t0 = Instant::now();
-        let mut data = bytes::BytesMut::with_capacity(want as usize);
-        let hh = HomeHandle(r.handle.clone());
-        while (data.len() as u64) < want {
-            let off = start + data.len() as u64;
-            let len = u32::try_from((want - data.len() as u64).min(u64::from(home.max_read())))
-                .unwrap_or(u32::MAX)
-                .max(1);
-            match home.read(&hh, off, len).await {
-                Ok(rep) => {
-                    if rep.data.is_empty() {
-                        // Home's file is shorter than the size we hold:
-                        // it changed; the rest reads as zeros until the
-                        // next revalidation sees it.
-                        break;
-                    }
-                    data.extend_from_slice(&rep.data);
-                    if rep.eof {
-                        break;
-                    }
-                }
-                Err(e) => return Err(b.failed(e)),
-            }
-        }
-        b.ok();
-        data.truncate(want as usize);
-        let got = data.len() as u64;
-        let pos = vol.layout.local_offset(index);
-        let store = self.store.clone();
-        let blocks = self.blocks.clone();
-        let tag = r.tag();
-        let binding = r.binding;
-        let data: Bytes = data.freeze();
-        blocking(move || {
-            // A unit of zeros (a hole at home) takes no space here. The
-            // bytes are on disk before the record that says they are
-            // held: after a power loss a record never names bytes that
-            // did not make it (they would be read as good data).
-            if data.iter().any(|&x| x != 0) {
-                blocks.write(id, replica, pos, &data, true, &store)?;
-            } else {
-                blocks.punch(id, replica, pos, unit)?;
-                blocks.sync_file(id, replica.saturating_add(1))?;
-            }
-            store.put_unit(id, replica, index, tag, got, binding)?;
-            Ok(())
-        })
-        .await?;
-        b.fetched_bytes.fetch_add(got, Ordering::Relaxed);
-        b.fetch_ms
-            .fetch_add(t0.elapsed().as_millis() as u64, Ordering::Relaxed);
-        debug!(
-            id,
-            index,
-            bytes = got,
-            ms = t0.elapsed().as_millis() as u64,
-            "unit fetched from home"
-        );
-        Ok(got)
-    }
-
-    /// `Evict`: frees every unit of `id` held here.
-    pub(super) async fn evict(&self, vol: &Formatted, id: FileId) -> Result<u64, WireError> {
-        let store = self.store.clone();
-        let units = metadata(|| store.units_of(id))?;
-        let mut freed = 0;
-        for u in units {
-            freed += self.evict_unit(vol, u.id, u.copy, u.block, u.bytes).await?;
-        }
-        Ok(freed)
-    }
-
-    async fn evict_unit(
-        &self,
-        vol: &Formatted,
-        id: FileId,
-        copy: u8,
-        block: u64,
-        bytes: u64,
-    ) -> Result<u64, WireError> {
-        let lock = self.unit_lock((id, copy, block));
-        let _one = lock.write().await;
-        let pos = vol.layout.local_offset(block);
-        let unit = u64::from(vol.layout.unit);
-        let store = self.store.clone();
-        let blocks = self.blocks.clone();
-        blocking(move || {
-            // The record goes first: a crash in between leaves data that
-            // is simply fetched again, never a record without data.
-            store.drop_unit(id, copy, block)?;
-            blocks.punch(id, copy, pos, unit)
-        })
-        .await?;
-        Ok(bytes)
-    }
-
-    /// Keeps the units held here under the bindings' space limits (their
-    /// `max_bytes` split evenly among the servers), evicting the least
-    /// recently read first; flushes read times. Run periodically.
-    pub(crate) async fn cache_tick(&self) {
-        let touched = std::mem::take(&mut *self.cache.touched.lock());
-        if !touched.is_empty() {
-            let store = self.store.clone();
-            if let Err(e) = metadata(|| store.touch_units(&touched)) {
-                debug!(error = %e, "recording unit reads failed");
-            }
-        }
-        self.cache
-            .units
-            .lock()
-            .retain(|_, l| Arc::strong_count(l) > 1);
-        let Some(vol) = self.store.formatted() else {
-            return;
-        };
-        // Each binding within its own share, its least recently read units
-        // first: one binding's reads never evict another's data.
-        let bound = self.known_bindings();
-        for (binding, b) in bound {
-            let Some(share) = self.share_of(&b) else {
-                continue;
-            };
-            let store = self.store.clone();
-            let Ok((_, mut held)) = metadata(|| store.cached_bytes_of(binding)) else {
-                return;
-            };
-            while held > share {
-                let store = self.store.clone();
-                let Ok(cold) = metadata(|| store.coldest_units_of(binding, 64)) else {
-                    return;
-                };
-                if cold.is_empty() {
-                    break;
-                }
-                for u in cold {
-                    if held <= share {
-                        break;
-                    }
-                    match self.evict_unit(&vol, u.id, u.copy, u.block, u.bytes).await {
-                        Ok(n) => {
-                            held = held.saturating_sub(n);
-                            b.evictions.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(e) => {
-                            warn!(binding, error = %e, "eviction failed");
-                            return;
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// `Localize`: every unit of `id` this server holds a copy of, fetched
-    /// if missing and made the cache's own.
-    pub(super) async fn localize(
-        &self,
-        vol: &Formatted,
-        id: FileId,
-        home: &HomeRef,
-        truncate: bool,
-    ) -> Result<u64, WireError> {
-        if truncate {
-            // Emptied next: home's bytes are not needed (nor home, which
-            // may have lost the file meanwhile); what is held goes.
-            self.evict(vol, id).await?;
-            return Ok(0);
-        }
-        let unit = u64::from(vol.layout.unit);
-        let mut fetched = 0;
-        for index in 1..=home.size.div_ceil(unit) {
-            for replica in 0..vol.layout.replicas {
-                if vol.layout.replica_server(id, index, replica) != vol.index {
-                    continue;
-                }
-                let replica = replica as u8;
-                let store = self.store.clone();
-                if metadata(|| store.unit(id, replica, index))?.is_some_and(|u| {
-                    crate::store::is_own_for(u.tag, home.gen, home.version) == Some(true)
-                }) {
-                    continue;
-                }
-                // Held (shared) while the record changes: no eviction
-                // comes between.
-                let (n, _held) = self.ensure_unit(vol, id, index, replica, home).await?;
-                fetched += n;
-                let store = self.store.clone();
-                let tag = crate::store::local_tag(home.gen, home.version);
-                metadata(|| store.make_unit_local(id, replica, index, tag))?;
-            }
-        }
-        Ok(fetched)
-    }
-
-    /// `Detach`: cached file `h` becomes the cache's own (see
-    /// [`Store::detach`]), under this server's write lease on it (every
-    /// client's is recalled first: a reader must not go on reading it as
-    /// home's); emptied with `truncate`.
-    pub(super) async fn detach(
-        &self,
-        store: Arc<Store>,
-        h: Handle,
-        truncate: bool,
-    ) -> Result<Inode, WireError> {
-        let _own = self.own_write_lease(h.id).await?;
-        metadata(|| store.detach(h, truncate))
     }
 
     /// `CacheStatus`.
