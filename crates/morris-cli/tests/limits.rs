@@ -19,15 +19,25 @@ struct Tmpfs {
 
 impl Tmpfs {
     fn new(size: &str) -> Tmpfs {
-        assert!(
-            is_root(),
-            "this test mounts a small tmpfs for the servers' data and must run as root"
-        );
         let dir = tempfile::Builder::new()
             .prefix("morris-tmpfs-")
             .tempdir()
             .expect("cannot create a temporary directory");
         let path = dir.path().canonicalize().expect("canonical path");
+        Tmpfs::mount(size, path, dir)
+    }
+
+    /// A tmpfs mounted on `at` (made here, inside `dir`, kept alive).
+    fn at(size: &str, at: PathBuf, dir: tempfile::TempDir) -> Tmpfs {
+        fs::create_dir_all(&at).expect("mkdir the mount point");
+        Tmpfs::mount(size, at, dir)
+    }
+
+    fn mount(size: &str, path: PathBuf, dir: tempfile::TempDir) -> Tmpfs {
+        assert!(
+            is_root(),
+            "this test mounts a small tmpfs for the servers' data and must run as root"
+        );
         let o = Command::new("mount")
             .args([
                 "-t",
@@ -201,4 +211,87 @@ fn reading_a_4_gib_file_keeps_the_mount_small() {
         peak >> 20
     );
     eprintln!("mount VmHWM after reading 4 GiB: {} MiB", peak >> 20);
+}
+
+/// A new empty file in `dir` whose inode is not kept by server `not` of
+/// `k` (its metadata must stay writable while that server's disk is full).
+fn create_not_owned_by(k: u64, not: u64, dir: &Path, name: &str) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    for i in 0..32 {
+        let p = dir.join(format!("{name}.{i}"));
+        fs::write(&p, b"").expect("create");
+        if fs::metadata(&p).expect("stat").ino() % k != not {
+            return p;
+        }
+    }
+    panic!("every new inode landed on server {not}");
+}
+
+#[test]
+fn a_copy_write_failing_with_enospc_is_recorded_stale_and_resync_repairs_it() {
+    // Server 1's data (blocks and metadata) on a small tmpfs of its own,
+    // the others on the ordinary disk.
+    let root = tempfile::Builder::new()
+        .prefix("morris-enospc-")
+        .tempdir()
+        .expect("tempdir");
+    let at = root
+        .path()
+        .canonicalize()
+        .expect("canonical")
+        .join("server-1");
+    let holder = tempfile::Builder::new()
+        .prefix("morris-enospc-keep-")
+        .tempdir()
+        .expect("tempdir");
+    let small = Tmpfs::at("24m", at, holder);
+    let opts = ClusterOpts {
+        replicas: 2,
+        ..ClusterOpts::default()
+    };
+    let c = Cluster::start_with_data_root(4, opts, root.path());
+    let m = c.mount();
+    // A directory and files whose metadata server 1 does not keep.
+    let mut dir = None;
+    for i in 0..32 {
+        let d = m.path.join(format!("d{i}"));
+        fs::create_dir(&d).expect("mkdir");
+        use std::os::unix::fs::MetadataExt;
+        if fs::metadata(&d).expect("stat").ino() % 4 != 1 {
+            dir = Some(d);
+            break;
+        }
+    }
+    let dir = dir.expect("a directory kept by another server");
+    let a = create_not_owned_by(4, 1, &dir, "a");
+    let b = create_not_owned_by(4, 1, &dir, "b");
+    // Room taken on server 1, to be given back later.
+    write_closed(&a, &pattern(1, 0, 16 << 20)).expect("write a");
+    // Server 1's copies fill its disk; the other copies take the blocks.
+    let (step, err) = fill(&b, 256 << 20)
+        .unwrap_or_else(|| panic!("256 MiB went to a server whose data is on a 24 MiB tmpfs"));
+    assert_eq!(
+        err.raw_os_error(),
+        Some(libc::ENOSPC),
+        "{step}: {err}; mount log:\n{}",
+        common::read_log(&m.log)
+    );
+    // The copies that differ are on record: not healthy.
+    let s = common::status(&c);
+    assert_ne!(s["health"], "healthy", "no stale copy recorded: {s}");
+    // Room again on server 1: its resync brings its copies of b back.
+    fs::remove_file(&a).expect("remove a");
+    common::wait_healthy(&c);
+    common::fsck_clean(&c);
+    let want = fs::read(&b).expect("read b");
+    let fresh = Mount::start(c.addr(2), &[]);
+    let rel = b.strip_prefix(&m.path).expect("under the mount");
+    assert!(
+        fs::read(fresh.path.join(rel)).expect("read b on a fresh mount") == want,
+        "b reads differently on a fresh mount"
+    );
+    drop(fresh);
+    drop(m);
+    drop(c);
+    drop(small);
 }

@@ -8,8 +8,11 @@
 //! write lease it already holds), from the lowest block it missed. Readers
 //! get the record with the inode and never read those blocks from that
 //! server; later writes skip it; its resync (`resync.rs`) copies them back
-//! and clears the record. A change is refused only if a block would be
-//! left with no current copy, or the record cannot be stored.
+//! and clears the record. A copy server that answers with an error (a
+//! full disk, an I/O error) while another copy took the change is
+//! recorded the same way, and the change fails with that error. A change
+//! is refused only if a block would be left with no current copy, or the
+//! record cannot be stored.
 //! See docs/architecture.md ("Mirrored blocks").
 
 use std::collections::{BTreeMap, HashSet};
@@ -174,19 +177,31 @@ impl Client {
                 );
             }
         }
-        let mut stored = HashSet::new();
+        let results = futures::future::join_all(calls).await;
+        let stored: HashSet<u64> = results
+            .iter()
+            .filter(|(_, _, r)| r.is_ok())
+            .map(|(index, _, _)| *index)
+            .collect();
         let mut missed = Missed::new();
         let mut failed: Option<Error> = None;
-        for (index, server, r) in futures::future::join_all(calls).await {
+        for (index, server, r) in results {
             match r {
-                Ok(_) => {
-                    stored.insert(index);
-                }
+                Ok(_) => {}
                 Err(e) if e.code == ErrorCode::Unavailable => {
                     tracing::debug!(id, server, index, error = %e, "copy write missed");
                     note_missed(&mut missed, server, index)
                 }
-                Err(e) => failed = failed.or(Some(e)),
+                Err(e) => {
+                    if stored.contains(&index) {
+                        // Another copy took the block and this one did not
+                        // (a full disk, an I/O error): they differ now, so
+                        // this one is stale, though the write fails.
+                        warn!(id, server, index, error = %e, "copy write failed");
+                        note_missed(&mut missed, server, index);
+                    }
+                    failed = failed.or(Some(e));
+                }
             }
         }
         // Copies that took the data while others did not must not be read
@@ -220,13 +235,23 @@ impl Client {
         let calls = servers
             .iter()
             .map(|&s| self.call_bounded(s, req(s), Bytes::new()));
+        let results = futures::future::join_all(calls).await;
+        let some_took = results.iter().any(|r| r.is_ok());
         let mut missed = Missed::new();
         let mut failed: Option<Error> = None;
-        for (s, r) in servers.iter().zip(futures::future::join_all(calls).await) {
+        for (s, r) in servers.iter().zip(results) {
             match r {
                 Ok(_) => {}
                 Err(e) if e.code == ErrorCode::Unavailable => note_missed(&mut missed, *s, from),
-                Err(e) => failed = failed.or(Some(e)),
+                Err(e) => {
+                    if some_took {
+                        // Others took the change, this server did not:
+                        // its copies from `from` on are stale.
+                        warn!(server = *s, from, error = %e, "copy change failed");
+                        note_missed(&mut missed, *s, from);
+                    }
+                    failed = failed.or(Some(e));
+                }
             }
         }
         self.mark_missed(g, &missed).await?;
