@@ -21,7 +21,13 @@
 //! * `replies`: outcomes of operations with an id, for exactly-once
 //!   repeats (`once.rs`);
 //! * `orphans`, `opens`: inodes with no name left and who has them open
-//!   (`orphans.rs`).
+//!   (`orphans.rs`);
+//! * `id_reserve`: one row, the counter value below which ids may have been
+//!   handed out; raised by [`ID_BATCH`] at a time and made durable (fsync)
+//!   before an id past the old value is used, so that an id is never given
+//!   twice even after power loss (which may lose the counter's last
+//!   updates: a store opens with its counter moved up to the reservation).
+//!   This server's own: not mirrored.
 //!
 //! Entry cookies are a hash of the name (`cookies.rs`), so a name keeps its
 //! place in listings however often it is replaced or re-created.
@@ -47,6 +53,10 @@ use rusqlite::{params, Connection, OptionalExtension, Transaction};
 const REPLY_BUDGET: usize = 768 << 10;
 /// Most items one listing reply carries.
 const MAX_PAGE: u32 = 4096;
+
+/// Ids reserved at a time (one fsync per this many creates); a store that
+/// opens skips what is left of its reservation.
+pub const ID_BATCH: u64 = 4096;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS volume (
@@ -90,6 +100,10 @@ CREATE TABLE IF NOT EXISTS replies (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS replies_by_age ON replies (at);
 CREATE TABLE IF NOT EXISTS orphans (ino INTEGER PRIMARY KEY, since INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS id_reserve (
+    one INTEGER PRIMARY KEY CHECK (one = 1),
+    hw INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS opens (
     ino INTEGER NOT NULL,
     client INTEGER NOT NULL,
@@ -337,6 +351,10 @@ pub struct Store {
     capture: replica::Capture,
     /// Outcomes stored since start (`once.rs` prunes every so many).
     ops_stored: AtomicU64,
+    /// The counter value up to which ids are reserved durably.
+    reserved: AtomicU64,
+    /// The reservation when the store opened: no new id below it.
+    first_id: u64,
 }
 
 /// A page of a directory listing ([`Store::read_dir_page`]).
@@ -412,6 +430,20 @@ impl Store {
         let inodes = count("SELECT count(*) FROM inodes")?;
         let entries = count("SELECT count(*) FROM entries")?;
         let data_files = count("SELECT count(*) FROM data_files")?;
+        // What is committed now is made durable (it may be a reservation
+        // that a `kill -9` cut before its fsync); new ids start at the
+        // reservation, as power loss may have lost the counter's last
+        // updates (the counter itself is not moved here: on a mirror copy
+        // that would make the primary's changes conflict).
+        write
+            .execute_batch(
+                "PRAGMA synchronous = FULL;
+                 INSERT INTO sync_marker (one, seq) VALUES (1, 1)
+                     ON CONFLICT (one) DO UPDATE SET seq = seq + 1;
+                 PRAGMA synchronous = NORMAL;",
+            )
+            .map_err(err)?;
+        let reserved = count("SELECT coalesce(max(hw), 0) FROM id_reserve")?;
         Ok(Store {
             write: Mutex::new(write),
             formatted: RwLock::new(formatted),
@@ -420,6 +452,8 @@ impl Store {
             data_files: AtomicU64::new(data_files),
             capture: replica::Capture::default(),
             ops_stored: AtomicU64::new(0),
+            reserved: AtomicU64::new(reserved),
+            first_id: reserved,
         })
     }
 
@@ -636,11 +670,12 @@ impl Store {
         }
         let is_dir = attr.kind == FileKind::Dir;
         attr.nlink = if is_dir { 2 } else { 1 };
+        let mut used = 0;
         let (inode, replayed) = self.write_txn_once(op, |tx| {
             let counter: i64 = tx
                 .query_row("SELECT counter FROM volume WHERE one = 1", [], |r| r.get(0))
                 .map_err(db_err)?;
-            let counter = (counter as u64).max(FIRST_COUNTER);
+            let counter = (counter as u64).max(FIRST_COUNTER).max(self.first_id);
             let id = layout.allocate_id(index, counter);
             if id == FileId::MAX || sql_id(id) < 0 {
                 return Err(WireError::new(ErrorCode::NoSpace, "file ids exhausted"));
@@ -650,6 +685,15 @@ impl Store {
                 params![(counter + 1) as i64],
             )
             .map_err(db_err)?;
+            // Past the reservation: the next batch, made durable below
+            // before this id is answered.
+            tx.execute(
+                "INSERT INTO id_reserve (one, hw) VALUES (1, ?1)
+                 ON CONFLICT (one) DO UPDATE SET hw = ?1 WHERE hw <= ?2",
+                params![(counter + ID_BATCH) as i64, counter as i64],
+            )
+            .map_err(db_err)?;
+            used = counter;
             let inode = Inode {
                 id,
                 gen,
@@ -685,6 +729,17 @@ impl Store {
         })?;
         if !replayed {
             self.inodes.fetch_add(1, Ordering::Relaxed);
+        } else {
+            // Answered again: its reservation may not have reached the
+            // disk the first time (a failed fsync).
+            used = (inode.id.saturating_sub(u64::from(index))) / u64::from(layout.servers.max(1));
+        }
+        if used >= self.reserved.load(Ordering::Acquire) {
+            // Every commit so far, this reservation with them, on disk
+            // before an id of it is used.
+            self.sync()?;
+            self.reserved
+                .fetch_max(used.saturating_add(ID_BATCH), Ordering::AcqRel);
         }
         Ok(inode)
     }
