@@ -706,3 +706,38 @@ fn with_a_local_home_fetched_objects_move_once_written_and_else_answer_exdev() {
     );
     assert_same_tree(home.path(), &c);
 }
+
+#[test]
+fn links_and_renames_of_pushed_files_reach_home_as_links_and_renames() {
+    require_fuse();
+    let home = tempdir();
+    seed_moves(home.path());
+    let (_cl, m) = bound(home.path(), &["--mode", "sw", "--sync-lag", "1h"]);
+    let c = m.path.join("c");
+    write_file(&c.join("mv/f"), b"two names");
+    fs::hard_link(c.join("mv/f"), c.join("mv/g")).expect("link");
+    flush(&m);
+    let h = home.path();
+    assert_eq!(fs::read(h.join("mv/g")).expect("read"), b"two names");
+    // One name of two goes; then the other is renamed in its directory.
+    fs::remove_file(c.join("mv/f")).expect("unlink one name");
+    flush(&m);
+    assert!(
+        !h.join("mv/f").exists(),
+        "the removed link is still at home"
+    );
+    assert_eq!(meta(&h.join("mv/g")).nlink, 1);
+    let before = {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(h.join("mv/g")).expect("stat").ino()
+    };
+    fs::rename(c.join("mv/g"), c.join("mv/h")).expect("rename in place");
+    flush(&m);
+    assert!(!h.join("mv/g").exists());
+    let after = {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(h.join("mv/h")).expect("stat").ino()
+    };
+    assert_eq!(after, before, "renamed at home, not made again");
+    assert_same_tree(h, &c);
+}

@@ -175,6 +175,10 @@ impl Server {
                 still_there,
             });
         }
+        let home_fileids: HashMap<&[u8], u64> = at_home
+            .iter()
+            .map(|h| (h.name.as_slice(), h.fileid))
+            .collect();
         let mut homes_list = Vec::with_capacity(at_home.len());
         for h in &at_home {
             let is_dir = match &h.plus {
@@ -218,9 +222,14 @@ impl Server {
             let obj = identify(&h.name, same, departed);
             let mut moving = false;
             if let Some(o) = obj.filter(|o| here_names.get(h.name.as_slice()) != Some(o)) {
-                // Named elsewhere (here under another name, or in another
-                // directory): moved there by a rename, not removed here.
-                moving = here_names.values().any(|&x| x == o)
+                // Named elsewhere (here under another name home does not
+                // have for it yet, or in another directory): moved there by
+                // a rename, not removed here. (Under a name home has for it
+                // too, this name is an extra link: removed.)
+                let renamed_here = here_names
+                    .iter()
+                    .any(|(n, &x)| x == o && home_fileids.get(n).is_none_or(|&f| f != h.fileid));
+                moving = renamed_here
                     || r.named_in
                         .get(&o)
                         .is_some_and(|v| v.iter().any(|(dir, _)| *dir != d));
