@@ -26,7 +26,7 @@
 //!   handed out; raised by [`ID_BATCH`] at a time and made durable (fsync)
 //!   before an id past the old value is used, so that an id is never given
 //!   twice even after power loss (which may lose the counter's last
-//!   updates: a store opens with its counter moved up to the reservation).
+//!   updates: a store that opens hands out ids from its reservation on).
 //!   This server's own: not mirrored.
 //!
 //! Entry cookies are a hash of the name (`cookies.rs`), so a name keeps its
