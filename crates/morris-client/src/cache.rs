@@ -194,10 +194,15 @@ impl Client {
     /// (`Localize`), then its owner detaches it from home's data
     /// (`Detach`): from then on it is written and read as a file of the
     /// volume, and the write-back pushes it back to the same home file.
-    /// Called without a lease on `id` held (the owner recalls them). With
-    /// `truncate` (the file is emptied next) nothing is fetched: the
-    /// servers drop what they hold of it and the owner empties it.
-    pub(crate) async fn make_local(&self, id: FileId, truncate: bool) -> Result<()> {
+    /// Called without a lease on `id` held (the owner recalls them). If
+    /// `empties` says so of the file as it is (it is emptied next, by a
+    /// caller allowed to) nothing is fetched: the servers drop what they
+    /// hold of it and the owner empties it.
+    pub(crate) async fn make_local(
+        &self,
+        id: FileId,
+        empties: impl FnOnce(&Inode) -> bool,
+    ) -> Result<()> {
         if self
             .leases
             .cached_inode(id)
@@ -216,6 +221,7 @@ impl Client {
         {
             return Ok(());
         }
+        let truncate = empties(&i);
         let home = home_ref(&i, link);
         let calls = (0..self.layout.servers).map(|s| {
             let home = home.clone();

@@ -985,12 +985,10 @@ impl Client {
         if let Some(size) = set.size {
             // Emptied without fetching home's bytes first, but only by a
             // caller allowed to (checked again under the lease below).
-            let empties = size == 0
-                && self
-                    .do_getattr(id)
-                    .await
-                    .is_ok_and(|cur| check_setattr(&cur, &set, caller).is_ok());
-            self.make_local(id, empties).await?;
+            self.make_local(id, |cur| {
+                size == 0 && check_setattr(cur, &set, caller).is_ok()
+            })
+            .await?;
         }
         let h = self.leases.handle(id)?;
         let g = self.leases.get(h, Mode::Write).await?;

@@ -176,7 +176,7 @@ impl Client {
 
     pub(crate) async fn do_open(&self, id: FileId, write: bool, truncate: bool) -> Result<u64> {
         if write {
-            self.make_local(id, truncate).await?;
+            self.make_local(id, |_| truncate).await?;
         }
         let h = self.leases.handle(id)?;
         let (empty, record) = {
