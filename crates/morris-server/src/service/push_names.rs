@@ -136,6 +136,12 @@ impl Server {
             .iter()
             .map(|e| (e.name.as_slice(), e.child.id))
             .collect();
+        // The names of each object here (one pass: a directory losing many
+        // names asks this for each).
+        let mut names_here: HashMap<FileId, Vec<&[u8]>> = HashMap::new();
+        for (&n, &o) in &here_names {
+            names_here.entry(o).or_default().push(n);
+        }
         let mut named = Vec::with_capacity(cache.len());
         for e in &cache {
             let obj = e.child.id;
@@ -226,9 +232,10 @@ impl Server {
                 // have for it yet, or in another directory): moved there by
                 // a rename, not removed here. (Under a name home has for it
                 // too, this name is an extra link: removed.)
-                let renamed_here = here_names
-                    .iter()
-                    .any(|(n, &x)| x == o && home_fileids.get(n).is_none_or(|&f| f != h.fileid));
+                let renamed_here = names_here.get(&o).is_some_and(|ns| {
+                    ns.iter()
+                        .any(|n| home_fileids.get(n).is_none_or(|&f| f != h.fileid))
+                });
                 moving = renamed_here
                     || r.named_in
                         .get(&o)
