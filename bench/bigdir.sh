@@ -3,6 +3,8 @@
 # directory (rate per tenth), uncached lookups and a full cookie listing; then
 # the same directory listed through an NFS gateway (`morris nfs`) with raw
 # READDIR and READDIRPLUS calls (bench/nfs_readdir.py) and with libnfs' nfs-ls.
+# Keys: `morris key new $work/keys`; servers and format get volume.key, the
+# bigdir client (MORRIS_KEY) and the gateway client.key.
 # Usage: bench/bigdir.sh [N] [IN_FLIGHT]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,18 +16,22 @@ work=$(mktemp -d /var/tmp/morris-bigdir-XXXXXX)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
+keys="$work/keys"
+[ -f "$keys/volume.key" ] && [ -f "$keys/client.key" ] || target/release/morris key new "$keys" >/dev/null
+vkey="$keys/volume.key"
+ckey="$keys/client.key"
 addrs=()
 for i in 0 1 2 3; do
   port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
-  target/release/morris server --data "$work/s$i" --listen "127.0.0.1:$port" >"$work/s$i.log" 2>&1 &
+  target/release/morris server --key "$vkey" --data "$work/s$i" --listen "127.0.0.1:$port" >"$work/s$i.log" 2>&1 &
   pids+=($!)
   addrs+=("127.0.0.1:$port")
 done
 sleep 1
-target/release/morris format --servers "$(IFS=,; echo "${addrs[*]}")" >/dev/null
-target/release/examples/bigdir "${addrs[0]}" "$N" "$INFLIGHT" | tee "$work/bigdir.out"
+target/release/morris format --key "$vkey" --servers "$(IFS=,; echo "${addrs[*]}")" >/dev/null
+MORRIS_KEY="$ckey" target/release/examples/bigdir "${addrs[0]}" "$N" "$INFLIGHT" | tee "$work/bigdir.out"
 nport=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
-target/release/morris nfs "${addrs[0]}" --listen "127.0.0.1:$nport" --no-rpcbind >"$work/nfs.log" 2>&1 &
+target/release/morris nfs --key "$ckey" "${addrs[0]}" --listen "127.0.0.1:$nport" --no-rpcbind >"$work/nfs.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do grep -q "nfs gateway serving" "$work/nfs.log" && break; sleep 0.1; done
 dir=$(python3 - "$nport" <<'PY'

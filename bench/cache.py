@@ -107,8 +107,8 @@ sys.path.insert(0, BENCH)
 
 from cluster.hosts import (PAYLOAD_EFF, Cluster, ShapingError, parse_rate,  # noqa: E402
                            require_root_and_tools)
-from cluster.systems import (MORRIS, MiB, Morris, build_nfsread, cold, concurrent_reads,  # noqa: E402
-                             fuse_reader, nfs_reader, write_file)
+from cluster.systems import (MORRIS, MiB, Morris, build_nfsread, cluster_keys, cold,  # noqa: E402
+                             concurrent_reads, fuse_reader, nfs_reader, write_file)
 from home import RELAY_MOUNT, RELAY_NFS, measure_rtt, start_relay, stop_proc  # noqa: E402
 from lib.ganesha import Ganesha  # noqa: E402
 from lib.util import log_warnings, parse_size  # noqa: E402
@@ -289,8 +289,10 @@ class Bench:
         self.vols[k].umount(self.client)
 
     def morris(self, *args, timeout=600):
-        """`morris ARGS` in the client host (bind/evict find the mount in mountinfo there)."""
-        return self.client.run([MORRIS, *args], timeout=timeout).stdout
+        """`morris ARGS` in the client host (bind/evict find the mount in mountinfo there), with
+        the volume key (the same key files serve every volume of the cluster) after ARGS[0]."""
+        return self.client.run([MORRIS, args[0], "--key", cluster_keys(self.cl).volume, *args[1:]],
+                               timeout=timeout).stdout
 
     def bind(self, k, name, url):
         """A fresh directory NAME at the root of volume k, bound to url; returns nothing (the

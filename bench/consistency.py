@@ -40,7 +40,8 @@ import time
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
 sys.path.insert(0, BENCH)
-from lib.loopback import BenchError, Volume, interrupt_on_signals, require_root_fuse, run_bench  # noqa: E402
+from lib.loopback import (BenchError, Volume, interrupt_on_signals, make_keys, require_root_fuse,  # noqa: E402
+                          run_bench)
 from lib.util import finish, remove_tree  # noqa: E402
 
 CONFIGS = ("one-mount", "two-mounts", "nfs", "mount-and-nfs")
@@ -92,7 +93,7 @@ class Killer(threading.Thread):
                 self.vol.wait_port(i)
 
 
-def one_config(a, base, replicas, config, workloads, runs):
+def one_config(a, base, replicas, config, workloads, runs, keys):
     """A fresh volume, the checker over `config`; its record is appended to runs at once
     (a failed run keeps what it got)."""
     tag = f"r{replicas}-{config}"
@@ -103,7 +104,8 @@ def one_config(a, base, replicas, config, workloads, runs):
         return
     runs.append(rec)
     vol = Volume(a.exe, os.path.join(base, tag), a.servers, replicas, stripe_unit="64K",
-                 lease_ms=a.lease_ms, via=VIA, own_session=True, format_timeout=60, quiet_umount=True)
+                 lease_ms=a.lease_ms, via=VIA, own_session=True, format_timeout=60, quiet_umount=True,
+                 keys=keys)
     killer = None
     try:
         m1 = vol.mount(os.path.join(base, tag, "m1"))
@@ -202,11 +204,12 @@ def main():
     t_all = time.time()
 
     def body():
+        keys = make_keys(a.exe, os.path.join(base, "keys"))  # once: every volume of the run uses them
         errors = []
         for rep in reps:
             for c in configs:
                 try:
-                    one_config(a, base, rep, c, workloads, runs)
+                    one_config(a, base, rep, c, workloads, runs, keys)
                 except BenchError as e:
                     # Recorded; the other configurations still run.
                     runs[-1]["error"] = str(e)

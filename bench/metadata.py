@@ -61,7 +61,7 @@ import time
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
 from lib import loopback  # noqa: E402
-from lib.loopback import BenchError, interrupt_on_signals, require_root_fuse, run_bench  # noqa: E402
+from lib.loopback import BenchError, interrupt_on_signals, make_keys, require_root_fuse, run_bench  # noqa: E402
 from lib import util  # noqa: E402
 from lib.util import drop_caches, finish, log_times, log_warnings, med  # noqa: E402
 
@@ -113,9 +113,9 @@ class Volume(loopback.Volume):
     Ctrl-C on the terminal reaches only this script, which then unmounts before it
     stops the servers."""
 
-    def __init__(self, exe, base, k, replicas, lease_ms=None):
+    def __init__(self, exe, base, k, replicas, lease_ms=None, keys=None):
         super().__init__(exe, base, k, replicas, lease_ms=lease_ms, via=0, own_session=True,
-                         format_timeout=60, quiet_umount=True)
+                         format_timeout=60, quiet_umount=True, keys=keys)
 
     def wait_healthy(self, timeout, what, check_alive=()):
         """Polls status every 0.5 s until health == healthy; returns (seconds, timeline, last status)."""
@@ -251,7 +251,7 @@ def parallel_creates(per, n, dirs):
 OPS = ["creates", "stats", "renames", "unlinks", "mkdirs", "creates_par", "creates_par_dirs"]
 
 
-def cost_variant(a, base, run, replicas):
+def cost_variant(a, base, run, replicas, keys):
     """One fresh volume with `replicas`, the workload in its mount; replicas=0: local directory."""
     tag = f"run{run + 1}-{'local' if not replicas else f'R{replicas}'}"
     rd = os.path.join(base, tag)
@@ -260,7 +260,7 @@ def cost_variant(a, base, run, replicas):
     vol = None
     try:
         if replicas:
-            vol = Volume(a.exe, os.path.join(rd, "volume"), a.servers, replicas)
+            vol = Volume(a.exe, os.path.join(rd, "volume"), a.servers, replicas, keys=keys)
             mnt = vol.mount(os.path.join(rd, "mnt"))
             if replicas > 1:
                 r["healthy_after_s"], _, _ = vol.wait_healthy(60, "format")
@@ -342,12 +342,12 @@ def takeover_loop(vol, mnt, victim, a, give_up):
     return ops, t_kill, first_ok, wall_kill
 
 
-def takeover_run(a, base, lease_ms, run):
+def takeover_run(a, base, lease_ms, run, keys):
     tag = f"lease{lease_ms}-run{run + 1}"
     rd = os.path.join(base, tag)
     os.makedirs(rd)
     r = {"lease_ms": lease_ms, "run": run + 1}
-    vol = Volume(a.exe, os.path.join(rd, "volume"), a.servers, 2, lease_ms)
+    vol = Volume(a.exe, os.path.join(rd, "volume"), a.servers, 2, lease_ms, keys=keys)
     try:
         victim = ROOT_ID % vol.k
         succ = (victim + 1) % vol.k
@@ -531,19 +531,20 @@ def main():
     t_all = time.time()
 
     def parts_run():
+        keys = make_keys(a.exe, os.path.join(base, "keys"))  # once: every volume of the run uses them
         if "cost" in parts:
             ms0 = machine_state()
             for run in range(a.runs):
                 for rep in (*reps, 0):
                     log(f"=== cost run {run + 1}/{a.runs}, {'local' if not rep else f'R={rep}'}, N={a.n}, dir {base}")
-                    cost.append(cost_variant(a, base, run, rep))
+                    cost.append(cost_variant(a, base, run, rep, keys))
             phases.append({"part": "cost", "before": ms0, "after": machine_state()})
         if "takeover" in parts:
             for lease in leases:
                 ms0 = machine_state()
                 for run in range(a.takeover_runs):
                     log(f"=== takeover, lease {lease} ms, run {run + 1}/{a.takeover_runs}")
-                    takeover.append(takeover_run(a, base, lease, run))
+                    takeover.append(takeover_run(a, base, lease, run, keys))
                 phases.append({"part": f"takeover lease {lease}", "before": ms0, "after": machine_state()})
 
     failure = run_bench(parts_run, base, remove_tree, log, a.dir, "morris-metadata-failure-logs-")

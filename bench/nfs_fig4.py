@@ -43,6 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from lib.ganesha import Ganesha  # noqa: E402
+from lib.loopback import make_keys  # noqa: E402
 from lib.util import drop_caches, free_port, parse_size  # noqa: E402
 
 MiB = 1 << 20
@@ -138,8 +139,9 @@ def sys_cpu():
 
 
 class Morris:
-    def __init__(self, exe, base, k):
-        self.exe, self.base, self.k = exe, base, k
+    def __init__(self, exe, base, k, keys_dir):
+        self.exe, self.base, self.k, self.keys_dir = exe, base, k, keys_dir
+        self.keys = None  # made (or reused) by start(): servers/format/status the volume key, gateways the client key
         self.servers, self.addrs, self.gateways = [], [], []
         self.logs = []
 
@@ -149,16 +151,18 @@ class Morris:
         return f
 
     def start(self):
+        self.keys = make_keys(self.exe, self.keys_dir)
         for i in range(self.k):
             port = free_port()
             d = os.path.join(self.base, f"server-{i}")
             log = self._log(f"server-{i}.log")
-            p = subprocess.Popen([self.exe, "server", "--data", d, "--listen", f"127.0.0.1:{port}"],
+            p = subprocess.Popen([self.exe, "server", "--key", self.keys.volume, "--data", d,
+                                  "--listen", f"127.0.0.1:{port}"],
                                  stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
             self.servers.append(p)
             self.addrs.append(f"127.0.0.1:{port}")
             wait_port(port, p, f"morris server {i}")
-        subprocess.run([self.exe, "format", "--servers", ",".join(self.addrs)], check=True,
+        subprocess.run([self.exe, "format", "--key", self.keys.volume, "--servers", ",".join(self.addrs)], check=True,
                        stdout=subprocess.DEVNULL)
 
     def start_gateways(self, n):
@@ -166,7 +170,8 @@ class Morris:
         for i in range(n):
             port = free_port()
             log = self._log(f"gateway-{len(self.logs)}.log")
-            p = subprocess.Popen([self.exe, "nfs", self.addrs[i % self.k], "--listen", f"127.0.0.1:{port}"],
+            p = subprocess.Popen([self.exe, "nfs", "--key", self.keys.client, self.addrs[i % self.k],
+                                  "--listen", f"127.0.0.1:{port}"],
                                  stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
             self.gateways.append(p)
             gws.append((p, port))
@@ -183,7 +188,7 @@ class Morris:
         self.gateways = []
 
     def counters(self):
-        out = subprocess.run([self.exe, "status", self.addrs[0], "--json"], check=True,
+        out = subprocess.run([self.exe, "status", "--key", self.keys.volume, self.addrs[0], "--json"], check=True,
                              capture_output=True, text=True).stdout
         st = json.loads(out)
         c = {}
@@ -372,7 +377,7 @@ def main():
     reader = os.path.join(base, "nfsread")
     subprocess.run(["gcc", "-O2", "-Wall", "-o", reader, os.path.join(HERE, "lib", "nfsread.c"), "-lnfs"],
                    check=True)
-    morris = Morris(a.exe, os.path.join(base, "morris"), a.servers)
+    morris = Morris(a.exe, os.path.join(base, "morris"), a.servers, os.path.join(base, "keys"))
     os.makedirs(morris.base, exist_ok=True)
     export = os.path.join(base, "export")
     os.makedirs(export)

@@ -42,7 +42,8 @@ import time
 MiB = 1 << 20
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
-from lib.loopback import BenchError, Volume, interrupt_on_signals, require_root_fuse, run_bench  # noqa: E402
+from lib.loopback import (BenchError, Volume, interrupt_on_signals, make_keys, require_root_fuse,  # noqa: E402
+                          run_bench)
 from lib.util import drop_caches, finish, med, parse_size  # noqa: E402
 from lib.util import log_times, log_warnings as warnings  # noqa: E402
 
@@ -142,12 +143,13 @@ def server_entry(st, i):
 
 # ---------------------------------------------------------------- one run
 
-def one_run(a, run, base, size):
+def one_run(a, run, base, size, keys):
     rd = os.path.join(base, f"run{run}")
     os.makedirs(rd)
     r = {"run": run + 1}
     # Mounts, status and fsck through the root directory's owner: never the one killed.
-    vol = Volume(a.exe, os.path.join(rd, "volume"), a.servers, 2, stripe_unit="1M", via=ROOT_ID % a.servers)
+    vol = Volume(a.exe, os.path.join(rd, "volume"), a.servers, 2, stripe_unit="1M", via=ROOT_ID % a.servers,
+                 keys=keys)
     cleanup = [vol]
     buf = bytearray(size)
     try:
@@ -336,9 +338,10 @@ def main():
     t_all = time.time()
 
     def all_runs():
+        run_keys = make_keys(a.exe, os.path.join(base, "keys"))  # once: every volume of the run uses them
         for run in range(a.runs):
             log(f"=== run {run + 1}/{a.runs}, size {size // MiB} MiB, dir {base}")
-            runs.append(one_run(a, run, base, size))
+            runs.append(one_run(a, run, base, size, run_keys))
 
     # Keeps logs of a failed run before deleting the temp dir.
     failure = run_bench(all_runs, base, lambda d: shutil.rmtree(d, ignore_errors=True), log, a.dir,

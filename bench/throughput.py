@@ -37,19 +37,21 @@ import time
 MiB = 1 << 20
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+from lib.loopback import make_keys  # noqa: E402
 from lib.util import drop_caches, free_port, parse_size, wait_mounted  # noqa: E402
 
 
 class Cluster:
-    def __init__(self, exe, base, k, unit, lease_ms=10000):
-        self.exe, self.base, self.k = exe, base, k
+    def __init__(self, exe, base, k, unit, keys, lease_ms=10000):
+        """keys: make_keys(); servers, format and status get the volume key, mounts the client key."""
+        self.exe, self.base, self.k, self.keys = exe, base, k, keys
         self.procs, self.addrs, self.mounts = [], [], []
         for i in range(k):
             port = free_port()
             d = os.path.join(base, f"server-{i}")
             os.makedirs(d, exist_ok=True)
             log = open(os.path.join(base, f"server-{i}.log"), "ab")
-            p = subprocess.Popen([exe, "server", "--data", d, "--listen", f"127.0.0.1:{port}",
+            p = subprocess.Popen([exe, "server", "--key", keys.volume, "--data", d, "--listen", f"127.0.0.1:{port}",
                                   "--lease-ms", str(lease_ms)], stdout=log, stderr=log)
             self.procs.append(p)
             self.addrs.append(f"127.0.0.1:{port}")
@@ -61,7 +63,7 @@ class Cluster:
                     break
                 except OSError:
                     time.sleep(0.05)
-        args = [exe, "format", "--servers", ",".join(self.addrs)]
+        args = [exe, "format", "--key", keys.volume, "--servers", ",".join(self.addrs)]
         if unit:
             args += ["--stripe-unit", unit]
         subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
@@ -69,7 +71,8 @@ class Cluster:
     def mount(self, path):
         os.makedirs(path, exist_ok=True)
         log = open(os.path.join(self.base, "mount.log"), "ab")
-        p = subprocess.Popen([self.exe, "mount", self.addrs[0], path], stdout=log, stderr=log)
+        p = subprocess.Popen([self.exe, "mount", "--key", self.keys.client, self.addrs[0], path],
+                             stdout=log, stderr=log)
         wait_mounted(path, p, f"{self.base}/mount.log")
         self.mounts.append((path, p))
         return path
@@ -86,7 +89,7 @@ class Cluster:
                 return
 
     def status(self):
-        out = subprocess.run([self.exe, "status", self.addrs[0], "--json"], check=True,
+        out = subprocess.run([self.exe, "status", "--key", self.keys.volume, self.addrs[0], "--json"], check=True,
                              capture_output=True, text=True).stdout
         return json.loads(out)
 
@@ -269,7 +272,8 @@ def main():
     base = a.dir or tempfile.mkdtemp(prefix="morris-bench-", dir="/var/tmp")
     local = os.path.join(base, "local")
     os.makedirs(local, exist_ok=True)
-    cl = Cluster(a.exe, os.path.join(base, "cluster"), a.servers, a.stripe_unit)
+    keys = make_keys(a.exe, os.path.join(base, "keys"))
+    cl = Cluster(a.exe, os.path.join(base, "cluster"), a.servers, a.stripe_unit, keys)
     res = {k: {"morris": [], "local": []} for k in
            ["seq-write", "cold-read", "warm-srv-read", "4proc-1mount", "4mounts", "rand-4k-iops",
             "create", "stat", "unlink", "cp-r-secs"]}

@@ -117,7 +117,8 @@ class Bench:
         return f"nfs://{self.home.addr}{path}?version=3&nfsport={NFS_PORT}&mountport={self.ganesha.mount_port}"
 
     def morris(self, *args, timeout=3600):
-        return self.client.run([MORRIS, *args], timeout=timeout).stdout
+        """`morris ARGS` in the client host, with the volume key after ARGS[0] (`cache`)."""
+        return self.client.run([MORRIS, args[0], "--key", self.vol.keys.volume, *args[1:]], timeout=timeout).stdout
 
     def flush(self):
         t = time.perf_counter()

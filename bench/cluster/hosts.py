@@ -6,7 +6,7 @@ shaped with tbf in both directions.
         cl.verify()                        # socket throughput check; raises ShapingError if off
         h = cl.hosts[0]
         h.run(["ip", "addr"])              # runs inside the namespace (blocking)
-        p = h.spawn(["morris", "server", ...], log="srv.log")   # Popen, killed at teardown
+        p = h.spawn(["morris", "server", "--key", VOLUME_KEY, ...], log="srv.log")   # Popen, killed at teardown
         cl.link_down(h); cl.link_up(h)     # cut / restore the host's link (qdiscs kept)
         cl.stop_host(h)                    # SIGKILL every process in the host (a crash)
     # teardown: kills every process inside the namespaces, unmounts registered mounts,

@@ -16,6 +16,18 @@ MiB = 1 << 20
 BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MORRIS = os.environ.get("MORRIS_EXE", "/work/bin/morris")
 
+if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
+from lib.loopback import make_keys  # noqa: E402
+
+
+def cluster_keys(cl, exe=MORRIS):
+    """The key files of every morris volume on cluster cl (lib.loopback.Keys): made once per
+    cluster by `morris key new WORKDIR/keys`, reused while that dir holds them. The hosts are
+    network namespaces on one file system, so the same paths work in every host: servers,
+    format, status and `morris cache` get .volume, mounts .client."""
+    return make_keys(exe, os.path.join(cl.workdir, "keys"))
+
 
 def wait_port(host, addr, port, timeout=30):
     code = ("import socket,sys,time\nt=time.time()\nwhile time.time()-t<%f:\n"
@@ -45,7 +57,8 @@ def write_file(path, size, seed=1, bs=MiB):
 
 # ------------------------------------------------------------------------------------ morris
 class Morris:
-    """k morris stripe servers (one per host) formatted as one volume; FUSE mounts in client hosts."""
+    """k morris stripe servers (one per host) formatted as one volume; FUSE mounts in client hosts.
+    self.keys: the key files (cluster_keys(cl)) every morris command here is given."""
 
     def __init__(self, cl, server_hosts, port=7700, stripe_unit=None, exe=MORRIS, lease_ms=10000, mount_args=(),
                  replicas=1):
@@ -54,15 +67,17 @@ class Morris:
         self.addrs = [f"{h.addr}:{port}" for h in self.servers]
         self.procs = []
         self.mounts = {}
+        self.keys = cluster_keys(cl, exe)
         tag = f"morris-{port}"
         for h in self.servers:
             d = os.path.join(h.dir, tag)
             os.makedirs(d, exist_ok=True)
-            self.procs.append(h.spawn([exe, "server", "--data", d, "--listen", f"{h.addr}:{port}",
-                                       "--lease-ms", str(lease_ms)], log=os.path.join(h.dir, f"{tag}.log")))
+            self.procs.append(h.spawn([exe, "server", "--key", self.keys.volume, "--data", d,
+                                       "--listen", f"{h.addr}:{port}", "--lease-ms", str(lease_ms)],
+                                      log=os.path.join(h.dir, f"{tag}.log")))
         for h in self.servers:
             wait_port(self.servers[0], h.addr, port)
-        args = [exe, "format", "--servers", ",".join(self.addrs)]
+        args = [exe, "format", "--key", self.keys.volume, "--servers", ",".join(self.addrs)]
         if stripe_unit:
             args += ["--stripe-unit", stripe_unit]
         if replicas > 1:
@@ -75,7 +90,7 @@ class Morris:
         if is_mounted(mnt):
             raise RuntimeError(f"{mnt} already mounted")
         self.cl.add_mount(mnt)
-        host.run([self.exe, "mount", self.addrs[0], mnt, "--background", "--log",
+        host.run([self.exe, "mount", "--key", self.keys.client, self.addrs[0], mnt, "--background", "--log",
                   os.path.join(host.dir, f"{name}-mount.log"), *self.mount_args, *extra], timeout=60)
         if not is_mounted(mnt):
             raise RuntimeError(f"morris mount in {host.ns} did not come up")
@@ -96,7 +111,8 @@ class Morris:
             self.umount(h)
 
     def status(self):
-        out = self.servers[0].run([self.exe, "status", self.addrs[0], "--json", "--ops"]).stdout
+        out = self.servers[0].run([self.exe, "status", "--key", self.keys.volume, self.addrs[0], "--json",
+                                   "--ops"]).stdout
         return json.loads(out)
 
     def op_counts(self):

@@ -6,8 +6,13 @@ foreground, a child process) through one server, NFS gateways (`morris nfs`)
 through it, and `status` / `fsck` through the same server. Servers can be
 killed (-9) and restarted with the same --data/--listen/--lease-ms. Used by
 metadata.py, resync.py and consistency.py.
+
+Every morris connection is authenticated: make_keys() makes the key files once
+(`morris key new DIR`); servers, format, status, fsck and cache commands get
+`--key DIR/volume.key`, mounts and NFS gateways `--key DIR/client.key`.
 """
 
+import collections
 import json
 import os
 import shutil
@@ -23,6 +28,24 @@ from .util import drop_caches, free_port, is_mounted, wait_mounted
 
 class BenchError(Exception):
     """A failed run: the scripts report it and exit non-zero."""
+
+
+Keys = collections.namedtuple("Keys", "volume client")
+Keys.__doc__ = """Paths of a volume's key files: `volume` (the volume key: servers, format,
+status, fsck, cache) and `client` (the client key: mounts, NFS gateways)."""
+
+
+def make_keys(exe, keys_dir):
+    """The key files in keys_dir (usually RUN_BASE/keys): made by `exe key new keys_dir`
+    unless keys_dir already holds volume.key and client.key (kept from an earlier run: reused).
+    Returns Keys (absolute paths); raises BenchError if `key new` fails."""
+    keys_dir = os.path.abspath(keys_dir)
+    keys = Keys(os.path.join(keys_dir, "volume.key"), os.path.join(keys_dir, "client.key"))
+    if not (os.path.isfile(keys.volume) and os.path.isfile(keys.client)):
+        out = subprocess.run([exe, "key", "new", keys_dir], capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            raise BenchError(f"`{exe} key new {keys_dir}` failed: {out.stdout}{out.stderr}")
+    return keys
 
 
 def require_root_fuse(script, exe):
@@ -104,21 +127,23 @@ class Volume:
     format_timeout  seconds `format` may take (None: no limit)
     quiet_umount    no stderr from the first, plain `fusermount3 -u` (a lazy
                     one follows when it fails)
+    keys            the key files (make_keys(); None: made in base/keys)
     """
 
     def __init__(self, exe, base, k, replicas, stripe_unit=None, lease_ms=None, via=0,
-                 own_session=False, format_timeout=None, quiet_umount=False):
+                 own_session=False, format_timeout=None, quiet_umount=False, keys=None):
         self.exe, self.base, self.k, self.lease_ms, self.via = exe, base, k, lease_ms, via
         self.own_session, self.quiet_umount = own_session, quiet_umount
         self.procs = [None] * k
         self.addrs, self.mounts, self.gateways = [], [], []
         os.makedirs(base, exist_ok=True)
+        self.keys = keys or make_keys(exe, os.path.join(base, "keys"))
         for i in range(k):
             self.addrs.append(f"127.0.0.1:{free_port()}")
             self.start_server(i)
         for i in range(k):
             self.wait_port(i)
-        cmd = [exe, "format", "--servers", ",".join(self.addrs)]
+        cmd = [exe, "format", "--key", self.keys.volume, "--servers", ",".join(self.addrs)]
         if stripe_unit:
             cmd += ["--stripe-unit", stripe_unit]
         cmd += ["--replicas", str(replicas)]
@@ -142,7 +167,7 @@ class Volume:
         return self.addrs[self.via]
 
     def start_server(self, i):
-        cmd = [self.exe, "server", "--data", self.data_dir(i), "--listen", self.addrs[i]]
+        cmd = [self.exe, "server", "--key", self.keys.volume, "--data", self.data_dir(i), "--listen", self.addrs[i]]
         if self.lease_ms:
             cmd += ["--lease-ms", str(self.lease_ms)]
         with open(self.log_path(i), "ab") as lf:
@@ -170,7 +195,7 @@ class Volume:
     def mount(self, path):
         os.makedirs(path, exist_ok=True)
         lf = open(self.mount_log, "ab")
-        p = subprocess.Popen([self.exe, "mount", self.live, path], stdout=lf, stderr=lf,
+        p = subprocess.Popen([self.exe, "mount", "--key", self.keys.client, self.live, path], stdout=lf, stderr=lf,
                              start_new_session=self.own_session)
         lf.close()
         self.mounts.append((path, p))
@@ -182,7 +207,8 @@ class Volume:
         port = free_port()
         log_path = os.path.join(self.base, f"nfs-{len(self.gateways)}.log")
         with open(log_path, "ab") as lf:
-            p = subprocess.Popen([self.exe, "nfs", self.live, "--listen", f"127.0.0.1:{port}", "--no-rpcbind"],
+            p = subprocess.Popen([self.exe, "nfs", "--key", self.keys.client, self.live,
+                                  "--listen", f"127.0.0.1:{port}", "--no-rpcbind"],
                                  stdout=lf, stderr=lf, stdin=subprocess.DEVNULL,
                                  start_new_session=self.own_session)
         self.gateways.append(p)
@@ -222,8 +248,8 @@ class Volume:
         return m
 
     def status(self):
-        out = subprocess.run([self.exe, "status", self.live, "--json"], capture_output=True, text=True,
-                             timeout=30)
+        out = subprocess.run([self.exe, "status", "--key", self.keys.volume, self.live, "--json"],
+                             capture_output=True, text=True, timeout=30)
         if out.returncode != 0:
             raise BenchError(f"status failed: {out.stderr}")
         return json.loads(out.stdout)
@@ -254,7 +280,8 @@ class Volume:
             time.sleep(0.5)
 
     def fsck(self):
-        out = subprocess.run([self.exe, "fsck", self.live], capture_output=True, text=True, timeout=600)
+        out = subprocess.run([self.exe, "fsck", "--key", self.keys.volume, self.live], capture_output=True, text=True,
+                             timeout=600)
         return out.returncode, out.stdout + out.stderr
 
     def stop(self):
