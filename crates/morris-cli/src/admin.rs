@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
+use morris_proto::auth::Key;
 use morris_proto::net::{RpcClient, RpcError};
 use morris_proto::{ErrorCode, Reply, Request, VolumeDescriptor, PROTOCOL_VERSION};
 use tracing::debug;
@@ -54,6 +55,7 @@ impl Session {
     /// (no leases); `Some(uuid)` joins that volume as client `client_id`.
     pub async fn open(
         addr: &str,
+        key: &Key,
         volume: Option<Uuid>,
         client_id: u64,
         name: &str,
@@ -62,18 +64,19 @@ impl Session {
         deadline(
             limit,
             || format!("server {addr}"),
-            Self::open_inner(addr, volume, client_id, name),
+            Self::open_inner(addr, key, volume, client_id, name),
         )
         .await
     }
 
     async fn open_inner(
         addr: &str,
+        key: &Key,
         volume: Option<Uuid>,
         client_id: u64,
         name: &str,
     ) -> Result<Session> {
-        let rpc = RpcClient::connect(addr, None)
+        let rpc = RpcClient::connect(addr, key, None)
             .await
             .map_err(|e| anyhow!("{e}"))?;
         let hello = Request::Hello {

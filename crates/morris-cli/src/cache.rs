@@ -29,6 +29,8 @@ pub struct CacheArgs {
     /// `morris@HOST:PORT`).
     #[arg(long, global = true, value_name = "HOST:PORT")]
     pub server: Option<String>,
+    #[command(flatten)]
+    pub key: crate::key::KeyArg,
 }
 
 /// What to do.
@@ -204,10 +206,10 @@ fn server_of(args: &CacheArgs, found: Option<String>, mp: &Path) -> Result<Strin
     })
 }
 
-async fn connect(addr: &str) -> Result<Arc<Client>> {
+async fn connect(args: &CacheArgs, addr: &str) -> Result<Arc<Client>> {
     let cfg = ClientConfig {
         name: format!("cache@{}", crate::mount::hostname()),
-        ..ClientConfig::default()
+        ..ClientConfig::new(args.key.load()?)
     };
     Client::connect(addr, cfg)
         .await
@@ -231,7 +233,7 @@ pub fn run(args: CacheArgs) -> Result<ExitCode> {
 
 async fn bind(args: &CacheArgs, b: &BindArgs) -> Result<ExitCode> {
     let (mp, parts, found) = locate(&b.dir)?;
-    let client = connect(&server_of(args, found, &mp)?).await?;
+    let client = connect(args, &server_of(args, found, &mp)?).await?;
     let dir = resolve(&client, &parts).await?;
     if dir.attr.kind != FileKind::Dir {
         bail!("{} is not a directory", b.dir.display());
@@ -281,7 +283,7 @@ async fn bind(args: &CacheArgs, b: &BindArgs) -> Result<ExitCode> {
 
 async fn flush(args: &CacheArgs, f: &FlushArgs) -> Result<ExitCode> {
     let (mp, parts, found) = locate(&f.dir)?;
-    let client = connect(&server_of(args, found, &mp)?).await?;
+    let client = connect(args, &server_of(args, found, &mp)?).await?;
     let r = async {
         let ino = resolve(&client, &parts).await?;
         let binding = client
@@ -326,7 +328,7 @@ async fn flush(args: &CacheArgs, f: &FlushArgs) -> Result<ExitCode> {
 
 async fn unbind(args: &CacheArgs, u: &UnbindArgs) -> Result<ExitCode> {
     let (mp, parts, found) = locate(&u.dir)?;
-    let client = connect(&server_of(args, found, &mp)?).await?;
+    let client = connect(args, &server_of(args, found, &mp)?).await?;
     let dir = resolve(&client, &parts).await?;
     let r = client.unbind(dir.id, u.discard_changes).await;
     client.shutdown().await;
@@ -346,7 +348,7 @@ async fn status(args: &CacheArgs, s: &StatusArgs) -> Result<ExitCode> {
             server_of(args, found, &mp)?
         }
     };
-    let client = connect(&addr).await?;
+    let client = connect(args, &addr).await?;
     let per_server = client.cache_status().await;
     client.shutdown().await;
     if s.json {
@@ -503,7 +505,7 @@ async fn each_file(args: &CacheArgs, p: &PathsArgs, prefetch: bool) -> Result<Ex
         bail!("no paths");
     };
     let (mp, _, found) = locate(first)?;
-    let client = connect(&server_of(args, found, &mp)?).await?;
+    let client = connect(args, &server_of(args, found, &mp)?).await?;
     let mut files = Vec::new();
     for path in &paths {
         let (m, parts, _) = locate(path)?;

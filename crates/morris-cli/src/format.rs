@@ -16,8 +16,10 @@ use tracing::info;
 use uuid::Uuid;
 
 use crate::admin::{self, Session, CONNECT_TIMEOUT};
+use crate::key::KeyArg;
 use crate::runtime;
 use crate::size::{human, parse_stripe_unit};
+use morris_proto::auth::Key;
 
 /// Arguments of `morris format`.
 #[derive(Debug, Args)]
@@ -37,6 +39,8 @@ pub struct FormatArgs {
     #[arg(long, default_value_t = 1, value_name = "N",
           value_parser = clap::value_parser!(u8).range(1..))]
     pub replicas: u8,
+    #[command(flatten)]
+    pub key: KeyArg,
 }
 
 /// An ordered list of distinct server addresses.
@@ -85,14 +89,13 @@ pub fn new_descriptor(
 
 /// Formats `d.servers` with descriptor `d`, refusing before writing anything
 /// if a server is unreachable or already belongs to a volume.
-pub async fn format_volume(d: &VolumeDescriptor) -> Result<()> {
+pub async fn format_volume(d: &VolumeDescriptor, key: &Key) -> Result<()> {
     let client_id = admin::random_client_id();
-    let sessions = join_all(
-        d.servers
-            .iter()
-            .map(|addr| Session::open(addr, None, client_id, "morris-format", CONNECT_TIMEOUT)),
-    )
-    .await;
+    let sessions =
+        join_all(d.servers.iter().map(|addr| {
+            Session::open(addr, key, None, client_id, "morris-format", CONNECT_TIMEOUT)
+        }))
+        .await;
     let mut problems = Vec::new();
     let mut ok = Vec::new();
     for (addr, s) in d.servers.iter().zip(sessions) {
@@ -181,9 +184,10 @@ pub fn describe(d: &VolumeDescriptor) -> String {
 
 /// Runs `morris format`.
 pub fn run(args: FormatArgs) -> Result<ExitCode> {
+    let key = args.key.load_volume_key("morris format")?.credential();
     let d = new_descriptor(args.servers.0, args.stripe_unit, args.replicas)?;
     let rt = runtime::build()?;
-    rt.block_on(format_volume(&d))?;
+    rt.block_on(format_volume(&d, &key))?;
     print!("formatted {}", describe(&d));
     Ok(ExitCode::SUCCESS)
 }

@@ -11,6 +11,7 @@ mod daemon;
 mod format;
 mod fsck;
 mod hold;
+mod key;
 mod mount;
 mod mountinfo;
 mod nfs;
@@ -59,6 +60,8 @@ enum Command {
     /// Cache mode: bind a directory to a home file system, and look after
     /// the cache (status, prefetch, evict).
     Cache(cache::CacheArgs),
+    /// Make and inspect the volume's key files.
+    Key(key::KeyArgs),
 }
 
 /// How verbose logging is when `RUST_LOG` is not set.
@@ -108,6 +111,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::run(a),
         Command::Nfs(a) => nfs::run(a),
         Command::Cache(a) => cache::run(a),
+        Command::Key(a) => key::run(a),
     };
     match result {
         Ok(code) => code,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use morris_client::ClientConfig;
+use morris_client::{ClientConfig, Keys};
 use morris_fuse::MountOptions;
 use tracing::info;
 
@@ -32,6 +32,8 @@ pub struct MountArgs {
     pub log: Option<PathBuf>,
     #[command(flatten)]
     pub tuning: MountTuning,
+    #[command(flatten)]
+    pub key: crate::key::KeyArg,
 }
 
 /// Tunables of a mount, shared with `morris up`.
@@ -63,8 +65,8 @@ pub struct MountTuning {
 
 impl MountTuning {
     /// The client configuration these options ask for.
-    pub fn client_config(&self, name: String) -> ClientConfig {
-        let mut c = ClientConfig::default();
+    pub fn client_config(&self, name: String, keys: Keys) -> ClientConfig {
+        let mut c = ClientConfig::new(keys);
         if let Some(r) = self.readahead {
             c.readahead_max = r;
         }
@@ -154,14 +156,14 @@ pub fn hostname() -> String {
 }
 
 /// Connects, mounts, reports readiness, serves until stopped.
-fn serve(args: &MountArgs, mp: &Path, notifier: &mut Option<Notifier>) -> Result<()> {
+fn serve(args: &MountArgs, keys: Keys, mp: &Path, notifier: &mut Option<Notifier>) -> Result<()> {
     let rt = runtime::build()?;
     let mut term = {
         let _enter = rt.enter();
         Terminate::install()?
     };
     let name = format!("mount@{}:{}", hostname(), mp.display());
-    let cfg = args.tuning.client_config(name);
+    let cfg = args.tuning.client_config(name, keys);
     let client = rt.block_on(connect(&mut term, &args.addr, cfg))?;
     let guard = match hold::start(
         &rt,
@@ -197,6 +199,8 @@ fn serve(args: &MountArgs, mp: &Path, notifier: &mut Option<Notifier>) -> Result
 pub fn run(args: MountArgs, log_default: &str) -> Result<ExitCode> {
     let mp = prepare_mountpoint(&args.mountpoint)?;
     args.tuning.check_permissions()?;
+    // Read before a daemon leaves the working directory.
+    let keys = args.key.load()?;
     let mut notifier = None;
     if args.background {
         let log = match &args.log {
@@ -208,7 +212,7 @@ pub fn run(args: MountArgs, log_default: &str) -> Result<ExitCode> {
         notifier = Some(daemon::daemonize(log.as_deref())?);
         crate::init_logging(log_default);
     }
-    let result = serve(&args, &mp, &mut notifier);
+    let result = serve(&args, keys, &mp, &mut notifier);
     if let (Err(e), Some(n)) = (&result, notifier.take()) {
         n.failed(&format!("{e:#}"));
     }

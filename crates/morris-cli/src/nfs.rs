@@ -20,7 +20,7 @@ pub struct NfsArgs {
     #[arg(long, value_name = "HOST:PORT", default_value_t = format!("127.0.0.1:{}", morris_nfs::DEFAULT_PORT))]
     pub listen: String,
     /// Networks allowed to use the exports, comma-separated (e.g. 10.0.0.0/8,127.0.0.1);
-    /// default: everyone who can reach --listen.
+    /// needed when --listen is not a loopback address (0.0.0.0/0,::/0: everyone).
     #[arg(long, value_name = "CIDR,...", value_delimiter = ',')]
     pub export_allow: Vec<Cidr>,
     /// Name of the export served next to "/" (both are the volume's root), so
@@ -34,16 +34,31 @@ pub struct NfsArgs {
     /// Do not register with the local portmapper (rpcbind), even if one runs.
     #[arg(long)]
     pub no_rpcbind: bool,
+    /// Let uid 0 act as root (by default its calls act as nobody, 65534,
+    /// and group 0 as nobody's group: NFS `root_squash`).
+    #[arg(long)]
+    pub no_root_squash: bool,
+    /// Serve calls from unprivileged source ports (1024 and up); by default
+    /// only privileged ports are served (NFS `secure`), so that a user of an
+    /// allowed host cannot send calls in another user's name.
+    #[arg(long)]
+    pub insecure: bool,
+    /// Let MKNOD make character and block device nodes (refused by default).
+    #[arg(long)]
+    pub allow_devices: bool,
+    #[command(flatten)]
+    pub key: crate::key::KeyArg,
 }
 
 /// Runs the gateway.
 pub fn run(args: NfsArgs) -> Result<ExitCode> {
+    let keys = args.key.load()?;
     let rt = runtime::build()?;
     let result = rt.block_on(async {
         let mut term = Terminate::install()?;
         let config = ClientConfig {
             name: format!("nfs-gateway@{}", args.listen),
-            ..ClientConfig::default()
+            ..ClientConfig::new(keys)
         };
         let client = Client::connect(&args.addr, config)
             .await
@@ -51,11 +66,14 @@ pub fn run(args: NfsArgs) -> Result<ExitCode> {
         let gw = Gateway::bind(
             client.clone(),
             GatewayConfig {
-                listen: args.listen.clone(),
                 allow: args.export_allow.clone(),
                 export: args.export.clone(),
                 open_idle: Duration::from_secs(args.open_idle_secs),
                 register: !args.no_rpcbind,
+                squash_root: !args.no_root_squash,
+                secure: !args.insecure,
+                allow_devices: args.allow_devices,
+                ..GatewayConfig::new(args.listen.clone())
             },
         )
         .await?;

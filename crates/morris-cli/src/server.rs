@@ -48,12 +48,20 @@ pub struct ServerArgs {
     /// volume the same way.
     #[arg(long, value_name = "URL,URL", value_delimiter = ',')]
     pub etcd: Vec<String>,
+    /// Most connections served at once (mounts and gateways keep two per
+    /// server, servers one per peer); more are closed at once and logged.
+    #[arg(long, value_name = "N", default_value_t = morris_proto::net::DEFAULT_MAX_CONNECTIONS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    pub max_connections: usize,
+    #[command(flatten)]
+    pub key: crate::key::KeyArg,
 }
 
 /// Runs the server.
 pub fn run(args: ServerArgs) -> Result<ExitCode> {
     std::fs::create_dir_all(&args.data)
         .with_context(|| format!("cannot create data directory {}", args.data.display()))?;
+    let keys = args.key.load_volume_key("morris server")?;
     let rt = runtime::build()?;
     let listen = args.listen.clone();
     let result = rt.block_on(async {
@@ -63,6 +71,8 @@ pub fn run(args: ServerArgs) -> Result<ExitCode> {
             listen: args.listen.clone(),
             lease_ms: args.lease_ms,
             etcd: args.etcd.clone(),
+            keys: keys.clone(),
+            max_connections: args.max_connections,
         };
         let mut handle = morris_server::start(cfg)
             .await
@@ -71,6 +81,7 @@ pub fn run(args: ServerArgs) -> Result<ExitCode> {
             tokio::spawn(resync_loop(
                 connect_addr(handle.local_addr()),
                 handle.resync_status(),
+                keys.clone(),
             ))
         });
         let out = tokio::select! {
@@ -106,7 +117,11 @@ fn connect_addr(addr: SocketAddr) -> String {
 /// Every `RESYNC_EVERY`: catch up the copies this server missed, and remove
 /// old orphans of the metadata ranges it serves. The client it uses is made
 /// once the volume is formatted and reachable.
-async fn resync_loop(addr: String, status: Arc<Mutex<ResyncStatus>>) {
+async fn resync_loop(
+    addr: String,
+    status: Arc<Mutex<ResyncStatus>>,
+    keys: morris_proto::auth::Keys,
+) {
     let mut client: Option<Arc<Client>> = None;
     let mut me: Option<u32> = None;
     // The first look comes soon after start: a server back from an outage
@@ -118,7 +133,8 @@ async fn resync_loop(addr: String, status: Arc<Mutex<ResyncStatus>>) {
         if me.is_none() {
             // Known once the server is formatted.
             let id = crate::admin::random_client_id();
-            match crate::admin::Session::open(&addr, None, id, "resync", RESYNC_EVERY).await {
+            let key = keys.credential();
+            match crate::admin::Session::open(&addr, &key, None, id, "resync", RESYNC_EVERY).await {
                 Ok(s) => me = s.index,
                 Err(e) => debug!(error = %e, "resync: own server not answering"),
             }
@@ -129,7 +145,7 @@ async fn resync_loop(addr: String, status: Arc<Mutex<ResyncStatus>>) {
         if client.is_none() {
             let cfg = ClientConfig {
                 name: format!("resync@{addr}"),
-                ..ClientConfig::default()
+                ..ClientConfig::new(keys.clone())
             };
             match Client::connect(&addr, cfg).await {
                 Ok(c) => client = Some(c),

@@ -14,6 +14,7 @@ use tracing::{info, warn};
 
 use crate::admin::{self, Session};
 use crate::runtime::Terminate;
+use morris_proto::auth::{Key, Keys};
 
 /// Restart delays of one server: 1 s, doubling up to 30 s; back to 1 s
 /// once a run has lasted [`Backoff::STABLE`].
@@ -109,6 +110,9 @@ struct ServerProc {
 pub struct ServerSet {
     exe: PathBuf,
     lease_ms: u32,
+    /// The volume key file the servers prove (and `up` connects with).
+    key_file: PathBuf,
+    key: Key,
     procs: Vec<ServerProc>,
 }
 
@@ -125,10 +129,20 @@ fn tail(path: &Path, lines: usize) -> String {
 impl ServerSet {
     /// Starts `n` servers of `exe` on 127.0.0.1 ports `port..port+n`, with
     /// data and logs in `dir`.
-    pub fn spawn(exe: &Path, dir: &Path, port: u16, n: u16, lease_ms: u32) -> Result<Self> {
+    pub fn spawn(
+        exe: &Path,
+        dir: &Path,
+        port: u16,
+        n: u16,
+        lease_ms: u32,
+        key_file: &Path,
+    ) -> Result<Self> {
+        let key = Keys::load(key_file)?.credential();
         let mut set = ServerSet {
             exe: exe.to_path_buf(),
             lease_ms,
+            key_file: key_file.to_path_buf(),
+            key,
             procs: Vec::new(),
         };
         for i in 0..n {
@@ -168,6 +182,8 @@ impl ServerSet {
             .arg(&p.addr)
             .arg("--lease-ms")
             .arg(self.lease_ms.to_string())
+            .arg("--key")
+            .arg(&self.key_file)
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -235,7 +251,7 @@ impl ServerSet {
                     }
                 }
                 let attempt = tokio::select! {
-                    r = Session::open(&p.addr, None, id, "morris-up", Duration::from_secs(2)) => r,
+                    r = Session::open(&p.addr, &self.key, None, id, "morris-up", Duration::from_secs(2)) => r,
                     sig = term.recv() => bail!("{sig} while starting the servers"),
                 };
                 match attempt {

@@ -13,6 +13,7 @@ use serde::Serialize;
 use crate::admin::{self, deadline, Session, CONNECT_TIMEOUT};
 use crate::runtime;
 use crate::size::human;
+use morris_proto::auth::Key;
 
 /// Arguments of `morris status`.
 #[derive(Debug, Args)]
@@ -29,6 +30,8 @@ pub struct StatusArgs {
     #[arg(long, default_value_t = 2.0, value_name = "SECS",
           value_parser = parse_secs)]
     pub timeout: f64,
+    #[command(flatten)]
+    pub key: crate::key::KeyArg,
 }
 
 fn parse_secs(s: &str) -> Result<f64, String> {
@@ -78,11 +81,12 @@ pub struct VolumeReport {
     pub health: &'static str,
 }
 
-async fn probe(d: &VolumeDescriptor, index: usize, limit: Duration) -> ServerReport {
+async fn probe(d: &VolumeDescriptor, key: &Key, index: usize, limit: Duration) -> ServerReport {
     let addr = &d.servers[index];
     let answer = deadline(limit, || format!("server {addr}"), async {
         let s = Session::open(
             addr,
+            key,
             None,
             admin::random_client_id(),
             "morris-status",
@@ -142,9 +146,10 @@ async fn probe(d: &VolumeDescriptor, index: usize, limit: Duration) -> ServerRep
 }
 
 /// Asks `addr` for the volume, then every server for its counters.
-pub async fn collect(addr: &str, limit: Duration) -> Result<VolumeReport> {
+pub async fn collect(addr: &str, key: &Key, limit: Duration) -> Result<VolumeReport> {
     let first = Session::open(
         addr,
+        key,
         None,
         admin::random_client_id(),
         "morris-status",
@@ -154,7 +159,7 @@ pub async fn collect(addr: &str, limit: Duration) -> Result<VolumeReport> {
     let volume = first
         .descriptor
         .ok_or_else(|| anyhow!("server {addr} is not formatted (see `morris format`)"))?;
-    let servers = join_all((0..volume.servers.len()).map(|i| probe(&volume, i, limit))).await;
+    let servers = join_all((0..volume.servers.len()).map(|i| probe(&volume, key, i, limit))).await;
     let mut servers = servers;
     let mirrored = volume.replicas >= 2 && volume.servers.len() >= 2;
     let health = redundancy(&mut servers, mirrored);
@@ -511,7 +516,12 @@ fn render_ops(r: &VolumeReport) -> String {
 /// Runs `morris status`.
 pub fn run(args: StatusArgs) -> Result<ExitCode> {
     let rt = runtime::build()?;
-    let report = rt.block_on(collect(&args.addr, Duration::from_secs_f64(args.timeout)))?;
+    let key = args.key.load()?.credential();
+    let report = rt.block_on(collect(
+        &args.addr,
+        &key,
+        Duration::from_secs_f64(args.timeout),
+    ))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

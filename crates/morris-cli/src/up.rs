@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use morris_proto::auth::Keys;
 use morris_proto::{VolumeDescriptor, DEFAULT_STRIPE_UNIT};
 use tracing::warn;
 
@@ -186,7 +187,16 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
         let _enter = rt.enter();
         Terminate::install()?
     };
-    let mut servers = ServerSet::spawn(&exe, &dir, args.port, args.servers, args.lease_ms)?;
+    let (volume_key, client_key) = up_keys(&dir)?;
+    let admin_key = Keys::load(&volume_key)?.credential();
+    let mut servers = ServerSet::spawn(
+        &exe,
+        &dir,
+        args.port,
+        args.servers,
+        args.lease_ms,
+        &volume_key,
+    )?;
     let addrs = servers.addrs();
     let hellos = rt.block_on(servers.wait_ready(&mut term))?;
     let (d, fresh) = match classify(&addrs, &hellos, &dir)? {
@@ -196,7 +206,7 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
                 args.stripe_unit.unwrap_or(DEFAULT_STRIPE_UNIT),
                 args.replicas.unwrap_or(1),
             )?;
-            rt.block_on(format_volume(&d))?;
+            rt.block_on(format_volume(&d, &admin_key))?;
             (d, true)
         }
         Found::Existing(d) => {
@@ -221,7 +231,7 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
     let client = rt.block_on(hold::connect(
         &mut term,
         &addrs[0],
-        args.tuning.client_config(name),
+        args.tuning.client_config(name, Keys::load(&client_key)?),
     ))?;
     if let Some(url) = &args.home {
         if let Err(e) = rt.block_on(bind_root(&client, url, &args)) {
@@ -258,6 +268,11 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
             log.display()
         );
     }
+    println!(
+        "keys: {} (servers, admin commands), {} (mounts, NFS gateways)",
+        volume_key.display(),
+        client_key.display()
+    );
     println!("mounted at {}", mp.display());
     println!("A server that dies is restarted (after 1 s, doubling up to 30 s).");
     println!("Ctrl-C (or SIGTERM) unmounts and stops the servers.");
@@ -275,6 +290,21 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
         addrs.len()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The volume's key files in DIR/keys, made the first time.
+fn up_keys(dir: &Path) -> Result<(PathBuf, PathBuf)> {
+    let keys = dir.join("keys");
+    let volume = keys.join("volume.key");
+    let client = keys.join("client.key");
+    match (volume.exists(), client.exists()) {
+        (true, true) => Ok((volume, client)),
+        (false, false) => crate::key::new_pair(&keys),
+        _ => bail!(
+            "{} holds only one of volume.key and client.key; restore the other              (`morris key client` makes a client key from the volume key)",
+            keys.display()
+        ),
+    }
 }
 
 /// Binds the volume's root to `url` (`--home`), unless it is already.

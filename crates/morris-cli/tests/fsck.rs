@@ -20,7 +20,10 @@ struct Raw {
 
 impl Raw {
     async fn open(addr: &str, uuid: &str) -> Raw {
-        let rpc = RpcClient::connect(addr, None).await.expect("connect");
+        let key = morris_proto::auth::Keys::load(&common::keys().client)
+            .expect("client key")
+            .credential();
+        let rpc = RpcClient::connect(addr, &key, None).await.expect("connect");
         let volume = Some(uuid.parse().expect("uuid"));
         let hello = Request::Hello {
             volume,

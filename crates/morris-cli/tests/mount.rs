@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{
     alive, both, free_ports, is_mounted, morris, read_log, require_fuse, signal, stderr, stdout,
-    wait_timeout, Cluster, ClusterOpts, Mount, MORRIS,
+    wait_timeout, Cluster, ClusterOpts, Mount,
 };
 
 #[test]
@@ -73,7 +73,7 @@ fn background_mount_reports_success_and_failure() {
         args.push("--no-allow-other".into());
     }
     let start = Instant::now();
-    let o = Command::new(MORRIS)
+    let o = common::morris_cmd()
         .args(&args)
         .stdin(Stdio::null())
         .output()
@@ -169,7 +169,7 @@ fn start_up_with(
     let out = dir.join(format!("up-{tag}.out"));
     let err = dir.join(format!("up-{tag}.err"));
     let mnt = dir.join("mnt");
-    let mut cmd = Command::new(MORRIS);
+    let mut cmd = common::morris_cmd();
     cmd.arg("up")
         .arg("--dir")
         .arg(dir.join("data"))

@@ -314,7 +314,8 @@ fn a_deleted_files_handle_is_stale() {
 #[test]
 fn bad_rpc_input_gets_rpc_errors_and_never_stops_the_gateway() {
     let c = Cluster::start(1, ClusterOpts::default());
-    let mut gw = Gateway::start(c.addr(0), &[]);
+    // Plain sockets here come from unprivileged ports.
+    let mut gw = Gateway::start(c.addr(0), &["--insecure"]);
     let addr = format!("127.0.0.1:{}", gw.port);
 
     // A call to an unknown program: an accepted reply with PROG_UNAVAIL (1).
@@ -583,4 +584,55 @@ fn the_named_export_serves_host_export_file_urls() {
             common::both(&o)
         );
     }
+}
+
+#[test]
+fn by_default_the_gateway_squashes_root_refuses_unprivileged_ports_and_device_nodes() {
+    let c = Cluster::start(1, ClusterOpts::default());
+    let gw = Gateway::start_plain(c.addr(0), common::free_port(), &[]);
+    // Root's calls act as nobody: root may not write into a directory only
+    // root may write, and what it makes belongs to nobody.
+    let trusted = Gateway::start(c.addr(0), &[]);
+    trusted.ok(&["mkdirm", "/rootonly", "755"]);
+    trusted.ok(&["mkdirm", "/open", "777"]);
+    gw.err_as(0, 0, &["put", "/rootonly/f", "644", "x"], libc::EACCES);
+    gw.ok_as(0, 0, &["put", "/open/f", "644", "by root"]);
+    let st = trusted.ok(&["stat", "/open/f"]);
+    assert!(st.contains("uid=65534 gid=65534"), "{st}");
+    // Another user is who it says (from a privileged port).
+    gw.ok_as(1000, 100, &["put", "/open/g", "644", "by 1000"]);
+    let st = trusted.ok(&["stat", "/open/g"]);
+    assert!(st.contains("uid=1000 gid=100"), "{st}");
+    // Device nodes are refused (a FIFO is not a device).
+    gw.ok_as(1000, 100, &["mknod", "/open/fifo", "10644", "0"]);
+    gw.err_as(0, 0, &["mknod", "/open/dev", "20644", "259"], libc::EPERM);
+    trusted.err_as(0, 0, &["mknod", "/open/dev", "20644", "259"], libc::EPERM);
+
+    // An unprivileged source port gets AUTH_TOOWEAK for every call.
+    let mut raw = Raw::connect_unprivileged(gw.port);
+    let reply = raw.call_raw(100_005, 0, &[]);
+    let word = |i: usize| u32::from_be_bytes([reply[i], reply[i + 1], reply[i + 2], reply[i + 3]]);
+    // REPLY, MSG_DENIED, AUTH_ERROR, AUTH_TOOWEAK.
+    assert_eq!((word(4), word(8), word(12), word(16)), (1, 1, 1, 5));
+    assert!(read_log(&gw.log).contains("unprivileged port"));
+    // With --insecure it is served.
+    let open = Gateway::start_plain(c.addr(0), common::free_port(), &["--insecure"]);
+    let mut raw = Raw::connect_unprivileged(open.port);
+    raw.mount_root();
+
+    // A gateway that other hosts can reach needs an allow-list.
+    let o = common::morris(&[
+        "nfs",
+        c.addr(0),
+        "--key",
+        &common::client_key(),
+        "--listen",
+        "0.0.0.0:0",
+    ]);
+    assert!(!o.status.success(), "{}", common::both(&o));
+    assert!(
+        common::stderr(&o).contains("--export-allow"),
+        "{}",
+        common::both(&o)
+    );
 }

@@ -352,7 +352,8 @@ impl NetNs {
     /// A command run inside the namespace.
     fn cmd(&self, program: &str) -> Command {
         let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.name, program]);
+        c.args(["netns", "exec", &self.name, program])
+            .env("MORRIS_KEY", &common::keys().volume);
         c
     }
 
@@ -568,7 +569,8 @@ fn a_huge_directory_lists_completely_through_readdir_and_readdirplus() {
     let started = Instant::now();
     rt.block_on(async {
         use morris_client::{Caller, Client, ClientConfig, FileKind, ROOT_ID};
-        let cl = Client::connect(&addr, ClientConfig::default())
+        let keys = morris_client::Keys::load(&common::keys().client).expect("client key");
+        let cl = Client::connect(&addr, ClientConfig::new(keys))
             .await
             .expect("connect");
         let me = Caller::root();

@@ -9,19 +9,23 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use morris_client::{Caller, Client, ClientConfig, FileKind, ROOT_ID};
+use morris_client::{Caller, Client, ClientConfig, FileKind, Keys, ROOT_ID};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let addr = args.next().ok_or("usage: bigdir ADDR [N] [IN_FLIGHT]")?;
+    let addr = args
+        .next()
+        .ok_or("usage: MORRIS_KEY=CLIENT_KEY_FILE bigdir ADDR [N] [IN_FLIGHT]")?;
+    let key_file = std::env::var_os("MORRIS_KEY").ok_or("set MORRIS_KEY to a key file")?;
+    let keys = Keys::load(std::path::Path::new(&key_file))?;
     let n: u64 = args
         .next()
         .map(|s| s.parse())
         .transpose()?
         .unwrap_or(1_000_000);
     let inflight: u64 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(32);
-    let cl = Client::connect(&addr, ClientConfig::default()).await?;
+    let cl = Client::connect(&addr, ClientConfig::new(keys.clone())).await?;
     let me = Caller::root();
     let name = format!("bigdir-{}", std::process::id());
     let dir = cl.mkdir(ROOT_ID, name.as_bytes(), 0o755, &me).await?;
@@ -64,7 +68,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         done = end;
     }
     // Lookups of random names from a second client (nothing cached).
-    let cl2 = Client::connect(&addr, ClientConfig::default()).await?;
+    let cl2 = Client::connect(&addr, ClientConfig::new(keys)).await?;
     let dir = cl2.lookup(ROOT_ID, name.as_bytes()).await?;
     let t = Instant::now();
     let lookups = 2000u64;

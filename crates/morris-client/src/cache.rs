@@ -726,7 +726,7 @@ impl Client {
         let calls = (0..self.layout.servers).map(|s| async move {
             let r = self
                 .pool
-                .call_once(s, Request::CacheStatus, Bytes::new())
+                .call_once(s, Request::CacheStatus, Bytes::new(), None)
                 .await;
             let r = match r {
                 Ok((Reply::Cache(v), _)) => Ok(v),

@@ -24,7 +24,7 @@ use tracing::warn;
 use morris_proto::layout::Layout;
 
 use crate::leases::LeaseGuard;
-use crate::pool::unexpected;
+use crate::pool::{unexpected, Fence};
 use crate::{Client, Error, Result};
 
 /// Lowest missed block per server.
@@ -60,6 +60,7 @@ impl Client {
         server: u32,
         req: Request,
         payload: Bytes,
+        fence: Option<Fence>,
     ) -> Result<(Reply, Bytes)> {
         if self.pool.recently_down(server) {
             return Err(Error::new(
@@ -78,7 +79,7 @@ impl Client {
                 tries += 1;
                 match self
                     .pool
-                    .call_once(server, req.clone(), payload.clone())
+                    .call_once(server, req.clone(), payload.clone(), fence)
                     .await
                 {
                     Err(e) if e.code == ErrorCode::Unavailable && tries < 3 => {
@@ -172,9 +173,14 @@ impl Client {
                     sync: false,
                 };
                 let (index, piece) = (*index, piece.clone());
-                calls.push(
-                    async move { (index, server, self.call_bounded(server, req, piece).await) },
-                );
+                let fence = Some(g.fence());
+                calls.push(async move {
+                    (
+                        index,
+                        server,
+                        self.call_bounded(server, req, piece, fence).await,
+                    )
+                });
             }
         }
         let results = futures::future::join_all(calls).await;
@@ -234,7 +240,7 @@ impl Client {
             .collect();
         let calls = servers
             .iter()
-            .map(|&s| self.call_bounded(s, req(s), Bytes::new()));
+            .map(|&s| self.call_bounded(s, req(s), Bytes::new(), Some(g.fence())));
         let results = futures::future::join_all(calls).await;
         let some_took = results.iter().any(|r| r.is_ok());
         let mut missed = Missed::new();

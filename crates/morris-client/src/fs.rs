@@ -332,7 +332,10 @@ impl Client {
         for n in 0..attempts - 1 {
             let server = (first + n) % k;
             let res = loop {
-                match self.call_bounded(server, req.clone(), Bytes::new()).await {
+                match self
+                    .call_bounded(server, req.clone(), Bytes::new(), None)
+                    .await
+                {
                     // `--on-disconnect block`: the create waits for home.
                     Err(e) if e.code == ErrorCode::HomeDown => {
                         tracing::debug!(server, error = %e, "create waits for home");
@@ -1011,8 +1014,15 @@ impl Client {
                     self.to_every_copy_server(&g, from, |_| Request::Truncate { id, size })
                         .await?;
                 } else {
-                    let calls = (0..self.layout.servers)
-                        .map(|s| self.call(s, Request::Truncate { id, size }));
+                    let fence = Some(g.fence());
+                    let calls = (0..self.layout.servers).map(|s| {
+                        self.pool.call_fenced(
+                            s,
+                            Request::Truncate { id, size },
+                            Bytes::new(),
+                            fence,
+                        )
+                    });
                     for r in futures::future::join_all(calls).await {
                         r?;
                     }
@@ -1120,7 +1130,7 @@ impl Client {
         let calls = (0..self.layout.servers).map(|s| async move {
             match tokio::time::timeout(
                 STATFS_WAIT,
-                self.pool.call_once(s, Request::Statfs, Bytes::new()),
+                self.pool.call_once(s, Request::Statfs, Bytes::new(), None),
             )
             .await
             {

@@ -134,7 +134,7 @@ pub(crate) async fn fetch_copy(
         },
     };
     let (reply, data) = if once {
-        pool.call_once(server, req, Bytes::new()).await?
+        pool.call_once(server, req, Bytes::new(), None).await?
     } else {
         pool.call(server, req, Bytes::new()).await?
     };
@@ -584,8 +584,9 @@ impl Client {
             // server is recorded as stale (copies.rs).
             self.write_copies(g, f.id, pieces).await?;
         } else {
+            let fence = Some(g.fence());
             let calls = pieces.into_iter().map(|(index, within, piece)| {
-                self.pool.call(
+                self.pool.call_fenced(
                     self.layout.block_server(f.id, index),
                     Request::Write {
                         id: f.id,
@@ -595,6 +596,7 @@ impl Client {
                         sync: false,
                     },
                     piece,
+                    fence,
                 )
             });
             for r in futures::future::join_all(calls).await {

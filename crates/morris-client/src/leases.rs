@@ -118,6 +118,14 @@ pub(crate) struct LeaseGuard {
 }
 
 impl LeaseGuard {
+    /// The lease changes made under this guard are fenced by.
+    pub fn fence(&self) -> crate::pool::Fence {
+        crate::pool::Fence {
+            owner: self.entry.owner,
+            term: self.entry.epoch,
+        }
+    }
+
     /// A copy of the cached inode.
     pub fn inode(&self) -> Inode {
         self.entry.state.lock().inode.clone()
@@ -788,6 +796,7 @@ impl Leases {
                 entry.owner,
                 Request::Release { ino: entry.id },
                 Bytes::new(),
+                None,
             );
             match tokio::time::timeout(self.pool.lease() / 2, call).await {
                 Ok(Ok(_)) => {}

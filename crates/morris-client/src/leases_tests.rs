@@ -9,17 +9,21 @@ use morris_proto::net::RpcClient;
 use morris_proto::{FileKind, Reply, Request, Timestamp, VolumeDescriptor, PROTOCOL_VERSION};
 
 use super::{Mode, ACQUIRE_SHARDS};
-use crate::{Caller, Client, ClientConfig, ROOT_ID};
+use crate::{Caller, Client, ClientConfig, Key, Keys, ROOT_ID};
 
 /// One formatted server (every inode is its), a client of it, and the
 /// server's handle and data directory (kept alive).
 async fn one_server() -> (Arc<Client>, morris_server::ServerHandle, tempfile::TempDir) {
     let d = tempfile::tempdir().unwrap();
+    let key = Key::generate();
+    let keys = Keys::from_key(key.clone());
     let s = morris_server::start(morris_server::ServerConfig {
         data_dir: d.path().to_path_buf(),
         listen: "127.0.0.1:0".into(),
         lease_ms: 1500,
         etcd: Vec::new(),
+        keys: keys.clone(),
+        max_connections: 4096,
     })
     .await
     .unwrap();
@@ -31,7 +35,7 @@ async fn one_server() -> (Arc<Client>, morris_server::ServerHandle, tempfile::Te
         replicas: 1,
         created: Timestamp::now(),
     };
-    let c = RpcClient::connect(&addr, None).await.unwrap();
+    let c = RpcClient::connect(&addr, &key, None).await.unwrap();
     c.call(
         &Request::Hello {
             volume: None,
@@ -54,7 +58,7 @@ async fn one_server() -> (Arc<Client>, morris_server::ServerHandle, tempfile::Te
         .await
         .unwrap();
     assert_eq!(r, Reply::Ok);
-    let client = Client::connect(&addr, ClientConfig::default())
+    let client = Client::connect(&addr, ClientConfig::new(Keys::from_key(key.client_key())))
         .await
         .unwrap();
     (client, s, d)

@@ -35,6 +35,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
 use bytes::Bytes;
+pub use morris_proto::auth::{Key, Keys, Role};
 use morris_proto::layout::Layout;
 use morris_proto::Push;
 pub use morris_proto::{
@@ -114,6 +115,9 @@ pub trait Invalidator: Send + Sync + 'static {
 /// Tunables of a client.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
+    /// The key this client proves on every connection (the volume's client
+    /// key; the volume key works too).
+    pub keys: Keys,
     /// Name shown in server logs and `status`.
     pub name: String,
     /// Largest readahead window per open file, in bytes.
@@ -122,9 +126,11 @@ pub struct ClientConfig {
     pub max_cached_leases: usize,
 }
 
-impl Default for ClientConfig {
-    fn default() -> Self {
+impl ClientConfig {
+    /// The default tunables, with `keys`.
+    pub fn new(keys: Keys) -> Self {
         ClientConfig {
+            keys,
             name: "morris-client".into(),
             readahead_max: 64 << 20,
             max_cached_leases: 100_000,
@@ -239,7 +245,7 @@ pub struct Client {
 impl Client {
     /// Connects to the volume through any one of its servers (`host:port`).
     pub async fn connect(addr: &str, config: ClientConfig) -> Result<Arc<Client>> {
-        let (desc, lease_ms) = pool::probe(addr).await?;
+        let (desc, lease_ms) = pool::probe(addr, &config.keys.credential()).await?;
         desc.validate()
             .map_err(|m| Error::new(ErrorCode::WrongVolume, m))?;
         let (push_tx, mut push_rx) = mpsc::unbounded_channel::<(u32, Push)>();
@@ -247,6 +253,7 @@ impl Client {
             &desc,
             lease_ms,
             config.name.clone(),
+            config.keys.clone(),
             push_tx,
         ));
         let layout = Layout::new(

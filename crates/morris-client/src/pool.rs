@@ -20,6 +20,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use morris_proto::auth::{Key, Keys};
 use morris_proto::net::{RpcClient, RpcError};
 use morris_proto::{ErrorCode, Push, Reply, Request, VolumeDescriptor, PROTOCOL_VERSION};
 use parking_lot::{Mutex, RwLock};
@@ -104,6 +105,19 @@ const DOWN_HOLD: Duration = Duration::from_secs(10);
 /// over by a copy (`meta_window`).
 const REFUSED_GRACE: Duration = Duration::from_secs(2);
 
+/// The lease a data change (block write, truncate) is made under: it is
+/// sent, and sent again after a lost connection, only while that lease may
+/// still be trusted. A client stopped or cut off for longer than the trust
+/// limit must not land a change the next holder may already have
+/// overwritten (`Pool::call_fenced`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fence {
+    /// The server that granted the lease.
+    pub owner: u32,
+    /// Its lease term when granted (`Slot::term`).
+    pub term: u64,
+}
+
 /// Called with a server index whose lease table was lost (new epoch).
 pub(crate) type EpochHook = Box<dyn Fn(u32) + Send + Sync>;
 
@@ -112,6 +126,9 @@ pub(crate) struct Pool {
     uuid: Uuid,
     client_id: u64,
     name: String,
+    /// What this client proves on each new connection (read at each one:
+    /// a rotated key file takes effect on the next reconnect).
+    keys: Keys,
     slots: Vec<Slot>,
     lease: Duration,
     start: Instant,
@@ -135,8 +152,8 @@ pub(crate) struct Pool {
 }
 
 /// Asks a server for its descriptor without joining the volume (admin hello).
-pub(crate) async fn probe(addr: &str) -> Result<(VolumeDescriptor, u32)> {
-    let c = RpcClient::connect(addr, None).await?;
+pub(crate) async fn probe(addr: &str, key: &Key) -> Result<(VolumeDescriptor, u32)> {
+    let c = RpcClient::connect(addr, key, None).await?;
     let (reply, _) = c
         .call(
             &Request::Hello {
@@ -213,6 +230,7 @@ impl Pool {
         desc: &VolumeDescriptor,
         lease_ms: u32,
         name: String,
+        keys: Keys,
         push_tx: mpsc::UnboundedSender<(u32, Push)>,
     ) -> Self {
         let lease = Duration::from_millis(u64::from(lease_ms.max(100)));
@@ -220,6 +238,7 @@ impl Pool {
             uuid: desc.uuid,
             client_id: rand::random(),
             name,
+            keys,
             slots: desc
                 .servers
                 .iter()
@@ -366,7 +385,7 @@ impl Pool {
         }
         let c = if lane == Lane::Control {
             let (ptx, mut prx) = mpsc::unbounded_channel::<Push>();
-            let c = RpcClient::connect(&slot.addr, Some(ptx)).await?;
+            let c = RpcClient::connect(&slot.addr, &self.keys.credential(), Some(ptx)).await?;
             let main = self.push_tx.clone();
             tokio::spawn(async move {
                 while let Some(p) = prx.recv().await {
@@ -380,7 +399,7 @@ impl Pool {
             // The server pushes recalls on every connection of a client;
             // the copy on the data connection may arrive late, behind
             // block replies, and would recall a lease granted since.
-            RpcClient::connect(&slot.addr, None).await?
+            RpcClient::connect(&slot.addr, &self.keys.credential(), None).await?
         };
         let c = Arc::new(c);
         let sent = self.now_ns();
@@ -430,11 +449,49 @@ impl Pool {
         req: Request,
         payload: Bytes,
     ) -> Result<(Reply, Bytes)> {
+        self.call_fenced(i, req, payload, None).await
+    }
+
+    /// Fails with `NoLease` if the lease `fence` names may no longer be
+    /// trusted: what was to be sent under it is not sent.
+    fn check_fence(&self, fence: Option<Fence>, i: u32, req: &Request) -> Result<()> {
+        match fence {
+            Some(f) if !self.lease_valid(f.owner, f.term) => {
+                warn!(
+                    server = i,
+                    op = req.name(),
+                    owner = f.owner,
+                    "not sent: the lease it was made under may have passed to another client"
+                );
+                Err(Error::new(
+                    ErrorCode::NoLease,
+                    format!(
+                        "{} not sent: the file's lease (server {}) lapsed before it could be",
+                        req.name(),
+                        f.owner
+                    ),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// [`Pool::call`] for a change made under the lease `fence`: each
+    /// sending (the first, and again after a lost connection) first checks
+    /// that the lease may still be trusted.
+    pub(crate) async fn call_fenced(
+        &self,
+        i: u32,
+        req: Request,
+        payload: Bytes,
+        fence: Option<Fence>,
+    ) -> Result<(Reply, Bytes)> {
         *self.counters.lock().entry(req.name()).or_insert(0) += 1;
         tracing::trace!(server = i, op = req.name(), ?req, "call");
         let deadline = Instant::now() + self.retry_window;
         let mut backoff = Duration::from_millis(20);
         loop {
+            self.check_fence(fence, i, &req)?;
             self.check_lapse(i);
             let conn = match self.conn(i, &req).await {
                 Ok(c) => c,
@@ -598,8 +655,10 @@ impl Pool {
         i: u32,
         req: Request,
         payload: Bytes,
+        fence: Option<Fence>,
     ) -> Result<(Reply, Bytes)> {
         *self.counters.lock().entry(req.name()).or_insert(0) += 1;
+        self.check_fence(fence, i, &req)?;
         self.check_lapse(i);
         let conn = self.conn(i, &req).await?;
         let sent = self.now_ns();

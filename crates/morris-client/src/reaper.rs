@@ -161,7 +161,7 @@ impl Client {
         let data = futures::future::join_all(servers.into_iter().map(|s| async move {
             (
                 s,
-                self.call_bounded(s, Request::DeleteData { id: h.id }, Bytes::new())
+                self.call_bounded(s, Request::DeleteData { id: h.id }, Bytes::new(), None)
                     .await,
             )
         }))

@@ -120,7 +120,7 @@ impl Client {
                 max: SCAN_PAGE,
             };
             // Bounded: an owner that is down is retried by the next pass.
-            let page = match self.call_bounded(owner, req, Bytes::new()).await?.0 {
+            let page = match self.call_bounded(owner, req, Bytes::new(), None).await?.0 {
                 Reply::Stale(p) => p,
                 other => return Err(unexpected(&other)),
             };

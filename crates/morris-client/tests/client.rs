@@ -3,10 +3,23 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use morris_client::{Caller, Client, ClientConfig, ErrorCode, FileKind, RenameFlags, ROOT_ID};
+use morris_client::{
+    Caller, Client, ClientConfig, ErrorCode, FileKind, Key, Keys, RenameFlags, ROOT_ID,
+};
 use morris_proto::net::RpcClient;
 use morris_proto::{Reply, Request, Timestamp, VolumeDescriptor, PROTOCOL_VERSION};
 use morris_server::{ServerConfig, ServerHandle};
+
+/// The volume key of every test volume here (servers and formatting).
+static KEY: std::sync::LazyLock<Key> = std::sync::LazyLock::new(Key::generate);
+
+fn server_keys() -> Keys {
+    Keys::from_key(KEY.clone())
+}
+
+fn client_keys() -> Keys {
+    Keys::from_key(KEY.client_key())
+}
 
 struct Cluster {
     _dirs: Vec<tempfile::TempDir>,
@@ -33,6 +46,8 @@ async fn cluster_with(k: usize, unit: u32, lease_ms: u32, proxied: bool) -> (Clu
             listen: "127.0.0.1:0".into(),
             lease_ms,
             etcd: Vec::new(),
+            keys: server_keys(),
+            max_connections: 4096,
         })
         .await
         .unwrap();
@@ -55,7 +70,7 @@ async fn cluster_with(k: usize, unit: u32, lease_ms: u32, proxied: bool) -> (Clu
         created: Timestamp::now(),
     };
     for (i, a) in addrs.iter().enumerate() {
-        let c = RpcClient::connect(a, None).await.unwrap();
+        let c = RpcClient::connect(a, &KEY, None).await.unwrap();
         c.call(
             &Request::Hello {
                 volume: None,
@@ -177,7 +192,7 @@ impl Drop for Proxy {
 
 async fn connect(c: &Cluster) -> Arc<Client> {
     // A freshly started server is in its grace period; the client retries.
-    Client::connect(&c.addrs[0], ClientConfig::default())
+    Client::connect(&c.addrs[0], ClientConfig::new(client_keys()))
         .await
         .unwrap()
 }
@@ -253,7 +268,9 @@ async fn files_are_striped_and_read_back() {
     cl.release(fh).await.unwrap();
     // Every server holds part of it.
     for a in &c.addrs {
-        let r = RpcClient::connect(a, None).await.unwrap();
+        let r = RpcClient::connect(a, &KEY.client_key(), None)
+            .await
+            .unwrap();
         let (reply, _) = r.call(&Request::Status, Bytes::new()).await.unwrap();
         let Reply::Status(s) = reply else { panic!() };
         assert!(s.data_files >= 1, "server {a} holds no data");

@@ -17,6 +17,8 @@ pub(crate) fn errno(code: ErrorCode) -> Errno {
         ErrorCode::IsDir => Errno::EISDIR,
         ErrorCode::NotEmpty => Errno::ENOTEMPTY,
         ErrorCode::Access => Errno::EACCES,
+        // The mount's key was refused (revoked or rotated away).
+        ErrorCode::Denied => Errno::EACCES,
         ErrorCode::Perm => Errno::EPERM,
         ErrorCode::Invalid => Errno::EINVAL,
         ErrorCode::NameTooLong => Errno::ENAMETOOLONG,

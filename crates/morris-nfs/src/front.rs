@@ -109,6 +109,38 @@ const MAX_CREDENTIALS: usize = 256;
 /// A caller's identity as the key of its `nfs3_server` instance.
 type CredKey = (u32, u32, Vec<u32>);
 
+/// Who may do what through the gateway (`GatewayConfig`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Policy {
+    /// uid 0 → nobody, gid 0 → nobody's group.
+    pub(crate) squash_root: bool,
+    /// Privileged source ports only.
+    pub(crate) secure: bool,
+    /// MKNOD may make device nodes.
+    pub(crate) allow_devices: bool,
+}
+
+impl Policy {
+    /// The identity a call's credential acts as.
+    pub(crate) fn identity(&self, mut c: Caller) -> Caller {
+        if self.squash_root {
+            if c.uid == 0 {
+                c.uid = NOBODY;
+            }
+            if c.gid == 0 {
+                c.gid = NOBODY;
+            }
+            c.groups.retain(|&g| g != 0);
+        }
+        c
+    }
+
+    /// Whether a connection from `peer` may be served.
+    pub(crate) fn port_ok(&self, peer: SocketAddr) -> bool {
+        !self.secure || peer.port() < 1024
+    }
+}
+
 /// What every connection shares.
 pub(crate) struct Shared {
     /// The file system acting as root; instances per caller derive from it.
@@ -120,6 +152,7 @@ pub(crate) struct Shared {
     pub(crate) allow: Vec<Cidr>,
     /// The named export (besides `/`).
     pub(crate) export: ExportName,
+    pub(crate) policy: Policy,
     backends: tokio::sync::Mutex<Backends>,
 }
 
@@ -144,6 +177,7 @@ impl Shared {
         generation: u64,
         allow: Vec<Cidr>,
         export: ExportName,
+        policy: Policy,
     ) -> Self {
         // Differs between runs: clients resend UNSTABLE writes a restart lost.
         let boot = std::time::SystemTime::now()
@@ -158,6 +192,7 @@ impl Shared {
             verifier: boot.to_be_bytes(),
             allow,
             export,
+            policy,
             backends: tokio::sync::Mutex::new(Backends::default()),
         }
     }
@@ -217,12 +252,16 @@ pub(crate) async fn accept_loop(front: TcpListener, shared: Arc<Shared>) -> std:
             }
         };
         let _ = sock.set_nodelay(true);
-        let admitted = allowed(&shared.allow, peer.ip());
-        if admitted {
-            tracing::debug!(%peer, "nfs connection admitted");
-        } else {
+        let admitted = if !allowed(&shared.allow, peer.ip()) {
             tracing::warn!(%peer, "nfs connection from a host outside --export-allow: refusing its calls");
-        }
+            Admitted::No
+        } else if !shared.policy.port_ok(peer) {
+            tracing::warn!(%peer, "nfs connection from an unprivileged port (not below 1024): refusing its calls (--insecure allows them)");
+            Admitted::InsecurePort
+        } else {
+            tracing::debug!(%peer, "nfs connection admitted");
+            Admitted::Yes
+        };
         let shared = shared.clone();
         tokio::spawn(async move {
             match connection(sock, admitted, shared).await {
@@ -347,10 +386,24 @@ pub(crate) fn patch_verifier(rec: &mut [u8], verifier: &[u8; 8]) {
 /// The user and group AUTH_NULL callers act as.
 const NOBODY: u32 = 65_534;
 
+/// Whether a connection's calls are served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Admitted {
+    Yes,
+    /// Its host is outside `--export-allow`.
+    No,
+    /// It comes from an unprivileged source port (`secure`).
+    InsecurePort,
+}
+
 /// Serves one client connection: local procedures here, the rest relayed to
 /// the `nfs3_server` instance of the call's credential; replies of both are
 /// written back as they complete (RPC replies are matched by xid).
-async fn connection(sock: TcpStream, admitted: bool, shared: Arc<Shared>) -> std::io::Result<()> {
+async fn connection(
+    sock: TcpStream,
+    admitted: Admitted,
+    shared: Arc<Shared>,
+) -> std::io::Result<()> {
     let (mut rd, mut wr) = sock.into_split();
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(64);
     let writer = tokio::spawn(async move {
@@ -361,7 +414,9 @@ async fn connection(sock: TcpStream, admitted: bool, shared: Arc<Shared>) -> std
         }
     });
     let mut backends: HashMap<CredKey, OwnedWriteHalf> = HashMap::new();
-    let mut tasks = Vec::new();
+    // Calls answered here and relays of backends' replies; finished ones
+    // are reaped as calls come in, so a long connection does not keep them.
+    let mut tasks = tokio::task::JoinSet::new();
     let verifying: Verifying = Arc::new(parking_lot::Mutex::new(HashSet::new()));
     let result = loop {
         let record = match read_record(&mut rd).await {
@@ -375,13 +430,27 @@ async fn connection(sock: TcpStream, admitted: bool, shared: Arc<Shared>) -> std
                 "garbage rpc call",
             ));
         };
-        if !admitted {
-            if tx.send(refusal(&p)).await.is_err() {
-                break Ok(());
+        while tasks.try_join_next().is_some() {}
+        match admitted {
+            Admitted::Yes => {}
+            Admitted::No => {
+                if tx.send(refusal(&p)).await.is_err() {
+                    break Ok(());
+                }
+                continue;
             }
-            continue;
+            Admitted::InsecurePort => {
+                if tx
+                    .send(auth_error(p.xid, auth_stat::AUTH_TOOWEAK))
+                    .await
+                    .is_err()
+                {
+                    break Ok(());
+                }
+                continue;
+            }
         }
-        let Some(caller) = caller else {
+        let Some(caller) = caller.map(|c| shared.policy.identity(c)) else {
             if tx
                 .send(auth_error(p.xid, auth_stat::AUTH_TOOWEAK))
                 .await
@@ -394,19 +463,18 @@ async fn connection(sock: TcpStream, admitted: bool, shared: Arc<Shared>) -> std
         if is_local(&p) {
             let shared = shared.clone();
             let tx = tx.clone();
-            tasks.push(tokio::spawn(async move {
+            tasks.spawn(async move {
                 let nfs = shared.nfs.for_caller(caller);
                 let out = local::handle(&nfs, &shared, p, &record[args_at..]).await;
                 let _ = tx.send(out).await;
-            }));
+            });
             continue;
         }
         let key: CredKey = (caller.uid, caller.gid, caller.groups.clone());
         if !backends.contains_key(&key) {
-            match open_backend(&shared, &caller, tx.clone(), verifying.clone()).await {
-                Ok((w, task)) => {
+            match open_backend(&shared, &caller, tx.clone(), verifying.clone(), &mut tasks).await {
+                Ok(w) => {
                     backends.insert(key.clone(), w);
-                    tasks.push(task);
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot start an nfs backend");
@@ -441,9 +509,7 @@ async fn connection(sock: TcpStream, admitted: bool, shared: Arc<Shared>) -> std
         }
     };
     drop(backends);
-    for t in tasks {
-        t.abort();
-    }
+    tasks.abort_all();
     drop(tx);
     let _ = writer.await;
     result
@@ -455,13 +521,14 @@ async fn open_backend(
     caller: &Caller,
     tx: mpsc::Sender<Vec<u8>>,
     verifying: Verifying,
-) -> std::io::Result<(OwnedWriteHalf, tokio::task::JoinHandle<()>)> {
+    tasks: &mut tokio::task::JoinSet<()>,
+) -> std::io::Result<OwnedWriteHalf> {
     let verifier = shared.verifier;
     let port = shared.backend(caller).await?;
     let sock = TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], port))).await?;
     let _ = sock.set_nodelay(true);
     let (mut rd, w) = sock.into_split();
-    let task = tokio::spawn(async move {
+    tasks.spawn(async move {
         while let Ok(Some(mut rec)) = read_record(&mut rd).await {
             if rec.len() >= 4 {
                 let xid = u32::from_be_bytes([rec[0], rec[1], rec[2], rec[3]]);
@@ -474,7 +541,7 @@ async fn open_backend(
             }
         }
     });
-    Ok((w, task))
+    Ok(w)
 }
 
 #[cfg(test)]

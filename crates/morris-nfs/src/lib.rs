@@ -64,6 +64,9 @@ pub enum GatewayError {
     /// Accepting connections failed.
     #[error("gateway stopped: {0}")]
     Io(#[from] std::io::Error),
+    /// The settings are unsafe or contradictory.
+    #[error("{0}")]
+    Config(String),
 }
 
 /// Settings of a gateway.
@@ -80,6 +83,33 @@ pub struct GatewayConfig {
     /// Register NFS and MOUNT with the local portmapper (rpcbind) while
     /// serving, when one answers on 127.0.0.1:111.
     pub register: bool,
+    /// Calls from uid 0 act as nobody (65534), and group 0 as nobody's
+    /// group (NFS `root_squash`).
+    pub squash_root: bool,
+    /// Only calls from privileged source ports (below 1024) are served
+    /// (NFS `secure`): an unprivileged user of an allowed host cannot
+    /// speak for another user.
+    pub secure: bool,
+    /// MKNOD may make character and block device nodes.
+    pub allow_devices: bool,
+}
+
+impl GatewayConfig {
+    /// The defaults of `morris nfs` for `listen`: root squashed, privileged
+    /// ports only, no device nodes, everyone who can reach `listen` allowed
+    /// (which `Gateway::bind` accepts only for a loopback address).
+    pub fn new(listen: impl Into<String>) -> Self {
+        GatewayConfig {
+            listen: listen.into(),
+            allow: Vec::new(),
+            export: ExportName::default(),
+            open_idle: DEFAULT_OPEN_IDLE,
+            register: true,
+            squash_root: true,
+            secure: true,
+            allow_devices: false,
+        }
+    }
 }
 
 /// A bound, not yet running NFS gateway.
@@ -110,6 +140,14 @@ impl Gateway {
                 addr: config.listen.clone(),
                 source,
             })?;
+        let bound = front.local_addr()?;
+        if config.allow.is_empty() && !bound.ip().is_loopback() {
+            return Err(GatewayError::Config(format!(
+                "--listen {} is reachable from other hosts: name the hosts allowed with \
+                 --export-allow CIDR,... (0.0.0.0/0,::/0 for everyone)",
+                config.listen
+            )));
+        }
         Ok(Gateway {
             front,
             shared: Arc::new(front::Shared::new(
@@ -117,6 +155,11 @@ impl Gateway {
                 generation,
                 config.allow,
                 config.export,
+                front::Policy {
+                    squash_root: config.squash_root,
+                    secure: config.secure,
+                    allow_devices: config.allow_devices,
+                },
             )),
             files,
             open_idle: config.open_idle,

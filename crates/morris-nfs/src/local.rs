@@ -296,7 +296,10 @@ pub(crate) async fn handle(nfs: &MorrisNfs, shared: &Shared, p: Proc, body: &[u8
             None => garbage(),
         },
         NFSPROC3_MKNOD => match args::<MKNOD3args<'static>>(body) {
-            Some(a) => success(p.xid, &mknod(nfs, handles, a).await),
+            Some(a) => success(
+                p.xid,
+                &mknod(nfs, handles, a, shared.policy.allow_devices).await,
+            ),
             None => garbage(),
         },
         NFSPROC3_REMOVE => match args::<REMOVE3args<'static>>(body) {
@@ -563,7 +566,12 @@ fn makedev(major: u32, minor: u32) -> u32 {
     (minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)
 }
 
-async fn mknod(nfs: &MorrisNfs, handles: Handles, a: MKNOD3args<'static>) -> MKNOD3res {
+async fn mknod(
+    nfs: &MorrisNfs,
+    handles: Handles,
+    a: MKNOD3args<'static>,
+    allow_devices: bool,
+) -> MKNOD3res {
     let failed = |s| {
         MKNOD3res::Err((
             s,
@@ -595,6 +603,11 @@ async fn mknod(nfs: &MorrisNfs, handles: Handles, a: MKNOD3args<'static>) -> MKN
         // RFC 1813: regular files, directories and symlinks have their own calls.
         mknoddata3::default => return failed(nfsstat3::NFS3ERR_BADTYPE),
     };
+    if matches!(kind, FileKind::CharDev | FileKind::BlockDev) && !allow_devices {
+        // A device node made through the gateway would open the device on
+        // any mount that allows devices (`morris nfs --allow-devices`).
+        return failed(nfsstat3::NFS3ERR_PERM);
+    }
     let mode = match attr.mode {
         Nfs3Option::Some(m) => m & 0o7777,
         Nfs3Option::None => 0o644,

@@ -17,6 +17,7 @@ pub fn nfsstat(code: ErrorCode) -> nfsstat3 {
         ErrorCode::IsDir => nfsstat3::NFS3ERR_ISDIR,
         ErrorCode::NotEmpty => nfsstat3::NFS3ERR_NOTEMPTY,
         ErrorCode::Access => nfsstat3::NFS3ERR_ACCES,
+        ErrorCode::Denied => nfsstat3::NFS3ERR_ACCES,
         ErrorCode::Perm => nfsstat3::NFS3ERR_PERM,
         ErrorCode::Invalid => nfsstat3::NFS3ERR_INVAL,
         ErrorCode::NameTooLong => nfsstat3::NFS3ERR_NAMETOOLONG,

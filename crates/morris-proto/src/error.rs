@@ -63,6 +63,9 @@ pub enum ErrorCode {
     /// The change lies under a binding whose changes wait while its home
     /// does not answer (`--on-disconnect block`): ask again later.
     HomeDown,
+    /// The connection's key does not allow this (a client key sending a
+    /// request only servers send), or the handshake failed.
+    Denied,
 }
 
 impl ErrorCode {
@@ -120,6 +123,7 @@ impl ErrorCode {
             ErrorCode::UnknownBinding => "binding not known to this server",
             ErrorCode::CrossDevice => "cannot be moved there",
             ErrorCode::HomeDown => "home does not answer; changes wait for it",
+            ErrorCode::Denied => "not allowed with this key",
         }
     }
 }

@@ -10,8 +10,10 @@
 //! * [`frame`]: the length-framed binary encoding, whose decoder never panics;
 //! * [`net`]: a multiplexed RPC connection on tokio (many requests in flight,
 //!   server pushes on the same socket) and the server-side accept loop;
+//! * [`auth`]: the volume's keys and the handshake that opens every connection;
 //! * [`layout`]: where a block lives (`(file id + index) mod k`), as pure functions.
 
+pub mod auth;
 pub mod error;
 pub mod frame;
 pub mod home;
@@ -28,4 +30,4 @@ pub use types::*;
 pub const MAX_REPLICAS: u8 = 3;
 
 /// Version of the wire protocol; a `Hello` with another version is refused.
-pub const PROTOCOL_VERSION: u32 = 12;
+pub const PROTOCOL_VERSION: u32 = 13;

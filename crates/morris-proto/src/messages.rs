@@ -808,6 +808,30 @@ impl Request {
 }
 
 impl Request {
+    /// True for the requests only servers send each other (metadata
+    /// mirroring, the write-back's bookkeeping) and for `Format`: a
+    /// connection that proved only the client key may not send them.
+    pub fn server_only(&self) -> bool {
+        matches!(
+            self,
+            Request::Format { .. }
+                | Request::PeerSync { .. }
+                | Request::Replicate { .. }
+                | Request::SnapshotChunk { .. }
+                | Request::PushData { .. }
+                | Request::WbMarks { .. }
+                | Request::WbClear { .. }
+                | Request::WbHomes { .. }
+                | Request::WbSetHome { .. }
+                | Request::WbSeen { .. }
+                | Request::WbRebase { .. }
+                | Request::WbGone { .. }
+                | Request::WbNameOf { .. }
+                | Request::WbGoneClear { .. }
+                | Request::WbEntries { .. }
+        )
+    }
+
     /// The request's name, for counters and logs.
     pub fn name(&self) -> &'static str {
         match self {

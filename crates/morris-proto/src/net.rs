@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
 use tracing::{debug, warn};
 
+use crate::auth::{handshake, HandshakeError, Key, Keys, Role};
 use crate::error::{ErrorCode, WireError};
 use crate::frame::{
     decode_frame, decode_push, decode_request, decode_response, encode_frame_head, FrameKind,
@@ -50,6 +51,15 @@ pub enum RpcError {
     /// The request could not be encoded (too large).
     #[error("cannot encode request: {0}")]
     Encode(String),
+    /// The handshake failed: the server refused our key, or it does not
+    /// hold the volume's key itself.
+    #[error("{addr}: handshake failed: {source}")]
+    Auth {
+        /// The address.
+        addr: String,
+        /// Why.
+        source: HandshakeError,
+    },
 }
 
 impl RpcError {
@@ -59,6 +69,11 @@ impl RpcError {
             RpcError::Remote(e) => e.code,
             RpcError::Disconnected(_) | RpcError::Connect { .. } => ErrorCode::Unavailable,
             RpcError::Encode(_) => ErrorCode::Invalid,
+            RpcError::Auth {
+                source: HandshakeError::Io(_),
+                ..
+            } => ErrorCode::Unavailable,
+            RpcError::Auth { .. } => ErrorCode::Denied,
         }
     }
 }
@@ -69,13 +84,36 @@ impl RpcError {
 struct Writer {
     w: tokio::sync::Mutex<BufWriter<OwnedWriteHalf>>,
     closed: Arc<AtomicBool>,
+    /// Cancelled when a write fails or stalls: the connection's reader stops.
+    gone: tokio_util::sync::CancellationToken,
+    /// Longest one piece of a frame may take to be written.
+    stall: std::time::Duration,
+}
+
+/// Bytes written at a time, each within the stall limit.
+const WRITE_PIECE: usize = 1 << 20;
+
+/// `fut` within `stall`, as an I/O error otherwise.
+async fn within<T>(
+    stall: std::time::Duration,
+    fut: impl Future<Output = std::io::Result<T>>,
+) -> std::io::Result<T> {
+    match tokio::time::timeout(stall, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no write progress in {} s", stall.as_secs()),
+        )),
+    }
 }
 
 impl Writer {
-    fn new(wr: OwnedWriteHalf, closed: Arc<AtomicBool>) -> Arc<Self> {
+    fn new(wr: OwnedWriteHalf, closed: Arc<AtomicBool>, stall: std::time::Duration) -> Arc<Self> {
         Arc::new(Writer {
             w: tokio::sync::Mutex::new(BufWriter::with_capacity(64 << 10, wr)),
             closed,
+            gone: tokio_util::sync::CancellationToken::new(),
+            stall,
         })
     }
 
@@ -84,24 +122,38 @@ impl Writer {
             return Err(std::io::ErrorKind::BrokenPipe.into());
         }
         let mut w = self.w.lock().await;
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(std::io::ErrorKind::BrokenPipe.into());
+        }
         let r = async {
-            w.write_all(head).await?;
-            if !payload.is_empty() {
-                w.write_all(payload).await?;
+            within(self.stall, w.write_all(head)).await?;
+            for piece in payload.chunks(WRITE_PIECE) {
+                within(self.stall, w.write_all(piece)).await?;
             }
-            w.flush().await
+            within(self.stall, w.flush()).await
         }
         .await;
-        if r.is_err() {
+        if let Err(e) = &r {
+            if e.kind() == std::io::ErrorKind::TimedOut {
+                warn!(error = %e, "the peer stopped reading; closing the connection");
+            }
             self.closed.store(true, Ordering::SeqCst);
-            let _ = w.shutdown().await;
+            self.gone.cancel();
+            // Not `w.shutdown()`: it would flush what the peer does not read.
+            let _ = w.get_mut().shutdown().await;
         }
         r
     }
 
     async fn close(&self) {
+        let stalled = self.gone.is_cancelled();
         self.closed.store(true, Ordering::SeqCst);
-        let _ = self.w.lock().await.shutdown().await;
+        self.gone.cancel();
+        let mut w = self.w.lock().await;
+        if !stalled {
+            let _ = within(self.stall, w.flush()).await;
+        }
+        let _ = w.get_mut().shutdown().await;
     }
 }
 
@@ -117,22 +169,38 @@ pub struct RpcClient {
 }
 
 impl RpcClient {
-    /// Connects to `addr`; pushes from the server go to `pushes`.
+    /// Connects to `addr` and proves it holds `key` (the handshake, in
+    /// [`crate::auth::handshake`]); pushes from the server go to `pushes`.
     pub async fn connect(
         addr: &str,
+        key: &Key,
         pushes: Option<mpsc::UnboundedSender<Push>>,
     ) -> Result<Self, RpcError> {
-        let stream = TcpStream::connect(addr)
+        let mut stream = TcpStream::connect(addr)
             .await
             .map_err(|source| RpcError::Connect {
                 addr: addr.to_string(),
                 source,
             })?;
         let _ = stream.set_nodelay(true);
+        keepalive(&stream);
+        let auth = |source| RpcError::Auth {
+            addr: addr.to_string(),
+            source,
+        };
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake::connect(&mut stream, key)).await {
+            Ok(r) => r.map_err(auth)?,
+            Err(_) => {
+                return Err(auth(HandshakeError::Io(format!(
+                    "no answer in {} s",
+                    HANDSHAKE_TIMEOUT.as_secs()
+                ))))
+            }
+        }
         let (rd, wr) = stream.into_split();
         let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
         let closed = Arc::new(AtomicBool::new(false));
-        let writer = Writer::new(wr, closed.clone());
+        let writer = Writer::new(wr, closed.clone(), WRITE_STALL);
         let reader_pending = pending.clone();
         let reader_closed = closed.clone();
         let reader_addr = addr.to_string();
@@ -249,12 +317,110 @@ fn codec() -> LengthDelimitedCodec {
         .new_codec()
 }
 
+/// A frame piece (1 MiB) that cannot be written for this long means the
+/// peer stopped reading: the connection is closed.
+pub const WRITE_STALL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Most connections a server keeps at once (`ConnLimits::new`).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+
+/// Most bytes of data-request replies one connection may have in progress
+/// (read, queued or being written): what a peer that stops reading can pin.
+pub const REPLY_BUDGET: usize = 128 << 20;
+
+/// A server's limits on its connections, and counters of what they hold.
+#[derive(Debug)]
+pub struct ConnLimits {
+    max_connections: usize,
+    reply_budget: usize,
+    stall: std::time::Duration,
+    open: AtomicU64,
+    queued: AtomicU64,
+    refused: AtomicU64,
+    stalled: AtomicU64,
+}
+
+/// A snapshot of [`ConnLimits`]' counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConnCounters {
+    /// Connections open now (past their handshake or in it).
+    pub open: u64,
+    /// Bytes of data-request replies in progress, over every connection.
+    pub reply_bytes: u64,
+    /// Connections refused because `max_connections` were open.
+    pub refused: u64,
+    /// Connections closed because the peer stopped reading.
+    pub stalled: u64,
+}
+
+impl ConnLimits {
+    /// At most `max_connections` connections, each with at most
+    /// [`REPLY_BUDGET`] bytes of replies in progress.
+    pub fn new(max_connections: usize) -> Arc<ConnLimits> {
+        Arc::new(ConnLimits {
+            max_connections: max_connections.max(1),
+            reply_budget: REPLY_BUDGET,
+            stall: WRITE_STALL,
+            open: AtomicU64::new(0),
+            queued: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            stalled: AtomicU64::new(0),
+        })
+    }
+
+    /// The counters now.
+    pub fn counters(&self) -> ConnCounters {
+        ConnCounters {
+            open: self.open.load(Ordering::Relaxed),
+            reply_bytes: self.queued.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+            stalled: self.stalled.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Counts a new connection in, or refuses it (false) at the cap.
+    pub fn admit(&self) -> bool {
+        let mut n = self.open.load(Ordering::SeqCst);
+        loop {
+            if n >= self.max_connections as u64 {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                return false;
+            }
+            match self
+                .open
+                .compare_exchange(n, n + 1, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => return true,
+                Err(now) => n = now,
+            }
+        }
+    }
+
+    fn leave(&self) {
+        self.open.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The most reply bytes `req` may bring (its block data; small otherwise).
+fn reply_bytes(req: &Request) -> usize {
+    const SMALL: usize = 64 << 10;
+    match req {
+        Request::Read { len, .. } | Request::ReadCached { len, .. } => *len as usize + SMALL,
+        _ => SMALL,
+    }
+}
+
+/// How long a new connection may take to prove its key.
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The server end of one connection, handed to the [`Service`] with every request.
 pub struct Conn {
     /// Unique per connection within the process.
     pub id: u64,
     /// The peer's address.
     pub peer: SocketAddr,
+    /// What the key the peer proved lets it do.
+    pub role: Role,
     writer: Arc<Writer>,
 }
 
@@ -303,6 +469,23 @@ pub trait Service: Send + Sync + 'static {
     fn call(self: Arc<Self>, conn: Arc<Conn>, req: Request, payload: Bytes) -> ServiceFuture;
     /// Told when a connection closes.
     fn disconnected(&self, _conn: &Conn) {}
+    /// The largest frame a connection that proved `role` may send (for a
+    /// client: the volume's block and a header); [`MAX_FRAME`] by default.
+    fn max_frame(&self, _role: Role) -> usize {
+        MAX_FRAME
+    }
+}
+
+/// Turns on TCP keepalive, so a peer that vanished (a host lost without a
+/// FIN) is noticed and its connection closed.
+fn keepalive(stream: &TcpStream) {
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(std::time::Duration::from_secs(60))
+        .with_interval(std::time::Duration::from_secs(10))
+        .with_retries(6);
+    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&ka) {
+        debug!(error = %e, "cannot turn on TCP keepalive");
+    }
 }
 
 /// Most requests one connection may have in progress on the server.
@@ -371,8 +554,14 @@ async fn respond<S: Service>(
     let _ = conn.writer.send(&head, &payload).await;
 }
 
-/// Accepts connections forever, serving each with `svc`.
-pub async fn serve<S: Service>(listener: TcpListener, svc: Arc<S>) -> std::io::Result<()> {
+/// Accepts connections forever, serving each with `svc` once it proved it
+/// holds one of `keys`.
+pub async fn serve<S: Service>(
+    listener: TcpListener,
+    svc: Arc<S>,
+    keys: Keys,
+) -> std::io::Result<()> {
+    let limits = ConnLimits::new(DEFAULT_MAX_CONNECTIONS);
     let next = AtomicU64::new(1);
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -385,37 +574,94 @@ pub async fn serve<S: Service>(listener: TcpListener, svc: Arc<S>) -> std::io::R
             }
         };
         let id = next.fetch_add(1, Ordering::Relaxed);
-        tokio::spawn(serve_connection(stream, peer, id, svc.clone()));
+        if !limits.admit() {
+            warn!(%peer, "connection refused: too many connections");
+            continue;
+        }
+        tokio::spawn(serve_connection(
+            stream,
+            peer,
+            id,
+            svc.clone(),
+            keys.clone(),
+            limits.clone(),
+        ));
     }
 }
 
-/// Serves one connection until it closes.
+/// Serves one connection until it closes, once it proved it holds one of
+/// `keys` (otherwise it is closed, and the refusal logged). The connection
+/// was counted in by `limits.admit()`; it is counted out here.
 pub async fn serve_connection<S: Service>(
     stream: TcpStream,
     peer: SocketAddr,
     id: u64,
     svc: Arc<S>,
+    keys: Keys,
+    limits: Arc<ConnLimits>,
+) {
+    serve_admitted(stream, peer, id, svc, keys, &limits).await;
+    limits.leave();
+}
+
+async fn serve_admitted<S: Service>(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    id: u64,
+    svc: Arc<S>,
+    keys: Keys,
+    limits: &Arc<ConnLimits>,
 ) {
     let _ = stream.set_nodelay(true);
+    keepalive(&stream);
+    let role = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake::accept(&mut stream, &keys))
+        .await
+    {
+        Ok(Ok(role)) => role,
+        Ok(Err(HandshakeError::Io(e))) => {
+            debug!(%peer, error = %e, "connection ended during the handshake");
+            return;
+        }
+        Ok(Err(e)) => {
+            warn!(%peer, error = %e, "connection refused: handshake failed");
+            return;
+        }
+        Err(_) => {
+            warn!(%peer, "connection refused: no handshake in 10 s");
+            return;
+        }
+    };
     let (rd, wr) = stream.into_split();
     let closed = Arc::new(AtomicBool::new(false));
-    let writer = Writer::new(wr, closed);
+    let writer = Writer::new(wr, closed, limits.stall);
     let conn = Arc::new(Conn {
         id,
         peer,
+        role,
         writer: writer.clone(),
     });
     let limit = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONN));
+    // In KiB: what this connection's data replies in progress may hold.
+    let budget_kib = (limits.reply_budget >> 10).max(1);
+    let budget = Arc::new(Semaphore::new(budget_kib));
     let mut frames = FramedRead::new(rd, codec());
+    // No frame larger than this server's largest block (plus headers).
+    frames
+        .decoder_mut()
+        .set_max_frame_length(svc.max_frame(role).clamp(1 << 20, MAX_FRAME));
     // Metadata requests run inside this task (no hop to another worker on the
     // request path), many at once; data requests, which may wait for the
     // disk, get tasks of their own.
     let mut inline: FuturesUnordered<Pin<Box<dyn Future<Output = ()> + Send>>> =
         FuturesUnordered::new();
-    debug!(%peer, conn = id, "connection opened");
+    debug!(%peer, conn = id, %role, "connection opened");
     loop {
         let item = tokio::select! {
             biased;
+            () = writer.gone.cancelled() => {
+                limits.stalled.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
             Some(()) = inline.next(), if !inline.is_empty() => continue,
             item = frames.next() => item,
         };
@@ -441,6 +687,9 @@ pub async fn serve_connection<S: Service>(
         let req = decode_request(&frame.header)
             .map_err(|e| WireError::new(ErrorCode::Protocol, e.to_string()));
         let data = req.as_ref().is_ok_and(is_data_request);
+        let kib = req
+            .as_ref()
+            .map_or(1, |r| (reply_bytes(r) >> 10).clamp(1, budget_kib));
         let fut = respond(conn.clone(), svc.clone(), frame.id, req, frame.payload);
         if data {
             // Wait for a slot while driving this connection's metadata
@@ -464,8 +713,26 @@ pub async fn serve_connection<S: Service>(
             let Ok(permit) = permit else {
                 break;
             };
+            // Then room for its reply (a peer that stops reading stops here).
+            let bytes = loop {
+                tokio::select! {
+                    biased;
+                    () = writer.gone.cancelled() => break None,
+                    p = budget.clone().acquire_many_owned(kib as u32) => break p.ok(),
+                    Some(()) = inline.next(), if !inline.is_empty() => {}
+                }
+            };
+            let Some(bytes) = bytes else {
+                limits.stalled.fetch_add(1, Ordering::Relaxed);
+                break;
+            };
+            let held = (kib as u64) << 10;
+            limits.queued.fetch_add(held, Ordering::Relaxed);
+            let limits = limits.clone();
             tokio::spawn(async move {
                 fut.await;
+                limits.queued.fetch_sub(held, Ordering::Relaxed);
+                drop(bytes);
                 drop(permit);
             });
         } else {
@@ -525,8 +792,13 @@ mod tests {
             renew_started: Notify::new(),
             go: watch::channel(false).0,
         });
-        tokio::spawn(serve(listener, gate.clone()));
-        let c = Arc::new(RpcClient::connect(&addr, None).await.unwrap());
+        let key = Key::generate();
+        tokio::spawn(serve(listener, gate.clone(), Keys::from_key(key.clone())));
+        let c = Arc::new(
+            RpcClient::connect(&addr, &key.client_key(), None)
+                .await
+                .unwrap(),
+        );
         let renew = {
             let c = c.clone();
             tokio::spawn(async move { c.call(&Request::Renew, Bytes::new()).await })

@@ -345,6 +345,15 @@ pub struct ServerStats {
     /// The metadata ranges this server keeps a copy of (mirrored volumes:
     /// its own and its one or two predecessors'; otherwise its own).
     pub ranges: Vec<RangeStatus>,
+    /// Connections open now.
+    pub connections: u64,
+    /// Bytes of data replies in progress over every connection (bounded
+    /// per connection: what a peer that stops reading can pin).
+    pub reply_bytes: u64,
+    /// Connections refused at the connection cap since start.
+    pub connections_refused: u64,
+    /// Connections closed because the peer stopped reading, since start.
+    pub connections_stalled: u64,
 }
 
 /// One metadata range (the inodes `id mod k == range`) as kept by one server.

@@ -25,6 +25,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use morris_proto::auth::Keys;
+use morris_proto::auth::Role;
+use morris_proto::net::ConnLimits;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, JoinSet};
@@ -59,16 +62,23 @@ pub struct ServerConfig {
     /// decide between themselves (the static rule, `ranges.rs`). Every
     /// server of a volume must be started the same way.
     pub etcd: Vec<String>,
+    /// The volume's keys: every connection must prove it holds one (or the
+    /// client key derived from one); the first connects to other servers.
+    pub keys: Keys,
+    /// Most connections served at once; more are closed at once.
+    pub max_connections: usize,
 }
 
 impl ServerConfig {
     /// A configuration with the default lease duration.
-    pub fn new(data_dir: impl Into<PathBuf>, listen: impl Into<String>) -> Self {
+    pub fn new(data_dir: impl Into<PathBuf>, listen: impl Into<String>, keys: Keys) -> Self {
         ServerConfig {
             data_dir: data_dir.into(),
             listen: listen.into(),
             lease_ms: DEFAULT_LEASE_MS,
             etcd: Vec::new(),
+            keys,
+            max_connections: morris_proto::net::DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -212,6 +222,14 @@ pub async fn start(cfg: ServerConfig) -> Result<ServerHandle, ServerError> {
     if cfg.lease_ms == 0 {
         return Err(ServerError::Config("lease_ms must be positive".into()));
     }
+    if cfg.keys.credential().role() != Role::Server {
+        return Err(ServerError::Config(format!(
+            "a server needs the volume key; {} holds a client key",
+            cfg.keys
+                .path()
+                .map_or_else(|| "the key given".to_string(), |p| p.display().to_string())
+        )));
+    }
     std::fs::create_dir_all(&cfg.data_dir)
         .map_err(io_ctx(format!("create {}", cfg.data_dir.display())))?;
     let lock = lock_dir(&cfg)?;
@@ -239,12 +257,15 @@ pub async fn start(cfg: ServerConfig) -> Result<ServerHandle, ServerError> {
         source,
     })?;
     let formatted = store.formatted();
+    let limits = ConnLimits::new(cfg.max_connections);
     let server = Arc::new(Server::new(
         Arc::new(store),
         Arc::new(blocks),
         cfg.data_dir.clone(),
         cfg.lease_ms,
         cfg.etcd.clone(),
+        cfg.keys.clone(),
+        limits.clone(),
     ));
     // A formatted server may have granted leases in a previous life: they
     // must run out (a lease time) before it grants new ones.
@@ -262,7 +283,14 @@ pub async fn start(cfg: ServerConfig) -> Result<ServerHandle, ServerError> {
         "stripe server listening"
     );
     let (stop_tx, stop_rx) = oneshot::channel();
-    let accept = tokio::spawn(accept_loop(listener, server.clone(), stop_rx, lock));
+    let accept = tokio::spawn(accept_loop(
+        listener,
+        server.clone(),
+        stop_rx,
+        lock,
+        cfg.keys.clone(),
+        limits,
+    ));
     let tick_every = Duration::from_millis(u64::from(cfg.lease_ms / 10).clamp(5, 200));
     let ticking = server.clone();
     let ticker = tokio::spawn(async move {
@@ -314,6 +342,8 @@ async fn accept_loop(
     server: Arc<Server>,
     mut stop: oneshot::Receiver<()>,
     lock: File,
+    keys: Keys,
+    limits: Arc<ConnLimits>,
 ) {
     let mut conns = JoinSet::new();
     let mut next_id: u64 = 1;
@@ -324,7 +354,18 @@ async fn accept_loop(
                 Ok((stream, peer)) => {
                     let id = next_id;
                     next_id += 1;
-                    conns.spawn(morris_proto::net::serve_connection(stream, peer, id, server.clone()));
+                    if !limits.admit() {
+                        warn!(%peer, "connection refused: too many connections (--max-connections)");
+                        continue;
+                    }
+                    conns.spawn(morris_proto::net::serve_connection(
+                        stream,
+                        peer,
+                        id,
+                        server.clone(),
+                        keys.clone(),
+                        limits.clone(),
+                    ));
                 }
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.

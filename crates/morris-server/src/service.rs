@@ -8,8 +8,9 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use morris_proto::auth::{Keys, Role as KeyRole};
 use morris_proto::messages::LeaseMode;
-use morris_proto::net::{Conn, Service, ServiceFuture};
+use morris_proto::net::{Conn, ConnLimits, Service, ServiceFuture};
 use morris_proto::{
     ErrorCode, FileId, Handle, Push, Reply, Request, ResyncStatus, WireError, MAX_FILE_SIZE,
     PROTOCOL_VERSION,
@@ -117,6 +118,10 @@ struct LeaseState {
 
 /// The stripe server's state, shared by every connection.
 pub(crate) struct Server {
+    /// The volume's keys: connections prove one; the first connects to peers.
+    pub(crate) keys: Keys,
+    /// Limits of this server's connections and what they hold (`Status`).
+    pub(crate) conn_limits: Arc<ConnLimits>,
     /// This server's own metadata store (its home range's copy, and the
     /// record of its local extent files).
     store: Arc<Store>,
@@ -283,6 +288,8 @@ impl Server {
         data_dir: PathBuf,
         lease_ms: u32,
         etcd: Vec<String>,
+        keys: Keys,
+        conn_limits: Arc<ConnLimits>,
     ) -> Server {
         let epoch = loop {
             let e: u64 = rand::random();
@@ -291,6 +298,8 @@ impl Server {
             }
         };
         Server {
+            keys,
+            conn_limits,
             store,
             ranges: RwLock::new(None),
             this: OnceLock::new(),
@@ -599,6 +608,17 @@ impl Server {
 
     async fn dispatch(&self, conn: &Arc<Conn>, req: Request, payload: Bytes) -> Outcome {
         let plain = |r: Result<Reply, WireError>| (r, Bytes::new());
+        if req.server_only() && conn.role != KeyRole::Server {
+            warn!(peer = %conn.peer, op = req.name(), role = %conn.role,
+                "refused: a request only servers send, from a connection with the client key");
+            return plain(Err(err(
+                ErrorCode::Denied,
+                format!(
+                    "{} needs the volume key; this connection proved the client key",
+                    req.name()
+                ),
+            )));
+        }
         match req {
             Request::Hello {
                 volume,
@@ -1642,5 +1662,14 @@ impl Service for Server {
 
     fn disconnected(&self, conn: &Conn) {
         self.disconnect(conn);
+    }
+
+    fn max_frame(&self, role: KeyRole) -> usize {
+        // Servers send metadata snapshots and changesets in big pieces;
+        // clients send at most one block and a header.
+        match (role, self.store.formatted()) {
+            (KeyRole::Client, Some(f)) => f.descriptor.stripe_unit as usize + (2 << 20),
+            _ => morris_proto::frame::MAX_FRAME,
+        }
     }
 }

@@ -7,12 +7,16 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use morris_proto::auth::{Key, Keys};
 use morris_proto::net::{RpcClient, RpcError};
 use morris_proto::{
     Attr, ErrorCode, FileKind, Handle, Inode, RangeStatus, Reply, Request, ServerStats, Timestamp,
     VolumeDescriptor, PROTOCOL_VERSION, ROOT_ID,
 };
 use morris_server::{start, ServerConfig, ServerHandle};
+
+/// The volume key of every test volume here.
+static KEY: std::sync::LazyLock<Key> = std::sync::LazyLock::new(Key::generate);
 use uuid::Uuid;
 
 const LEASE_MS: u32 = 1000;
@@ -26,6 +30,8 @@ async fn server(dir: &std::path::Path, listen: &str) -> ServerHandle {
             listen: listen.into(),
             lease_ms: LEASE_MS,
             etcd: Vec::new(),
+            keys: Keys::from_key(KEY.clone()),
+            max_connections: 4096,
         })
         .await
         {
@@ -97,7 +103,7 @@ async fn volume_of(k: u32, replicas: u8) -> Vol {
 }
 
 async fn admin(addr: &str) -> Conn {
-    let c = RpcClient::connect(addr, None).await.expect("connect");
+    let c = RpcClient::connect(addr, &KEY, None).await.expect("connect");
     c.call(
         &Request::Hello {
             volume: None,
@@ -130,7 +136,7 @@ impl Conn {
 impl Vol {
     /// A client session with server `i` (`None` if it does not answer).
     async fn client(&self, i: u32, id: u64) -> Option<Conn> {
-        let c = RpcClient::connect(&self.addrs[i as usize], None)
+        let c = RpcClient::connect(&self.addrs[i as usize], &KEY.client_key(), None)
             .await
             .ok()?;
         c.call(
@@ -148,7 +154,7 @@ impl Vol {
     }
 
     async fn status(&self, i: u32) -> Option<ServerStats> {
-        let c = RpcClient::connect(&self.addrs[i as usize], None)
+        let c = RpcClient::connect(&self.addrs[i as usize], &KEY.client_key(), None)
             .await
             .ok()?;
         let hello = Request::Hello {

@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use morris_proto::auth::{Key, Keys};
 use morris_proto::messages::LeaseMode;
 use morris_proto::net::{RpcClient, RpcError};
 use morris_proto::{
@@ -10,6 +11,9 @@ use morris_proto::{
     VolumeDescriptor, PROTOCOL_VERSION, ROOT_ID,
 };
 use morris_server::{start, ServerConfig, ServerHandle};
+
+/// The volume key of every test volume here.
+static KEY: std::sync::LazyLock<Key> = std::sync::LazyLock::new(Key::generate);
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -24,6 +28,8 @@ async fn server(dir: &std::path::Path) -> ServerHandle {
         listen: "127.0.0.1:0".into(),
         lease_ms: LEASE_MS,
         etcd: Vec::new(),
+        keys: Keys::from_key(KEY.clone()),
+        max_connections: 4096,
     })
     .await
     .expect("server starts")
@@ -46,7 +52,7 @@ struct Client {
 
 async fn connect(h: &ServerHandle) -> Client {
     let (tx, rx) = mpsc::unbounded_channel();
-    let rpc = RpcClient::connect(&h.local_addr().to_string(), Some(tx))
+    let rpc = RpcClient::connect(&h.local_addr().to_string(), &KEY, Some(tx))
         .await
         .expect("connects");
     Client { rpc, pushes: rx }
@@ -839,6 +845,8 @@ async fn restart_keeps_data_and_answers_grace() {
         listen: addr.to_string(),
         lease_ms: LEASE_MS,
         etcd: Vec::new(),
+        keys: Keys::from_key(KEY.clone()),
+        max_connections: 4096,
     })
     .await
     {
@@ -891,6 +899,8 @@ async fn a_second_server_cannot_share_the_directory() {
         listen: "127.0.0.1:0".into(),
         lease_ms: LEASE_MS,
         etcd: Vec::new(),
+        keys: Keys::from_key(KEY.clone()),
+        max_connections: 4096,
     })
     .await;
     assert!(matches!(second, Err(morris_server::ServerError::Locked(_))));
@@ -920,8 +930,12 @@ async fn garbage_frames_do_not_hurt_other_clients() {
     s2.write_all(&[0xff, 0xff, 0xff, 0xff, 1, 2, 3])
         .await
         .unwrap();
-    // A well-framed request whose header is not a request.
+    // A well-framed request whose header is not a request (after a good
+    // handshake; the two above never get past theirs).
     let mut s3 = TcpStream::connect(addr).await.unwrap();
+    morris_proto::auth::handshake::connect(&mut s3, &KEY)
+        .await
+        .unwrap();
     let mut frame = Vec::new();
     let header = [250u8, 1, 2, 3];
     let body_len = 1 + 8 + 4 + header.len();
@@ -1017,6 +1031,8 @@ async fn restarted(h: ServerHandle, dir: &std::path::Path) -> ServerHandle {
         listen: addr.to_string(),
         lease_ms: LEASE_MS,
         etcd: Vec::new(),
+        keys: Keys::from_key(KEY.clone()),
+        max_connections: 4096,
     })
     .await
     {

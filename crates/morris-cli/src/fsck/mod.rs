@@ -37,16 +37,22 @@ pub struct FsckArgs {
     /// List every finding (by default the first 20 of each kind).
     #[arg(long)]
     pub all: bool,
+    #[command(flatten)]
+    pub key: crate::key::KeyArg,
 }
 
 /// Opens a session with every server of `d`; fsck needs them all.
-async fn open_all(d: &VolumeDescriptor, join: bool) -> Result<Vec<Session>> {
+async fn open_all(
+    d: &VolumeDescriptor,
+    key: &morris_proto::auth::Key,
+    join: bool,
+) -> Result<Vec<Session>> {
     let id = admin::random_client_id();
     let volume = join.then_some(d.uuid);
     let opened = join_all(
         d.servers
             .iter()
-            .map(|a| Session::open(a, volume, id, "morris-fsck", CONNECT_TIMEOUT)),
+            .map(|a| Session::open(a, key, volume, id, "morris-fsck", CONNECT_TIMEOUT)),
     )
     .await;
     let mut out = Vec::new();
@@ -268,8 +274,16 @@ fn summary(d: &VolumeDescriptor, snap: &Snapshot, r: &Report) -> String {
 }
 
 async fn fsck(args: &FsckArgs) -> Result<ExitCode> {
+    // Repairs are an administrator's: they need the volume key.
+    let key = if args.repair {
+        args.key.load_volume_key("morris fsck --repair")?
+    } else {
+        args.key.load()?
+    }
+    .credential();
     let first = Session::open(
         &args.addr,
+        &key,
         None,
         admin::random_client_id(),
         "morris-fsck",
@@ -281,7 +295,7 @@ async fn fsck(args: &FsckArgs) -> Result<ExitCode> {
         .clone()
         .ok_or_else(|| anyhow!("server {} is not formatted", args.addr))?;
     drop(first);
-    let sessions = open_all(&d, args.repair).await?;
+    let sessions = open_all(&d, &key, args.repair).await?;
     let layout = Layout::new(d.servers.len() as u32, d.stripe_unit, u32::from(d.replicas));
     let limit = if args.all { usize::MAX } else { 20 };
 

@@ -24,9 +24,67 @@ use tempfile::TempDir;
 /// The `morris` binary under test.
 pub const MORRIS: &str = env!("CARGO_BIN_EXE_morris");
 
-/// Runs `morris` with `args` and returns its output.
+/// The key files of every volume the tests of this process make (one
+/// volume key and its client key; every cluster shares them).
+pub struct TestKeys {
+    /// The volume key: servers and admin commands.
+    pub volume: PathBuf,
+    /// The client key: mounts and NFS gateways.
+    pub client: PathBuf,
+}
+
+/// The test key files, made once by `morris key new` under the target
+/// directory (kept between runs; made again if missing).
+pub fn keys() -> &'static TestKeys {
+    static KEYS: std::sync::OnceLock<TestKeys> = std::sync::OnceLock::new();
+    KEYS.get_or_init(|| {
+        let base = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let dir = base.join("test-keys");
+        let keys = TestKeys {
+            volume: dir.join("volume.key"),
+            client: dir.join("client.key"),
+        };
+        if keys.volume.exists() && keys.client.exists() {
+            return keys;
+        }
+        // Made aside and renamed into place: test binaries may race here.
+        let tmp = base.join(format!("test-keys.tmp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let o = Command::new(MORRIS)
+            .arg("key")
+            .arg("new")
+            .arg(&tmp)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {MORRIS}: {e}"));
+        assert!(o.status.success(), "morris key new failed: {}", both(&o));
+        if std::fs::rename(&tmp, &dir).is_err() {
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+        assert!(
+            keys.volume.exists() && keys.client.exists(),
+            "no test keys in {}",
+            dir.display()
+        );
+        keys
+    })
+}
+
+/// A `morris` command that proves the volume key (as servers and admin
+/// commands do); `--key` on its command line overrides it.
+pub fn morris_cmd() -> Command {
+    let mut c = Command::new(MORRIS);
+    c.env("MORRIS_KEY", &keys().volume);
+    c
+}
+
+/// The client key's file as an argument.
+pub fn client_key() -> String {
+    keys().client.display().to_string()
+}
+
+/// Runs `morris` with `args` (with the volume key) and returns its output.
 pub fn morris(args: &[&str]) -> Output {
-    Command::new(MORRIS)
+    morris_cmd()
         .args(args)
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
@@ -219,7 +277,7 @@ fn spawn_server(data: &Path, log: &Path, addr: &str, lease_ms: u32, extra: &[&st
         .open(log)
         .expect("cannot open a server log");
     let err = out.try_clone().expect("cannot clone a file handle");
-    let mut cmd = Command::new(MORRIS);
+    let mut cmd = morris_cmd();
     cmd.arg("server")
         .arg("--data")
         .arg(data)
@@ -478,8 +536,13 @@ impl Mount {
         require_fuse();
         let out = File::create(log).expect("cannot create the mount log");
         let err = out.try_clone().expect("cannot clone a file handle");
-        let mut cmd = Command::new(MORRIS);
-        cmd.arg("mount").arg(addr).arg(path).args(extra);
+        let mut cmd = morris_cmd();
+        cmd.arg("mount")
+            .arg(addr)
+            .arg(path)
+            .arg("--key")
+            .arg(&keys().client)
+            .args(extra);
         if !is_root() {
             cmd.arg("--no-allow-other");
         }

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crate::common::{free_port, read_log, signal, wait_timeout, MORRIS};
+use crate::common::{free_port, keys, morris_cmd, read_log, signal, wait_timeout};
 
 /// Panics unless `tool` is on PATH.
 pub fn require_tool(tool: &str, package: &str) {
@@ -61,12 +61,23 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Starts `morris nfs ADDR --listen 127.0.0.1:<free port> EXTRA...`.
+    /// Starts `morris nfs ADDR --listen 127.0.0.1:<free port>
+    /// --no-root-squash EXTRA...`: the tests act as root through the
+    /// gateway, as a trusted admin host would.
     pub fn start(addr: &str, extra: &[&str]) -> Gateway {
         Gateway::start_on(addr, free_port(), extra)
     }
 
+    /// [`Gateway::start`] on `port`.
     pub fn start_on(addr: &str, port: u16, extra: &[&str]) -> Gateway {
+        let mut args = vec!["--no-root-squash"];
+        args.extend_from_slice(extra);
+        Gateway::start_plain(addr, port, &args)
+    }
+
+    /// Starts `morris nfs ADDR --listen 127.0.0.1:PORT EXTRA...`, with the
+    /// gateway's own defaults otherwise.
+    pub fn start_plain(addr: &str, port: u16, extra: &[&str]) -> Gateway {
         require_tool("nfs-cp", "libnfs-utils");
         require_tool("nfs-ls", "libnfs-utils");
         require_tool("nfs-cat", "libnfs-utils");
@@ -74,9 +85,11 @@ impl Gateway {
         let log = dir.path().join("nfs.log");
         let out = File::create(&log).expect("cannot create the gateway log");
         let err = out.try_clone().expect("cannot clone a file handle");
-        let mut child = Command::new(MORRIS)
+        let mut child = morris_cmd()
             .arg("nfs")
             .arg(addr)
+            .arg("--key")
+            .arg(&keys().client)
             .arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
             .args(extra)
@@ -256,7 +269,33 @@ pub fn xdr_opaque(out: &mut Vec<u8>, b: &[u8]) {
 }
 
 impl Raw {
+    /// Connects from a privileged port (the tests run as root), as the
+    /// gateway asks by default.
     pub fn connect(port: u16) -> Raw {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let to = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let start = (std::process::id() as u16).wrapping_mul(31);
+        let s = (0..700u16)
+            .find_map(|i| {
+                let local = 300 + start.wrapping_add(i) % 700;
+                let sock = tokio::net::TcpSocket::new_v4().ok()?;
+                sock.bind(std::net::SocketAddr::from(([0, 0, 0, 0], local)))
+                    .ok()?;
+                let s = rt.block_on(sock.connect(to)).ok()?;
+                s.into_std().ok()
+            })
+            .expect("connect from a privileged port (are the tests root?)");
+        s.set_nonblocking(false).expect("blocking");
+        s.set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("timeout");
+        Raw { s, xid: 1000 }
+    }
+
+    /// Connects from an unprivileged port.
+    pub fn connect_unprivileged(port: u16) -> Raw {
         let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
         s.set_read_timeout(Some(Duration::from_secs(20)))
             .expect("timeout");
@@ -266,6 +305,20 @@ impl Raw {
     /// Calls `prog`/3 procedure `proc_` as root and returns the reply body
     /// (after the accepted-reply header), asserting SUCCESS.
     pub fn call(&mut self, prog: u32, proc_: u32, args: &[u8]) -> Vec<u8> {
+        let reply = self.call_raw(prog, proc_, args);
+        let word =
+            |i: usize| u32::from_be_bytes([reply[i], reply[i + 1], reply[i + 2], reply[i + 3]]);
+        assert_eq!(
+            (word(4), word(8), word(20)),
+            (1, 0, 0),
+            "not an accepted SUCCESS reply"
+        );
+        reply[24..].to_vec()
+    }
+
+    /// Calls `prog`/3 procedure `proc_` as root and returns the whole reply
+    /// record (from the xid on).
+    pub fn call_raw(&mut self, prog: u32, proc_: u32, args: &[u8]) -> Vec<u8> {
         self.xid += 1;
         let mut rec = Vec::new();
         // xid, CALL, rpcvers 2, prog, vers 3, proc, AUTH_UNIX root, AUTH_NULL verf.
@@ -284,12 +337,7 @@ impl Raw {
         let word =
             |i: usize| u32::from_be_bytes([reply[i], reply[i + 1], reply[i + 2], reply[i + 3]]);
         assert_eq!(word(0), self.xid, "reply to another call");
-        assert_eq!(
-            (word(4), word(8), word(20)),
-            (1, 0, 0),
-            "not an accepted SUCCESS reply"
-        );
-        reply[24..].to_vec()
+        reply
     }
 
     /// An opaque at `at` in `body` (length-prefixed).

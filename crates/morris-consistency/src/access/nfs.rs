@@ -147,7 +147,8 @@ fn credential() -> opaque_auth<'static> {
 }
 
 impl NfsAccess {
-    /// Mounts the export `/` of `addr` (MOUNT and NFS on that one port),
+    /// Mounts the export `/` of `addr` (from a privileged port when run as
+    /// root, as `morris nfs` asks by default, NFS `secure`), (MOUNT and NFS on that one port),
     /// looks `path` up component by component, and asks FSINFO for the
     /// transfer sizes.
     pub fn connect(addr: SocketAddr, path: &str, label: String) -> Result<NfsAccess, FsError> {
@@ -167,7 +168,7 @@ impl NfsAccess {
                 Nfs3ConnectionBuilder::new(TokioConnector, addr.ip().to_string(), "/")
                     .mount_port(addr.port())
                     .nfs3_port(addr.port())
-                    .connect_from_privileged_port(false)
+                    .connect_from_privileged_port(privileged())
                     .credential(cred.clone())
                     .mount(),
             )
@@ -228,9 +229,7 @@ impl NfsAccess {
                 let cred = self.cred.clone();
                 let io = self
                     .rt
-                    .block_on(async {
-                        tokio::time::timeout(CALL_TIMEOUT, TokioConnector.connect(addr)).await
-                    })
+                    .block_on(async { tokio::time::timeout(CALL_TIMEOUT, reconnect(addr)).await })
                     .map_err(|_| err(ErrCode::other(libc::ETIMEDOUT, "reconnect timed out")))?
                     .map_err(|e| err(ErrCode::from_io(&e)))?;
                 self.client = Some(Client::new_with_auth(io, cred, opaque_auth::default()));
@@ -535,4 +534,36 @@ impl Access for NfsAccess {
         })?;
         Ok(())
     }
+}
+
+/// Whether this process connects from privileged ports (it may: root).
+fn privileged() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A new connection to `addr`, from a privileged port when [`privileged`]
+/// (a port in use, or whose last connection to `addr` is still closing,
+/// is skipped).
+async fn reconnect(addr: SocketAddr) -> std::io::Result<TokioIo<tokio::net::TcpStream>> {
+    if !privileged() {
+        return TokioConnector.connect(addr).await;
+    }
+    const FIRST: u16 = 300;
+    const PORTS: u16 = 1024 - FIRST;
+    let start = (std::process::id() as u16).wrapping_mul(7919);
+    for i in 0..PORTS {
+        let port = FIRST + start.wrapping_add(i) % PORTS;
+        match TokioConnector.connect_with_port(addr, port).await {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::AddrInUse | std::io::ErrorKind::AddrNotAvailable
+                ) => {}
+            r => return r,
+        }
+    }
+    Err(std::io::Error::other(format!(
+        "no free privileged port ({FIRST}-1023) to reach {addr} from"
+    )))
 }

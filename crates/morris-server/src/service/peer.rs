@@ -107,7 +107,7 @@ impl Server {
             .ok_or_else(|| Lost::Other("not formatted".into()))?;
         let c = match tokio::time::timeout(
             self.peer_timeout(),
-            RpcClient::connect(&range.peers[i].addr, None),
+            RpcClient::connect(&range.peers[i].addr, &self.keys.credential(), None),
         )
         .await
         {

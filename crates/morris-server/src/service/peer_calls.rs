@@ -48,10 +48,13 @@ impl Server {
             .ok_or_else(|| err(ErrorCode::Invalid, format!("no server {i}")))?;
         let unavailable =
             |e: String| err(ErrorCode::Unavailable, format!("server {i} ({addr}): {e}"));
-        let c = tokio::time::timeout(Duration::from_secs(5), RpcClient::connect(addr, None))
-            .await
-            .map_err(|_| unavailable("connect timed out".into()))?
-            .map_err(|e| unavailable(e.to_string()))?;
+        let c = tokio::time::timeout(
+            Duration::from_secs(5),
+            RpcClient::connect(addr, &self.keys.credential(), None),
+        )
+        .await
+        .map_err(|_| unavailable("connect timed out".into()))?
+        .map_err(|e| unavailable(e.to_string()))?;
         let hello = Request::Hello {
             volume: None,
             client_id: rand::random(),

@@ -64,6 +64,7 @@ impl Server {
         } else {
             Vec::new()
         };
+        let net = self.conn_limits.counters();
         Ok(ServerStats {
             index: formatted.as_ref().map(|f| f.index),
             volume: formatted.as_ref().map(|f| f.descriptor.uuid),
@@ -93,6 +94,10 @@ impl Server {
                 .ranges()
                 .map(|r| r.list.iter().map(|x| x.status(self.now_ms())).collect())
                 .unwrap_or_default(),
+            connections: net.open,
+            reply_bytes: net.reply_bytes,
+            connections_refused: net.refused,
+            connections_stalled: net.stalled,
         })
     }
 }
