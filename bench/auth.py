@@ -6,7 +6,8 @@ build with it, alternated in one run on the same machine.
     sudo python3 bench/auth.py --old /work/bin/morris-d20f993 --new target/release/morris \
         [--servers 4] [--rounds 3] [--big-size 1G] [--small-files 2000]
 
-Each round starts K servers of each build in turn (old: no keys; new: keys
+Each round starts K servers of each build in turn (which goes first
+alternates) (old: no keys; new: keys
 made by `morris key new`), formats, mounts, runs `morris bench MNT` (the new
 build's bench command: it only does file I/O on the mount), and tears it
 down. Prints medians and new/old ratios, writes bench/results-auth.json.
@@ -126,7 +127,10 @@ def main():
     rows = {"old": [], "new": []}
     try:
         for r in range(a.rounds):
-            for label, exe, keyed in (("old", a.old, False), ("new", a.new, True)):
+            both = [("old", a.old, False), ("new", a.new, True)]
+            # Which build goes first alternates: no build always runs on a
+            # machine the other one just warmed or loaded.
+            for label, exe, keyed in (both if r % 2 == 0 else both[::-1]):
                 row = one_run(exe, a.new, os.path.join(tmp, f"{label}-{r}"), a.servers, keyed, a)
                 rows[label].append(row)
                 print(f"round {r + 1} {label}: {row}", flush=True)

@@ -431,34 +431,21 @@ async fn connection(
             ));
         };
         while tasks.try_join_next().is_some() {}
-        match admitted {
-            Admitted::Yes => {}
-            Admitted::No => {
-                if tx.send(refusal(&p)).await.is_err() {
+        let caller = match (admitted, caller) {
+            (Admitted::Yes, Some(c)) => shared.policy.identity(c),
+            // Outside the allow-list; an unprivileged port; a credential
+            // flavor the gateway does not take.
+            (admitted, _) => {
+                let no = if admitted == Admitted::No {
+                    refusal(&p)
+                } else {
+                    auth_error(p.xid, auth_stat::AUTH_TOOWEAK)
+                };
+                if tx.send(no).await.is_err() {
                     break Ok(());
                 }
                 continue;
             }
-            Admitted::InsecurePort => {
-                if tx
-                    .send(auth_error(p.xid, auth_stat::AUTH_TOOWEAK))
-                    .await
-                    .is_err()
-                {
-                    break Ok(());
-                }
-                continue;
-            }
-        }
-        let Some(caller) = caller.map(|c| shared.policy.identity(c)) else {
-            if tx
-                .send(auth_error(p.xid, auth_stat::AUTH_TOOWEAK))
-                .await
-                .is_err()
-            {
-                break Ok(());
-            }
-            continue;
         };
         if is_local(&p) {
             let shared = shared.clone();
