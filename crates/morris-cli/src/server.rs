@@ -62,6 +62,10 @@ pub fn run(args: ServerArgs) -> Result<ExitCode> {
     std::fs::create_dir_all(&args.data)
         .with_context(|| format!("cannot create data directory {}", args.data.display()))?;
     let keys = args.key.load_volume_key("morris server")?;
+    // Everything the server makes (metadata, snapshots, block files) is
+    // its owner's alone.
+    // SAFETY: umask has no preconditions and cannot fail.
+    unsafe { libc::umask(0o077) };
     let rt = runtime::build()?;
     let listen = args.listen.clone();
     let result = rt.block_on(async {

@@ -180,6 +180,34 @@ fn connections_without_the_volumes_key_are_refused() {
         b"stored before"
     );
     std::fs::write(m.path.join("after"), b"x").expect("write after");
+
+    // And on the servers' disks it is theirs alone: data directories 0700,
+    // everything in them 0600.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| {
+        std::fs::metadata(p)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    let mut files = 0;
+    for s in &c.servers {
+        assert_eq!(mode(&s.data), 0o700, "{}", s.data.display());
+        let mut stack = vec![s.data.clone()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else {
+                    assert_eq!(mode(&p) & 0o077, 0, "{} is open to others", p.display());
+                    files += 1;
+                }
+            }
+        }
+    }
+    assert!(files >= 3, "too few files looked at ({files})");
 }
 
 #[test]

@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -161,6 +162,7 @@ impl Blocks {
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(0o600)
             .open(self.path_of(id, replica))
             .map_err(|e| io_err(&format!("create data of file {id}"), &e))?;
         Ok((self.open.lock().insert((id, replica), Arc::new(f)), true))

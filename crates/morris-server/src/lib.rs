@@ -216,6 +216,20 @@ fn lock_dir(cfg: &ServerConfig) -> Result<File, ServerError> {
     Ok(f)
 }
 
+/// Makes `dir` reachable by its owner only (0700): it holds every file's
+/// data and the metadata; says so when it was open to others.
+fn private_dir(dir: &std::path::Path) -> Result<(), ServerError> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(dir).map_err(io_ctx(format!("stat {}", dir.display())))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(io_ctx(format!("chmod 700 {}", dir.display())))?;
+        info!(dir = %dir.display(), was = format!("{mode:o}"), "data directory made private (0700)");
+    }
+    Ok(())
+}
+
 /// Binds the listener, opens the store under `cfg.data_dir` and serves in the
 /// background; returns once the server accepts connections.
 pub async fn start(cfg: ServerConfig) -> Result<ServerHandle, ServerError> {
@@ -232,6 +246,7 @@ pub async fn start(cfg: ServerConfig) -> Result<ServerHandle, ServerError> {
     }
     std::fs::create_dir_all(&cfg.data_dir)
         .map_err(io_ctx(format!("create {}", cfg.data_dir.display())))?;
+    private_dir(&cfg.data_dir)?;
     let lock = lock_dir(&cfg)?;
     let db = cfg.data_dir.join("meta.sqlite");
     let block_dir = cfg.data_dir.join("blocks");
