@@ -6,6 +6,9 @@ build with it, alternated in one run on the same machine.
     sudo python3 bench/auth.py --old /work/bin/morris-d20f993 --new target/release/morris \
         [--servers 4] [--rounds 3] [--big-size 1G] [--small-files 2000]
 
+With --old-keyed the old build gets keys too (a build of protocol 13 or
+later): the difference is then what came after it, e.g. checksums.
+
 Each round starts K servers of each build in turn (which goes first
 alternates) (old: no keys; new: keys
 made by `morris key new`), formats, mounts, runs `morris bench MNT` (the new
@@ -114,6 +117,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--old", required=True, help="morris binary from before the handshake")
     ap.add_argument("--new", required=True, help="morris binary with it")
+    ap.add_argument("--old-keyed", action="store_true",
+                    help="the old build takes keys too (protocol 13 or later): compare what came after")
     ap.add_argument("--servers", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--big-size", default="1G")
@@ -127,7 +132,7 @@ def main():
     rows = {"old": [], "new": []}
     try:
         for r in range(a.rounds):
-            both = [("old", a.old, False), ("new", a.new, True)]
+            both = [("old", a.old, a.old_keyed), ("new", a.new, True)]
             # Which build goes first alternates: no build always runs on a
             # machine the other one just warmed or loaded.
             for label, exe, keyed in (both if r % 2 == 0 else both[::-1]):

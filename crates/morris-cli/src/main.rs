@@ -16,6 +16,7 @@ mod mount;
 mod mountinfo;
 mod nfs;
 mod runtime;
+mod scrub;
 mod server;
 mod servers;
 mod size;
@@ -53,6 +54,9 @@ enum Command {
     Status(status::StatusArgs),
     /// Check a volume's namespace and data for inconsistencies and garbage.
     Fsck(fsck::FsckArgs),
+    /// Read every server's data and check it against its checksums (damage
+    /// is repaired from another copy).
+    Scrub(scrub::ScrubArgs),
     /// Measure throughput of a directory (a mount, or a local disk to compare).
     Bench(bench::BenchArgs),
     /// Serve a volume over NFSv3 (with MOUNT v3 on the same port).
@@ -108,6 +112,7 @@ fn main() -> ExitCode {
         Command::Up(a) => up::run(a),
         Command::Status(a) => status::run(a),
         Command::Fsck(a) => fsck::run(a),
+        Command::Scrub(a) => scrub::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Nfs(a) => nfs::run(a),
         Command::Cache(a) => cache::run(a),

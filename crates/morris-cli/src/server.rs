@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use morris_client::{Client, ClientConfig, ResyncStatus};
+use morris_client::{Client, ClientConfig, Repair, ResyncStatus};
 use parking_lot::Mutex;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::runtime::{self, Terminate};
 
@@ -53,6 +53,14 @@ pub struct ServerArgs {
     #[arg(long, value_name = "N", default_value_t = morris_proto::net::DEFAULT_MAX_CONNECTIONS,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     pub max_connections: usize,
+    /// Start a scrub pass (every chunk read and checked against its
+    /// checksum; damage repaired from another copy) when the last complete
+    /// pass is this old, e.g. 7d; 0 for only when `morris scrub` asks.
+    #[arg(long, value_name = "DURATION", default_value = "7d", value_parser = humantime::parse_duration)]
+    pub scrub_every: Duration,
+    /// Bytes a second a scheduled scrub pass reads at most (e.g. 64M).
+    #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = crate::size::parse_size)]
+    pub scrub_rate: u64,
     #[command(flatten)]
     pub key: crate::key::KeyArg,
 }
@@ -77,6 +85,8 @@ pub fn run(args: ServerArgs) -> Result<ExitCode> {
             etcd: args.etcd.clone(),
             keys: keys.clone(),
             max_connections: args.max_connections,
+            scrub_every: (!args.scrub_every.is_zero()).then_some(args.scrub_every),
+            scrub_rate: args.scrub_rate,
         };
         let mut handle = morris_server::start(cfg)
             .await
@@ -85,6 +95,7 @@ pub fn run(args: ServerArgs) -> Result<ExitCode> {
             tokio::spawn(resync_loop(
                 connect_addr(handle.local_addr()),
                 handle.resync_status(),
+                handle.damage(),
                 keys.clone(),
             ))
         });
@@ -118,21 +129,29 @@ fn connect_addr(addr: SocketAddr) -> String {
     SocketAddr::new(ip, addr.port()).to_string()
 }
 
-/// Every `RESYNC_EVERY`: catch up the copies this server missed, and remove
-/// old orphans of the metadata ranges it serves. The client it uses is made
-/// once the volume is formatted and reachable.
+/// Every `RESYNC_EVERY`, and whenever this server finds a copy that fails
+/// its checksums: hand damaged copies to resync, catch up the copies this
+/// server missed (or that were damaged), and remove old orphans of the
+/// metadata ranges it serves. The client it uses is made once the volume
+/// is formatted and reachable.
 async fn resync_loop(
     addr: String,
     status: Arc<Mutex<ResyncStatus>>,
+    damage: morris_server::Damage,
     keys: morris_proto::auth::Keys,
 ) {
     let mut client: Option<Arc<Client>> = None;
     let mut me: Option<u32> = None;
+    let found = damage.found();
+    let mut pending: Vec<(u64, u8, u64)> = Vec::new();
     // The first look comes soon after start: a server back from an outage
     // has the most to catch up.
     let mut wait = RESYNC_FIRST;
     loop {
-        tokio::time::sleep(wait).await;
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = found.notified() => {}
+        }
         wait = RESYNC_EVERY;
         if me.is_none() {
             // Known once the server is formatted.
@@ -162,6 +181,33 @@ async fn resync_loop(
         let (Some(c), Some(index)) = (&client, me) else {
             continue;
         };
+        pending.extend(damage.take());
+        pending.sort_unstable();
+        pending.dedup();
+        let mut retry = Vec::new();
+        for (id, copy, at) in pending.drain(..) {
+            match c.repair_damaged(id, index, at).await {
+                Ok(Repair::Recorded) => {
+                    info!(
+                        id,
+                        copy,
+                        offset = at,
+                        "damaged copy recorded stale: resync rewrites it from another copy"
+                    );
+                    damage.note_repair(true);
+                }
+                Ok(Repair::NoOtherCopy) => {
+                    error!(id, copy, offset = at, "damaged data and no other copy to repair it from: reads of it fail (EIO) until it is rewritten");
+                    damage.note_repair(false);
+                }
+                Ok(Repair::Gone) => {}
+                Err(e) => {
+                    warn!(id, copy, error = %e, "cannot record a damaged copy yet; retrying");
+                    retry.push((id, copy, at));
+                }
+            }
+        }
+        pending = retry;
         if let Err(e) = c.resync(index, &status).await {
             warn!(error = %e, "resync pass incomplete; retrying");
         }

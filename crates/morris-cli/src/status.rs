@@ -94,7 +94,7 @@ async fn probe(d: &VolumeDescriptor, key: &Key, index: usize, limit: Duration) -
         )
         .await?;
         let st = match s.ask(&Request::Status).await? {
-            Reply::Status(st) => st,
+            Reply::Status(st) => *st,
             other => return Err(admin::unexpected(&Request::Status, addr, &other)),
         };
         // Cache counters: a server that predates them simply has none.
@@ -244,6 +244,32 @@ fn metadata_cell(s: &ServerReport) -> String {
     cells.join(" ")
 }
 
+/// The CHECKSUMS column: `ok`, chunks found bad since the server started
+/// (and how many damaged copies went to repair), or how far a scrub is.
+fn checksums_cell(s: &ServerReport) -> String {
+    let Some(st) = &s.stats else {
+        return "-".into();
+    };
+    let i = &st.integrity;
+    let scrub = if i.scrub.running {
+        let pct = (i.scrub.bytes_done * 100)
+            .checked_div(i.scrub.bytes_total)
+            .unwrap_or(0)
+            .min(100);
+        format!(" scrubbing {pct}%")
+    } else {
+        String::new()
+    };
+    if i.bad_chunks == 0 {
+        return format!("ok{scrub}");
+    }
+    let mut out = format!("{} bad, {} repairs", i.bad_chunks, i.repairs);
+    if i.unrepairable > 0 {
+        out.push_str(&format!(", {} unrepairable", i.unrepairable));
+    }
+    out + &scrub
+}
+
 /// The COPIES column: current, or how far the server's resync is.
 fn copies_cell(s: &ServerReport) -> String {
     match (s.copies, &s.stats) {
@@ -349,6 +375,7 @@ pub fn render(r: &VolumeReport, ops: bool) -> String {
         "ADDRESS",
         "STATE",
         "COPIES",
+        "CHECKSUMS",
         "METADATA",
         "INODES",
         "DATA-FILES",
@@ -372,6 +399,7 @@ pub fn render(r: &VolumeReport, ops: bool) -> String {
                 s.address.clone(),
                 s.state.to_string(),
                 copies_cell(s),
+                checksums_cell(s),
                 metadata_cell(s),
             ];
             match &s.stats {
@@ -394,7 +422,7 @@ pub fn render(r: &VolumeReport, ops: bool) -> String {
             row
         })
         .collect();
-    out.push_str(&table(&headers, &rows, &[1, 2, 3, 4]));
+    out.push_str(&table(&headers, &rows, &[1, 2, 3, 4, 5]));
     for s in r.servers.iter().filter(|s| s.error.is_some()) {
         out.push_str(&format!(
             "server {} ({}) {}: {}\n",

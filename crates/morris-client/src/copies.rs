@@ -23,7 +23,7 @@ use tracing::warn;
 
 use morris_proto::layout::Layout;
 
-use crate::leases::LeaseGuard;
+use crate::leases::{LeaseGuard, Mode};
 use crate::pool::{unexpected, Fence};
 use crate::{Client, Error, Result};
 
@@ -49,7 +49,56 @@ fn loses_a_block(layout: &Layout, down: &HashSet<u32>) -> bool {
     (0..k).any(|start| (0..layout.replicas).all(|r| down.contains(&((start + r) % k))))
 }
 
+/// What became of a damaged copy handed to [`Client::repair_damaged`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Repair {
+    /// Recorded stale at the file's owner: resync rewrites it from another
+    /// copy, and readers skip it until then.
+    Recorded,
+    /// The volume keeps one copy: nothing to repair it from.
+    NoOtherCopy,
+    /// The file no longer exists.
+    Gone,
+}
+
 impl Client {
+    /// Hands a copy that failed its checksum on `server` to resync: file
+    /// `id`'s blocks on `server`, from the one held at byte `local_off` of
+    /// its extent file on, are recorded stale at the file's owner under the
+    /// file's write lease (so every reader learns it before it reads again),
+    /// and the server's next resync rewrites them from a current copy.
+    pub async fn repair_damaged(&self, id: FileId, server: u32, local_off: u64) -> Result<Repair> {
+        if self.layout.replicas < 2 {
+            return Ok(Repair::NoOtherCopy);
+        }
+        // Bytes [s·u, (s+1)·u) of an extent file hold blocks s·k+1 ..= s·k+k.
+        let slot = local_off / u64::from(self.layout.unit.max(1));
+        let from = slot * u64::from(self.layout.servers) + 1;
+        let inode = match self.call_owner(id, Request::GetInode { ino: id }).await {
+            Ok(Reply::Inode(i)) => i,
+            Ok(other) => return Err(unexpected(&other)),
+            Err(e) if matches!(e.code, ErrorCode::NotFound | ErrorCode::Stale) => {
+                return Ok(Repair::Gone)
+            }
+            Err(e) => return Err(e),
+        };
+        let h = inode.handle();
+        self.leases.learn(h);
+        let g = match self.leases.get(h, Mode::Write).await {
+            Ok(g) => g,
+            Err(e) if matches!(e.code, ErrorCode::NotFound | ErrorCode::Stale) => {
+                return Ok(Repair::Gone)
+            }
+            Err(e) => return Err(e),
+        };
+        let mut missed = Missed::new();
+        note_missed(&mut missed, server, from);
+        let r = self.mark_missed(&g, &missed).await;
+        drop(g);
+        self.leases.release_all().await;
+        r.map(|()| Repair::Recorded)
+    }
+
     /// Sends `req` to `server` once: no reconnect loop, and an answer within
     /// half a lease. `Unavailable` when it cannot be reached or stays silent,
     /// and at once, without trying, for a while after that happened. For

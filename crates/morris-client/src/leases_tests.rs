@@ -24,6 +24,8 @@ async fn one_server() -> (Arc<Client>, morris_server::ServerHandle, tempfile::Te
         etcd: Vec::new(),
         keys: keys.clone(),
         max_connections: 4096,
+        scrub_every: None,
+        scrub_rate: 0,
     })
     .await
     .unwrap();

@@ -28,6 +28,7 @@ mod replicas;
 mod resync;
 mod slow;
 
+pub use copies::Repair;
 pub use reaper::ORPHAN_AGE;
 
 use std::collections::{HashMap, HashSet};

@@ -48,6 +48,8 @@ async fn cluster_with(k: usize, unit: u32, lease_ms: u32, proxied: bool) -> (Clu
             etcd: Vec::new(),
             keys: server_keys(),
             max_connections: 4096,
+            scrub_every: None,
+            scrub_rate: 0,
         })
         .await
         .unwrap();

@@ -31,6 +31,7 @@ pub(crate) fn errno(code: ErrorCode) -> Errno {
         ErrorCode::CrossDevice => Errno::EXDEV,
         ErrorCode::Unavailable
         | ErrorCode::Io
+        | ErrorCode::Corrupt
         | ErrorCode::Protocol
         | ErrorCode::WrongVolume
         | ErrorCode::Grace

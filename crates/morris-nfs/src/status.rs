@@ -31,6 +31,7 @@ pub fn nfsstat(code: ErrorCode) -> nfsstat3 {
         ErrorCode::Grace | ErrorCode::NotOwner | ErrorCode::HomeDown => nfsstat3::NFS3ERR_JUKEBOX,
         ErrorCode::Unavailable
         | ErrorCode::Io
+        | ErrorCode::Corrupt
         | ErrorCode::Protocol
         | ErrorCode::WrongVolume
         | ErrorCode::NoLease

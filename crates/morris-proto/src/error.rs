@@ -66,6 +66,9 @@ pub enum ErrorCode {
     /// The connection's key does not allow this (a client key sending a
     /// request only servers send), or the handshake failed.
     Denied,
+    /// The bytes on the server's disk do not match their checksum (bit rot,
+    /// a torn write, tampering): that copy is not served; read another.
+    Corrupt,
 }
 
 impl ErrorCode {
@@ -124,6 +127,7 @@ impl ErrorCode {
             ErrorCode::CrossDevice => "cannot be moved there",
             ErrorCode::HomeDown => "home does not answer; changes wait for it",
             ErrorCode::Denied => "not allowed with this key",
+            ErrorCode::Corrupt => "data failed its checksum",
         }
     }
 }

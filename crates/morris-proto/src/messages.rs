@@ -737,6 +737,17 @@ pub enum Request {
         /// The bound directory's id.
         binding: FileId,
     },
+    /// Starts (or, with `stop`, stops) a scrub pass of this server: every
+    /// chunk of every extent file read and checked against its checksum,
+    /// at most `rate` bytes a second (0: the server's own limit). A chunk
+    /// that fails is handed to repair like one a read found. Progress is in
+    /// `Status` (`integrity.scrub`). Volume key only. [`Reply::Ok`].
+    Scrub {
+        /// Bytes a second at most; 0 for the server's default.
+        rate: u64,
+        /// Stop the pass that runs instead of starting one.
+        stop: bool,
+    },
 }
 
 /// A change to one object not yet pushed home (cache mode II), kept by the
@@ -829,6 +840,7 @@ impl Request {
                 | Request::WbNameOf { .. }
                 | Request::WbGoneClear { .. }
                 | Request::WbEntries { .. }
+                | Request::Scrub { .. }
         )
     }
 
@@ -899,6 +911,7 @@ impl Request {
             Request::Flush { .. } => "Flush",
             Request::Localize { .. } => "Localize",
             Request::Detach { .. } => "Detach",
+            Request::Scrub { .. } => "Scrub",
         }
     }
 }
@@ -920,7 +933,7 @@ pub enum Reply {
         lease_ms: u32,
     },
     /// Answer to `Status`.
-    Status(ServerStats),
+    Status(Box<ServerStats>),
     /// Answer to `Statfs`.
     Statfs {
         /// Bytes on the data directory's file system.

@@ -354,6 +354,55 @@ pub struct ServerStats {
     pub connections_refused: u64,
     /// Connections closed because the peer stopped reading, since start.
     pub connections_stalled: u64,
+    /// Checksums of the data kept here: what failed, what was repaired.
+    pub integrity: IntegrityStatus,
+}
+
+/// What a server's checksums found (`morris status`, `morris scrub`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IntegrityStatus {
+    /// 4 KiB chunks found not to match their checksum since start (by reads
+    /// and scrubs; a chunk found twice counts twice).
+    pub bad_chunks: u64,
+    /// Bytes checked against their checksums since start.
+    pub checked_bytes: u64,
+    /// Chunks whose checksums were taken from the data at start because a
+    /// change to them was cut short (the server was killed).
+    pub resealed_chunks: u64,
+    /// Damaged copies recorded stale for resync to rewrite from another
+    /// copy, since start.
+    pub repairs: u64,
+    /// Damaged copies that could not be repaired (no other current copy:
+    /// a volume of one copy), since start.
+    pub unrepairable: u64,
+    /// The current or last scrub pass.
+    pub scrub: ScrubStatus,
+}
+
+/// Progress of a scrub pass (every chunk read and checked).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScrubStatus {
+    /// A pass runs now.
+    pub running: bool,
+    /// Passes completed since start.
+    pub passes: u64,
+    /// Extent files in this pass (known when it starts).
+    pub files_total: u64,
+    /// Of those, checked.
+    pub files_done: u64,
+    /// Bytes allocated to those files when the pass started.
+    pub bytes_total: u64,
+    /// Bytes read and checked by this pass.
+    pub bytes_done: u64,
+    /// Chunks that failed in this pass.
+    pub bad_chunks: u64,
+    /// The pass's limit, bytes a second.
+    pub rate: u64,
+    /// When the last complete pass ended (seconds since the Unix epoch; 0:
+    /// none yet).
+    pub last_done_unix: u64,
+    /// Why the last pass stopped short, if it did.
+    pub last_error: Option<String>,
 }
 
 /// One metadata range (the inodes `id mod k == range`) as kept by one server.

@@ -14,8 +14,9 @@
 //! semantics are those documented in `morris_proto::messages`.
 //!
 //! On disk, `data_dir` holds `meta.sqlite` (with its `-wal` and `-shm`),
-//! `blocks/<2 hex digits>/<file id>` and a `LOCK` file that keeps a second
-//! server off the same directory.
+//! `blocks/<2 hex digits>/<file id>` with its checksums beside it
+//! (`<file id>.sum`), `blocks/INFLIGHT` (the block changes in progress) and
+//! a `LOCK` file that keeps a second server off the same directory.
 
 #![warn(missing_docs)]
 
@@ -38,6 +39,7 @@ mod blocks;
 mod leases;
 mod load;
 mod ranges;
+mod scrub;
 mod service;
 mod store;
 pub mod writeback;
@@ -67,7 +69,16 @@ pub struct ServerConfig {
     pub keys: Keys,
     /// Most connections served at once; more are closed at once.
     pub max_connections: usize,
+    /// Start a scrub pass when the last complete one is this old (`None`:
+    /// only when asked, `morris scrub`).
+    pub scrub_every: Option<Duration>,
+    /// Bytes a second a scrub pass reads at most, unless it is asked for
+    /// with another rate (0: [`DEFAULT_SCRUB_RATE`]).
+    pub scrub_rate: u64,
 }
+
+/// Scrub rate when none is configured, bytes a second.
+pub const DEFAULT_SCRUB_RATE: u64 = scrub::DEFAULT_RATE;
 
 impl ServerConfig {
     /// A configuration with the default lease duration.
@@ -79,6 +90,8 @@ impl ServerConfig {
             etcd: Vec::new(),
             keys,
             max_connections: morris_proto::net::DEFAULT_MAX_CONNECTIONS,
+            scrub_every: None,
+            scrub_rate: DEFAULT_SCRUB_RATE,
         }
     }
 }
@@ -149,6 +162,13 @@ impl ServerHandle {
         self.epoch
     }
 
+    /// Where the copies this server found damaged wait for repair.
+    pub fn damage(&self) -> Damage {
+        Damage {
+            server: self.server.clone(),
+        }
+    }
+
     /// Fault injection for tests: drops all traffic between this server and
     /// the other servers (metadata mirroring), both ways, while `cut`.
     pub fn cut_peers(&self, cut: bool) {
@@ -174,6 +194,38 @@ impl ServerHandle {
         }
         self.ticker.abort();
         self.server.stop();
+    }
+}
+
+/// The copies a server found damaged (by reads or a scrub), for whoever
+/// repairs them: the `morris server` command, through a client of the
+/// volume, records them stale so that resync rewrites them.
+#[derive(Clone)]
+pub struct Damage {
+    server: Arc<Server>,
+}
+
+impl Damage {
+    /// The copies found damaged since the last call, as (file, copy, lowest
+    /// damaged byte of this server's extent file of that copy).
+    pub fn take(&self) -> Vec<(morris_proto::FileId, u8, u64)> {
+        self.server.blocks().take_damage()
+    }
+
+    /// Woken when damage is found.
+    pub fn found(&self) -> Arc<tokio::sync::Notify> {
+        self.server.blocks().damage_found()
+    }
+
+    /// Counts a damaged copy handed to resync (`repaired`), or left as it is
+    /// for want of another copy, for `Status`.
+    pub fn note_repair(&self, repaired: bool) {
+        let c = if repaired {
+            &self.server.repairs
+        } else {
+            &self.server.unrepairable
+        };
+        c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -254,6 +306,10 @@ pub async fn start(cfg: ServerConfig) -> Result<ServerHandle, ServerError> {
         let store = store::Store::open(&db)?;
         let blocks = blocks::Blocks::open(&block_dir, blocks::DEFAULT_OPEN_FILES)
             .map_err(io_ctx(format!("open {}", block_dir.display())))?;
+        blocks.seal_unsealed(&store).map_err(|e| ServerError::Io {
+            context: format!("give the data under {} checksums", block_dir.display()),
+            source: std::io::Error::other(e.to_string()),
+        })?;
         Ok::<_, ServerError>((store, blocks))
     })
     .await
@@ -273,6 +329,10 @@ pub async fn start(cfg: ServerConfig) -> Result<ServerHandle, ServerError> {
     })?;
     let formatted = store.formatted();
     let limits = ConnLimits::new(cfg.max_connections);
+    let scrubber = Arc::new(scrub::Scrubber::new(
+        &cfg.data_dir.join("blocks"),
+        cfg.scrub_rate,
+    ));
     let server = Arc::new(Server::new(
         Arc::new(store),
         Arc::new(blocks),
@@ -281,6 +341,7 @@ pub async fn start(cfg: ServerConfig) -> Result<ServerHandle, ServerError> {
         cfg.etcd.clone(),
         cfg.keys.clone(),
         limits.clone(),
+        scrubber,
     ));
     // A formatted server may have granted leases in a previous life: they
     // must run out (a lease time) before it grants new ones.
@@ -326,6 +387,9 @@ pub async fn start(cfg: ServerConfig) -> Result<ServerHandle, ServerError> {
         // Cache mode II: the write-back of the bindings served here.
         let _push = tokio::spawn(ticking.clone().push_loop());
         let _stop_push = AbortOnDrop(_push);
+        // Scrub passes on a schedule, if asked for.
+        let _scrub = tokio::spawn(ticking.clone().scrub_schedule(cfg.scrub_every));
+        let _stop_scrub = AbortOnDrop(_scrub);
         loop {
             iv.tick().await;
             ticking.tick();

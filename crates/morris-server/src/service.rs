@@ -25,6 +25,7 @@ use crate::blocks::MAX_REPLICAS;
 use crate::leases::{Acquired, ClientId, Effects, LeaseTable, Millis, Recall, Ticket};
 use crate::load::{IoKind, Load};
 use crate::ranges::{Range, Ranges, Role};
+use crate::scrub::Scrubber;
 use crate::store::{check_name, check_new_name, FormatOutcome, Formatted, OpKey, Store};
 
 mod cache;
@@ -158,6 +159,12 @@ pub(crate) struct Server {
     cache: cache::CacheState,
     /// The write-back pusher's connections to the other servers.
     pusher_conns: peer_calls::PeerConns,
+    /// Scrub passes over the block data (`scrub.rs`).
+    pub(crate) scrubber: Arc<Scrubber>,
+    /// Damaged copies recorded stale for resync / found with no other copy
+    /// (counted by whoever repairs, `ServerHandle::note_repair`).
+    pub(crate) repairs: AtomicU64,
+    pub(crate) unrepairable: AtomicU64,
 }
 
 type Outcome = (Result<Reply, WireError>, Bytes);
@@ -282,6 +289,8 @@ impl Drop for WaitGuard<'_> {
 }
 
 impl Server {
+    // The parts a server is made of, each built by `start`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         store: Arc<Store>,
         blocks: Arc<Blocks>,
@@ -290,6 +299,7 @@ impl Server {
         etcd: Vec<String>,
         keys: Keys,
         conn_limits: Arc<ConnLimits>,
+        scrubber: Arc<Scrubber>,
     ) -> Server {
         let epoch = loop {
             let e: u64 = rand::random();
@@ -323,6 +333,36 @@ impl Server {
             etcd,
             cache: cache::CacheState::default(),
             pusher_conns: peer_calls::PeerConns::default(),
+            scrubber,
+            repairs: AtomicU64::new(0),
+            unrepairable: AtomicU64::new(0),
+        }
+    }
+
+    /// This server's extent files.
+    pub(crate) fn blocks(&self) -> &Blocks {
+        &self.blocks
+    }
+
+    /// Starts a scrub pass whenever the last complete one is `every` old
+    /// (never, with `None`); looks once a minute.
+    pub(crate) async fn scrub_schedule(self: Arc<Self>, every: Option<Duration>) {
+        let Some(every) = every else { return };
+        let mut iv = tokio::time::interval(Duration::from_secs(60).min(every));
+        iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            iv.tick().await;
+            let Some(vol) = self.store.formatted() else {
+                continue;
+            };
+            if self.scrubber.due(every) {
+                self.scrubber.start(
+                    self.blocks.clone(),
+                    self.store.clone(),
+                    vol.descriptor.replicas,
+                    0,
+                );
+            }
         }
     }
 
@@ -573,6 +613,7 @@ impl Server {
     /// Refuses every later request and wakes every waiter.
     pub(crate) fn stop(&self) {
         self.stopped.store(true, Ordering::SeqCst);
+        self.scrubber.stop();
         self.leases.lock().waiters.clear();
         let mut s = self.sessions.lock();
         s.by_conn.clear();
@@ -641,7 +682,9 @@ impl Server {
                 }
                 return plain(r.map(|_| Reply::Ok));
             }
-            Request::Status => return plain(self.status().await.map(Reply::Status)),
+            Request::Status => {
+                return plain(self.status().await.map(|s| Reply::Status(Box::new(s))))
+            }
             Request::Statfs => return plain(self.statfs().await),
             _ => {}
         }
@@ -707,8 +750,29 @@ impl Server {
                     Self::block_pos(&vol, id, index, replica, offset, u64::from(len))?;
                     // Read while the unit is held: it cannot be evicted
                     // between the check and the read.
-                    let (_, _held) = self.ensure_unit(&vol, id, index, replica, &home).await?;
-                    self.read(&vol, id, index, replica, offset, len).await
+                    let (_, held) = self.ensure_unit(&vol, id, index, replica, &home).await?;
+                    match self.read(&vol, id, index, replica, offset, len).await {
+                        // A unit fetched from home that fails its checksum
+                        // is fetched again (home has the bytes).
+                        Err(e) if e.code == ErrorCode::Corrupt => {
+                            drop(held);
+                            warn!(
+                                id,
+                                index,
+                                copy = replica,
+                                "a cached unit failed its checksum: fetching it from home again"
+                            );
+                            self.evict_unit(&vol, id, replica, index, 0).await?;
+                            let (_, _held) =
+                                self.ensure_unit(&vol, id, index, replica, &home).await?;
+                            let r = self.read(&vol, id, index, replica, offset, len).await;
+                            if r.is_ok() {
+                                self.blocks.forget_damage(id, replica);
+                            }
+                            r
+                        }
+                        r => r,
+                    }
                 }
                 .await;
                 self.data_reply(r)
@@ -755,6 +819,19 @@ impl Server {
                     .await,
             ),
             Request::Flush { binding } => plain(self.flush(binding).await),
+            Request::Scrub { rate, stop } => {
+                if stop {
+                    self.scrubber.stop();
+                } else if self.scrubber.start(
+                    self.blocks.clone(),
+                    self.store.clone(),
+                    vol.descriptor.replicas,
+                    rate,
+                ) {
+                    info!(rate, "scrub pass asked for");
+                }
+                plain(Ok(Reply::Ok))
+            }
             Request::Localize { id, home, truncate } => plain(
                 self.localize(&vol, id, &home, truncate)
                     .await
@@ -1514,6 +1591,7 @@ impl Server {
             | Request::WbNameOf { .. }
             | Request::PushData { .. }
             | Request::Flush { .. }
+            | Request::Scrub { .. }
             | Request::Localize { .. }
             | Request::PeerSync { .. }
             | Request::Replicate { .. }

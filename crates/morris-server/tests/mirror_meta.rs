@@ -32,6 +32,8 @@ async fn server(dir: &std::path::Path, listen: &str) -> ServerHandle {
             etcd: Vec::new(),
             keys: Keys::from_key(KEY.clone()),
             max_connections: 4096,
+            scrub_every: None,
+            scrub_rate: 0,
         })
         .await
         {
@@ -165,7 +167,7 @@ impl Vol {
         };
         c.call(&hello, Bytes::new()).await.ok()?;
         match c.call(&Request::Status, Bytes::new()).await.ok()?.0 {
-            Reply::Status(s) => Some(s),
+            Reply::Status(s) => Some(*s),
             _ => None,
         }
     }

@@ -30,6 +30,8 @@ async fn server(dir: &std::path::Path) -> ServerHandle {
         etcd: Vec::new(),
         keys: Keys::from_key(KEY.clone()),
         max_connections: 4096,
+        scrub_every: None,
+        scrub_rate: 0,
     })
     .await
     .expect("server starts")
@@ -172,7 +174,7 @@ impl Client {
 
     async fn stats(&self) -> morris_proto::ServerStats {
         match self.ok(Request::Status).await {
-            Reply::Status(s) => s,
+            Reply::Status(s) => *s,
             r => panic!("unexpected {r:?}"),
         }
     }
@@ -847,6 +849,8 @@ async fn restart_keeps_data_and_answers_grace() {
         etcd: Vec::new(),
         keys: Keys::from_key(KEY.clone()),
         max_connections: 4096,
+        scrub_every: None,
+        scrub_rate: 0,
     })
     .await
     {
@@ -901,6 +905,8 @@ async fn a_second_server_cannot_share_the_directory() {
         etcd: Vec::new(),
         keys: Keys::from_key(KEY.clone()),
         max_connections: 4096,
+        scrub_every: None,
+        scrub_rate: 0,
     })
     .await;
     assert!(matches!(second, Err(morris_server::ServerError::Locked(_))));
@@ -1033,6 +1039,8 @@ async fn restarted(h: ServerHandle, dir: &std::path::Path) -> ServerHandle {
         etcd: Vec::new(),
         keys: Keys::from_key(KEY.clone()),
         max_connections: 4096,
+        scrub_every: None,
+        scrub_rate: 0,
     })
     .await
     {

@@ -278,7 +278,7 @@ impl Server {
         Ok(freed)
     }
 
-    async fn evict_unit(
+    pub(super) async fn evict_unit(
         &self,
         vol: &Formatted,
         id: FileId,

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use morris_proto::{Reply, ServerStats, WireError};
+use morris_proto::{IntegrityStatus, Reply, ServerStats, WireError};
 use tracing::warn;
 
 use super::{blocking, Server, OPS};
@@ -98,6 +98,17 @@ impl Server {
             reply_bytes: net.reply_bytes,
             connections_refused: net.refused,
             connections_stalled: net.stalled,
+            integrity: {
+                let s = self.blocks.sum_stats();
+                IntegrityStatus {
+                    bad_chunks: s.bad_chunks.load(Ordering::Relaxed),
+                    checked_bytes: s.checked_bytes.load(Ordering::Relaxed),
+                    resealed_chunks: s.resealed_chunks.load(Ordering::Relaxed),
+                    repairs: self.repairs.load(Ordering::Relaxed),
+                    unrepairable: self.unrepairable.load(Ordering::Relaxed),
+                    scrub: self.scrubber.status(),
+                }
+            },
         })
     }
 }
