@@ -18,6 +18,9 @@ use std::time::{Duration, Instant};
 use morris_client::{Client, FileId, Result};
 use parking_lot::Mutex;
 
+/// Open files kept at most; past it the least recently used is closed.
+const MAX_OPEN: usize = 4096;
+
 /// One cached open file.
 #[derive(Debug, Clone, Copy)]
 struct Open {
@@ -153,6 +156,7 @@ impl OpenFiles {
         }
         let fh = self.client.open(id, write, false).await?;
         let now = Instant::now();
+        let mut evicted = Vec::new();
         let raced = {
             let mut st = self.state.lock();
             let theirs = match st.open.get_mut(&id) {
@@ -178,10 +182,27 @@ impl OpenFiles {
                         st.retired.push((id, old.fh, now));
                     }
                     st.take(fh);
+                    // Over the cap: the least recently used goes (closed
+                    // now if no call uses it, else by its last user).
+                    if st.open.len() > MAX_OPEN {
+                        let oldest = st
+                            .open
+                            .iter()
+                            .filter(|(k, _)| **k != id)
+                            .min_by_key(|(_, o)| o.used)
+                            .map(|(k, o)| (*k, o.fh));
+                        if let Some((k, old)) = oldest {
+                            st.open.remove(&k);
+                            evicted = st.unused(vec![(k, old)]);
+                        }
+                    }
                     None
                 }
             }
         };
+        for (k, old) in evicted {
+            close_file(&self.client, k, old).await;
+        }
         match raced {
             Some(theirs) => {
                 close_file(&self.client, id, fh).await;

@@ -144,6 +144,9 @@ pub struct Blocks {
     hasher: foldhash::fast::FixedState,
     damage: Mutex<BTreeMap<Key, u64>>,
     damage_found: Arc<tokio::sync::Notify>,
+    /// Files whose extent files were removed; their records go once the
+    /// removals are durable ([`Blocks::settle_deletes`]).
+    deleted: Mutex<Vec<FileId>>,
     stats: SumStats,
 }
 
@@ -171,6 +174,7 @@ impl Blocks {
             hasher: foldhash::fast::FixedState::with_seed(0x6d6f_7272_6973),
             damage: Mutex::new(BTreeMap::new()),
             damage_found: Arc::new(tokio::sync::Notify::new()),
+            deleted: Mutex::new(Vec::new()),
             stats: SumStats::default(),
         };
         for c in &left {
@@ -601,9 +605,12 @@ impl Blocks {
         Ok(())
     }
 
-    /// Removes every extent file of `id` (the volume keeps `copies` copies)
-    /// and its record.
-    pub fn delete(&self, id: FileId, copies: u8, store: &Store) -> Result<(), WireError> {
+    /// Removes every extent file of `id` (the volume keeps `copies` copies).
+    /// Its record goes later, once the removal is durable
+    /// ([`Blocks::settle_deletes`]): a power loss in between leaves a
+    /// recorded extent file (garbage `fsck` reclaims), never an unrecorded
+    /// one.
+    pub fn delete(&self, id: FileId, copies: u8) -> Result<(), WireError> {
         for r in 0..copies.min(MAX_REPLICAS) {
             self.open.lock().remove((id, r));
             // Data first: sums without data are ignored (and emptied when
@@ -616,7 +623,47 @@ impl Blocks {
                 }
             }
         }
-        store.remove_data_file(id)
+        self.deleted.lock().push(id);
+        Ok(())
+    }
+
+    /// Makes the removals of [`Blocks::delete`] durable (one flush per
+    /// block directory they touched, however many files) and then forgets
+    /// the removed files in `store`, except those made again meanwhile
+    /// (cache mode reuses ids). Returns how many were forgotten.
+    pub fn settle_deletes(&self, store: &Store) -> Result<usize, WireError> {
+        let ids = std::mem::take(&mut *self.deleted.lock());
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let back = |ids: Vec<FileId>| self.deleted.lock().extend(ids);
+        let dirs: std::collections::BTreeSet<u8> = ids.iter().map(|&id| fanout(id)).collect();
+        for d in dirs {
+            let dir = self.root.join(format!("{d:02x}"));
+            if let Err(e) = File::open(&dir).and_then(|f| f.sync_all()) {
+                back(ids);
+                return Err(io_err("flush block directory", &e));
+            }
+        }
+        // No file of these ids is made while their fate is decided.
+        let mut idx: Vec<usize> = ids
+            .iter()
+            .flat_map(|&id| (0..MAX_REPLICAS).map(move |r| (id, r)))
+            .map(|k| self.lock_index(k, 0))
+            .collect();
+        idx.sort_unstable();
+        idx.dedup();
+        let _creating: Vec<_> = idx.into_iter().map(|i| self.creating[i].lock()).collect();
+        let gone: Vec<FileId> = ids
+            .iter()
+            .copied()
+            .filter(|&id| (0..MAX_REPLICAS).all(|r| !self.path_of(id, r).exists()))
+            .collect();
+        if let Err(e) = store.remove_data_files(&gone) {
+            back(ids);
+            return Err(e);
+        }
+        Ok(gone.len())
     }
 
     /// Flushes every extent file of `id` (of `copies` copies), its sums and
@@ -1038,6 +1085,24 @@ mod tests {
         assert_eq!(&b.read(11, 0, 0, 400_000).unwrap()[..], &data[..]);
         assert_eq!(&b.read(12, 2, 4096, 10).unwrap()[..], b"abc");
         assert_eq!(b.sum_stats().bad_chunks.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_deleted_files_record_goes_once_the_removal_is_flushed() {
+        let (_d, b, st) = setup();
+        b.write(40, 0, 0, b"a", false, &st).unwrap();
+        b.write(41, 1, 0, b"b", false, &st).unwrap();
+        assert_eq!(st.data_file_count(), 2);
+        b.delete(40, 2).unwrap();
+        b.delete(41, 2).unwrap();
+        assert!(!b.path_of(40, 0).exists() && !b.sums_path_of(41, 1).exists());
+        assert_eq!(st.data_file_count(), 2, "recorded until settled");
+        // Made again before the settling (cache mode reuses ids): kept.
+        b.write(41, 0, 0, b"c", false, &st).unwrap();
+        assert_eq!(b.settle_deletes(&st).unwrap(), 1);
+        assert_eq!(st.scan_data_files(0, 10).unwrap(), vec![41]);
+        assert_eq!(&b.read(41, 0, 0, 10).unwrap()[..], b"c");
+        assert_eq!(b.settle_deletes(&st).unwrap(), 0);
     }
 
     #[test]

@@ -185,6 +185,8 @@ impl ServerHandle {
             }
         }
         let _ = (&mut self.ticker).await;
+        // Deletes answered since the last settling: their records go now.
+        self.server.settle_deletes().await;
         info!(addr = %self.addr, "stripe server stopped");
     }
 
@@ -381,6 +383,7 @@ pub async fn start(cfg: ServerConfig) -> Result<ServerHandle, ServerError> {
             loop {
                 iv.tick().await;
                 caching.cache_tick().await;
+                caching.settle_deletes().await;
             }
         });
         let _stop_cache = AbortOnDrop(_cache);

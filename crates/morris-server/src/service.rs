@@ -339,6 +339,15 @@ impl Server {
         }
     }
 
+    /// Forgets the extent files deleted since the last call, once their
+    /// removal is durable (`Blocks::settle_deletes`). Run once a second.
+    pub(crate) async fn settle_deletes(&self) {
+        let (blocks, store) = (self.blocks.clone(), self.store.clone());
+        if let Err(e) = blocking(move || blocks.settle_deletes(&store)).await {
+            warn!(error = %e, "cannot settle deleted extent files yet");
+        }
+    }
+
     /// This server's extent files.
     pub(crate) fn blocks(&self) -> &Blocks {
         &self.blocks
@@ -1422,7 +1431,7 @@ impl Server {
                     if morris_proto::home::is_cache_id(id) {
                         store.drop_units_of(id)?;
                     }
-                    blocks.delete(id, copies, &store)
+                    blocks.delete(id, copies)
                 })
                 .await?;
                 Ok(Reply::Ok)

@@ -1193,16 +1193,23 @@ impl Store {
         Ok(())
     }
 
-    /// Forgets file `id`'s extent file (after removing it).
-    pub fn remove_data_file(&self, id: FileId) -> Result<(), WireError> {
-        let n = self.write_txn(|tx| {
-            tx.prepare_cached("DELETE FROM data_files WHERE id = ?1")
-                .and_then(|mut s| s.execute(params![sql_id(id)]))
-                .map_err(db_err)
-        })?;
-        if n > 0 {
-            self.data_files.fetch_sub(1, Ordering::Relaxed);
+    /// Forgets the extent files of `ids` (after removing them), in one
+    /// transaction.
+    pub fn remove_data_files(&self, ids: &[FileId]) -> Result<(), WireError> {
+        if ids.is_empty() {
+            return Ok(());
         }
+        let n = self.write_txn(|tx| {
+            let mut stmt = tx
+                .prepare_cached("DELETE FROM data_files WHERE id = ?1")
+                .map_err(db_err)?;
+            let mut n = 0;
+            for &id in ids {
+                n += stmt.execute(params![sql_id(id)]).map_err(db_err)?;
+            }
+            Ok(n)
+        })?;
+        self.data_files.fetch_sub(n as u64, Ordering::Relaxed);
         Ok(())
     }
 

@@ -579,8 +579,11 @@ impl Server {
         let freed = blocking(move || {
             let files = store.unit_files_of(binding)?;
             for &id in &files {
-                blocks.delete(id, copies, &store)?;
+                // Records first: a crash in between leaves data with no
+                // record (fetched again if ever needed), never a record of
+                // data that is gone.
                 store.drop_units_of(id)?;
+                blocks.delete(id, copies)?;
             }
             Ok(files.len())
         })

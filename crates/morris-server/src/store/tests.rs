@@ -563,8 +563,8 @@ fn data_file_records_and_sync() {
     assert_eq!(s.data_file_count(), 3);
     assert_eq!(s.scan_data_files(0, 10).unwrap(), vec![3, 5, 9]);
     assert_eq!(s.scan_data_files(3, 1).unwrap(), vec![5]);
-    s.remove_data_file(5).unwrap();
-    s.remove_data_file(5).unwrap();
+    s.remove_data_files(&[5]).unwrap();
+    s.remove_data_files(&[5]).unwrap();
     assert_eq!(s.data_file_count(), 2);
     s.sync().unwrap();
     s.sync().unwrap();
