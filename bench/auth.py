@@ -6,6 +6,8 @@ build with it, alternated in one run on the same machine.
     sudo python3 bench/auth.py --old /work/bin/morris-d20f993 --new target/release/morris \
         [--servers 4] [--rounds 3] [--big-size 1G] [--small-files 2000]
 
+With --tls-new the new build's servers, format and mount run with --tls
+(the same binary as --old, with --old-keyed, measures what TLS costs).
 With --old-keyed the old build gets keys too (a build of protocol 13 or
 later): the difference is then what came after it, e.g. checksums.
 
@@ -57,7 +59,7 @@ def wait_port(addr, proc, timeout=20):
     raise RuntimeError(f"server {addr} did not listen")
 
 
-def one_run(exe, bench_exe, base, k, keyed, a):
+def one_run(exe, bench_exe, base, k, keyed, a, tls=False):
     """Servers, format, mount, `morris bench`; returns its figures."""
     os.makedirs(base)
     vkey = ckey = []
@@ -65,8 +67,8 @@ def one_run(exe, bench_exe, base, k, keyed, a):
         out = subprocess.run([exe, "key", "new", os.path.join(base, "keys")], capture_output=True, text=True)
         if out.returncode != 0:
             raise RuntimeError(out.stdout + out.stderr)
-        vkey = ["--key", os.path.join(base, "keys", "volume.key")]
-        ckey = ["--key", os.path.join(base, "keys", "client.key")]
+        vkey = ["--key", os.path.join(base, "keys", "volume.key")] + (["--tls"] if tls else [])
+        ckey = ["--key", os.path.join(base, "keys", "client.key")] + (["--tls"] if tls else [])
     procs, addrs, mnt, mount = [], [], os.path.join(base, "mnt"), None
     try:
         for i in range(k):
@@ -119,6 +121,8 @@ def main():
     ap.add_argument("--new", required=True, help="morris binary with it")
     ap.add_argument("--old-keyed", action="store_true",
                     help="the old build takes keys too (protocol 13 or later): compare what came after")
+    ap.add_argument("--tls-new", action="store_true",
+                    help="the new build runs every connection inside TLS (--tls); e.g. --old X --old-keyed --new X")
     ap.add_argument("--servers", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--big-size", default="1G")
@@ -132,11 +136,11 @@ def main():
     rows = {"old": [], "new": []}
     try:
         for r in range(a.rounds):
-            both = [("old", a.old, a.old_keyed), ("new", a.new, True)]
+            both = [("old", a.old, a.old_keyed, False), ("new", a.new, True, a.tls_new)]
             # Which build goes first alternates: no build always runs on a
             # machine the other one just warmed or loaded.
-            for label, exe, keyed in (both if r % 2 == 0 else both[::-1]):
-                row = one_run(exe, a.new, os.path.join(tmp, f"{label}-{r}"), a.servers, keyed, a)
+            for label, exe, keyed, tls in (both if r % 2 == 0 else both[::-1]):
+                row = one_run(exe, a.new, os.path.join(tmp, f"{label}-{r}"), a.servers, keyed, a, tls)
                 rows[label].append(row)
                 print(f"round {r + 1} {label}: {row}", flush=True)
     finally:

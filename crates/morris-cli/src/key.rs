@@ -16,6 +16,11 @@ pub struct KeyArg {
     /// (mounts, NFS gateways); made by `morris key new`. Default: $MORRIS_KEY.
     #[arg(long = "key", env = "MORRIS_KEY", value_name = "FILE", global = true)]
     pub key: Option<PathBuf>,
+    /// Run every connection to the servers inside TLS (encrypted, and
+    /// tamper-evident); on `morris server`, also refuse connections that
+    /// are not. Default: $MORRIS_TLS.
+    #[arg(long, env = "MORRIS_TLS", global = true)]
+    pub tls: bool,
 }
 
 impl KeyArg {
@@ -27,7 +32,7 @@ impl KeyArg {
                  take the volume key, mounts the client key; `morris key new DIR` makes both)"
             );
         };
-        Ok(Keys::load(path)?)
+        Ok(Keys::load(path)?.with_tls(self.tls))
     }
 
     /// Reads the key file and insists it is the volume key.

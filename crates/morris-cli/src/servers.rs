@@ -136,8 +136,9 @@ impl ServerSet {
         n: u16,
         lease_ms: u32,
         key_file: &Path,
+        tls: bool,
     ) -> Result<Self> {
-        let key = Keys::load(key_file)?.credential();
+        let key = Keys::load(key_file)?.with_tls(tls).credential();
         let mut set = ServerSet {
             exe: exe.to_path_buf(),
             lease_ms,
@@ -184,6 +185,7 @@ impl ServerSet {
             .arg(self.lease_ms.to_string())
             .arg("--key")
             .arg(&self.key_file)
+            .args(self.key.tls().then_some("--tls"))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)

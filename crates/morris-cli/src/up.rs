@@ -61,6 +61,10 @@ pub struct UpArgs {
     #[arg(long, default_value = "0", value_name = "SIZE",
           value_parser = crate::size::parse_size)]
     pub cache_max_bytes: u64,
+    /// Run every connection inside TLS (the servers then refuse any
+    /// other: give `--tls` to `status`, other mounts, ... too).
+    #[arg(long, env = "MORRIS_TLS")]
+    pub tls: bool,
     #[command(flatten)]
     pub tuning: MountTuning,
 }
@@ -188,7 +192,7 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
         Terminate::install()?
     };
     let (volume_key, client_key) = up_keys(&dir)?;
-    let admin_key = Keys::load(&volume_key)?.credential();
+    let admin_key = Keys::load(&volume_key)?.with_tls(args.tls).credential();
     let mut servers = ServerSet::spawn(
         &exe,
         &dir,
@@ -196,6 +200,7 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
         args.servers,
         args.lease_ms,
         &volume_key,
+        args.tls,
     )?;
     let addrs = servers.addrs();
     let hellos = rt.block_on(servers.wait_ready(&mut term))?;
@@ -231,7 +236,8 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
     let client = rt.block_on(hold::connect(
         &mut term,
         &addrs[0],
-        args.tuning.client_config(name, Keys::load(&client_key)?),
+        args.tuning
+            .client_config(name, Keys::load(&client_key)?.with_tls(args.tls)),
     ))?;
     if let Some(url) = &args.home {
         if let Err(e) = rt.block_on(bind_root(&client, url, &args)) {

@@ -811,3 +811,35 @@ fn up_restarts_a_killed_server_with_back_off() {
         assert!(!alive(p), "server pid {p} survived:\n{log}");
     }
 }
+
+#[test]
+fn up_with_tls_serves_its_mount_and_its_servers_refuse_plain_clients() {
+    require_fuse();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = dir.path().canonicalize().expect("canonical");
+    let port = free_ports(2);
+    let (mut up, out) = start_up_with(&dir, port, "tls", &["--servers", "2", "--tls"], "info");
+    std::fs::write(dir.join("mnt/f"), b"inside TLS").expect("write through up's mount");
+    assert_eq!(
+        std::fs::read(dir.join("mnt/f")).expect("read"),
+        b"inside TLS"
+    );
+    let key = dir.join("data/keys/volume.key");
+    let key = key.to_str().expect("utf-8");
+    let addr = format!("127.0.0.1:{port}");
+    let plain = common::morris(&["status", &addr, "--key", key]);
+    assert!(!plain.status.success(), "{}", common::both(&plain));
+    assert!(
+        common::stderr(&plain).contains("inside TLS only"),
+        "{}",
+        common::both(&plain)
+    );
+    let tls = common::morris(&["status", &addr, "--key", key, "--tls"]);
+    assert!(tls.status.success(), "{}", common::both(&tls));
+    signal(up.id(), libc::SIGINT);
+    let status = wait_timeout(&mut up, Duration::from_secs(60)).unwrap_or_else(|| {
+        let _ = up.kill();
+        panic!("morris up ignored SIGINT:\n{}", contents(&out))
+    });
+    assert!(status.success(), "{}", contents(&out));
+}

@@ -412,7 +412,7 @@ fn a_client_that_stops_reading_holds_a_bounded_amount_of_the_servers_memory() {
         let mut s = tokio::net::TcpStream::connect(&addr)
             .await
             .expect("connect");
-        morris_proto::auth::handshake::connect(&mut s, &client)
+        morris_proto::auth::handshake::connect(&mut s, &client, &[])
             .await
             .expect("handshake");
         let hello = Request::Hello {
@@ -480,4 +480,45 @@ fn a_client_that_stops_reading_holds_a_bounded_amount_of_the_servers_memory() {
         std::fs::read(m.path.join("big")).expect("read").len(),
         4 << 20
     );
+}
+
+#[test]
+fn with_tls_nothing_travels_in_clear_and_plain_clients_are_refused() {
+    let c = Cluster::start(
+        2,
+        common::ClusterOpts {
+            format: false,
+            server_args: vec!["--tls".into()],
+            ..common::ClusterOpts::default()
+        },
+    );
+    let servers = c.addrs().join(",");
+    let o = morris(&["format", "--servers", &servers, "--tls"]);
+    assert!(o.status.success(), "format --tls: {}", both(&o));
+
+    // A client outside TLS is told why it is refused.
+    let o = morris(&["status", c.addr(0)]);
+    assert!(!o.status.success(), "a plain client got in: {}", both(&o));
+    assert!(stderr(&o).contains("inside TLS only"), "{}", both(&o));
+
+    // Inside TLS: what the client sends is a TLS stream, and neither its
+    // key's public id nor its Hello's client name shows in it.
+    let (proxy, seen) = recording_proxy(c.addr(0).to_string());
+    let o = morris(&["status", &proxy, "--tls", "--json"]);
+    assert!(o.status.success(), "status --tls: {}", both(&o));
+    let recorded = seen.lock().expect("lock").clone();
+    assert!(recorded.len() > 200, "nothing recorded");
+    assert_eq!(recorded[0], 0x16, "not a TLS handshake record");
+    let id = Keys::load(&keys().volume).expect("keys").credential().id();
+    let has = |needle: &[u8]| recorded.windows(needle.len()).any(|w| w == needle);
+    assert!(!has(&id), "the key id travels in clear");
+    assert!(!has(b"morris-status"), "the Hello travels in clear");
+
+    // A mount inside TLS works as any other.
+    let m = common::Mount::start(c.addr(0), &["--tls"]);
+    let data = common::pattern(3, 0, 3 << 20);
+    std::fs::write(m.path.join("f"), &data).expect("write");
+    drop(m);
+    let m = common::Mount::start(c.addr(1), &["--tls"]);
+    assert!(common::read_all(&m.path.join("f")) == data);
 }

@@ -20,6 +20,7 @@ pub mod home;
 pub mod layout;
 pub mod messages;
 pub mod net;
+pub mod tls;
 pub mod types;
 
 pub use error::{ErrorCode, WireError};

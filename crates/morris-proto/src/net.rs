@@ -16,8 +16,7 @@ use bytes::Bytes;
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use parking_lot::Mutex;
-use tokio::io::{AsyncWriteExt, BufWriter};
-use tokio::net::tcp::OwnedWriteHalf;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
@@ -30,6 +29,12 @@ use crate::frame::{
     MAX_FRAME,
 };
 use crate::messages::{Push, Reply, Request};
+use crate::tls;
+
+/// The receiving half of a connection (a TCP socket's, or a TLS session's).
+type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
+/// The sending half of a connection.
+type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -82,7 +87,7 @@ impl RpcError {
 /// frame is written whole under the lock, straight from the caller's task (no
 /// hop through a writer task on the request path).
 struct Writer {
-    w: tokio::sync::Mutex<BufWriter<OwnedWriteHalf>>,
+    w: tokio::sync::Mutex<BufWriter<WriteHalf>>,
     closed: Arc<AtomicBool>,
     /// Cancelled when a write fails or stalls: the connection's reader stops.
     gone: tokio_util::sync::CancellationToken,
@@ -108,7 +113,7 @@ async fn within<T>(
 }
 
 impl Writer {
-    fn new(wr: OwnedWriteHalf, closed: Arc<AtomicBool>, stall: std::time::Duration) -> Arc<Self> {
+    fn new(wr: WriteHalf, closed: Arc<AtomicBool>, stall: std::time::Duration) -> Arc<Self> {
         Arc::new(Writer {
             w: tokio::sync::Mutex::new(BufWriter::with_capacity(64 << 10, wr)),
             closed,
@@ -176,7 +181,7 @@ impl RpcClient {
         key: &Key,
         pushes: Option<mpsc::UnboundedSender<Push>>,
     ) -> Result<Self, RpcError> {
-        let mut stream = TcpStream::connect(addr)
+        let stream = TcpStream::connect(addr)
             .await
             .map_err(|source| RpcError::Connect {
                 addr: addr.to_string(),
@@ -188,7 +193,8 @@ impl RpcClient {
             addr: addr.to_string(),
             source,
         };
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake::connect(&mut stream, key)).await {
+        let (rd, wr) = match tokio::time::timeout(HANDSHAKE_TIMEOUT, open_client(stream, key)).await
+        {
             Ok(r) => r.map_err(auth)?,
             Err(_) => {
                 return Err(auth(HandshakeError::Io(format!(
@@ -196,8 +202,7 @@ impl RpcClient {
                     HANDSHAKE_TIMEOUT.as_secs()
                 ))))
             }
-        }
-        let (rd, wr) = stream.into_split();
+        };
         let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
         let closed = Arc::new(AtomicBool::new(false));
         let writer = Writer::new(wr, closed.clone(), WRITE_STALL);
@@ -554,6 +559,67 @@ async fn respond<S: Service>(
     let _ = conn.writer.send(&head, &payload).await;
 }
 
+/// The client's side of a new connection: TLS first if `key` says so
+/// ([`crate::tls`]), then the key handshake; the connection's halves.
+async fn open_client(
+    mut stream: TcpStream,
+    key: &Key,
+) -> Result<(ReadHalf, WriteHalf), HandshakeError> {
+    if !key.tls() {
+        handshake::connect(&mut stream, key, &[]).await?;
+        let (rd, wr) = stream.into_split();
+        return Ok((Box::new(rd), Box::new(wr)));
+    }
+    let cfg = tls::client_config().map_err(HandshakeError::Bad)?;
+    let name = rustls::pki_types::ServerName::try_from(tls::SERVER_NAME)
+        .map_err(|e| HandshakeError::Bad(e.to_string()))?;
+    let mut s = tokio_rustls::TlsConnector::from(cfg)
+        .connect(name, stream)
+        .await
+        .map_err(|e| HandshakeError::Io(format!("TLS: {e}")))?;
+    let binding = tls::binding(s.get_ref().1).map_err(HandshakeError::Bad)?;
+    handshake::connect(&mut s, key, &binding).await?;
+    let (rd, wr) = tokio::io::split(s);
+    Ok((Box::new(rd), Box::new(wr)))
+}
+
+/// The server's side of a new connection: TLS if the client starts it
+/// (required when `keys` say so), then the key handshake; the role the
+/// peer proved and the connection's halves.
+async fn open_server(
+    mut stream: TcpStream,
+    keys: &Keys,
+) -> Result<(Role, ReadHalf, WriteHalf), HandshakeError> {
+    let mut first = [0u8; 1];
+    let n = stream
+        .peek(&mut first)
+        .await
+        .map_err(|e| HandshakeError::Io(e.to_string()))?;
+    if n == 0 {
+        return Err(HandshakeError::Io("closed before the handshake".into()));
+    }
+    if first[0] != tls::TLS_FIRST_BYTE {
+        if keys.tls() {
+            let reason =
+                "this server takes connections inside TLS only (start the client with --tls)";
+            let _ = handshake::refuse(&mut stream, reason).await;
+            return Err(HandshakeError::Refused(reason.into()));
+        }
+        let role = handshake::accept(&mut stream, keys, &[]).await?;
+        let (rd, wr) = stream.into_split();
+        return Ok((role, Box::new(rd), Box::new(wr)));
+    }
+    let cfg = tls::server_config().map_err(HandshakeError::Bad)?;
+    let mut s = tokio_rustls::TlsAcceptor::from(cfg)
+        .accept(stream)
+        .await
+        .map_err(|e| HandshakeError::Io(format!("TLS: {e}")))?;
+    let binding = tls::binding(s.get_ref().1).map_err(HandshakeError::Bad)?;
+    let role = handshake::accept(&mut s, keys, &binding).await?;
+    let (rd, wr) = tokio::io::split(s);
+    Ok((role, Box::new(rd), Box::new(wr)))
+}
+
 /// Accepts connections forever, serving each with `svc` once it proved it
 /// holds one of `keys`.
 pub async fn serve<S: Service>(
@@ -605,7 +671,7 @@ pub async fn serve_connection<S: Service>(
 }
 
 async fn serve_admitted<S: Service>(
-    mut stream: TcpStream,
+    stream: TcpStream,
     peer: SocketAddr,
     id: u64,
     svc: Arc<S>,
@@ -614,24 +680,22 @@ async fn serve_admitted<S: Service>(
 ) {
     let _ = stream.set_nodelay(true);
     keepalive(&stream);
-    let role = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake::accept(&mut stream, &keys))
-        .await
-    {
-        Ok(Ok(role)) => role,
-        Ok(Err(HandshakeError::Io(e))) => {
-            debug!(%peer, error = %e, "connection ended during the handshake");
-            return;
-        }
-        Ok(Err(e)) => {
-            warn!(%peer, error = %e, "connection refused: handshake failed");
-            return;
-        }
-        Err(_) => {
-            warn!(%peer, "connection refused: no handshake in 10 s");
-            return;
-        }
-    };
-    let (rd, wr) = stream.into_split();
+    let (role, rd, wr) =
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, open_server(stream, &keys)).await {
+            Ok(Ok(x)) => x,
+            Ok(Err(HandshakeError::Io(e))) => {
+                debug!(%peer, error = %e, "connection ended during the handshake");
+                return;
+            }
+            Ok(Err(e)) => {
+                warn!(%peer, error = %e, "connection refused: handshake failed");
+                return;
+            }
+            Err(_) => {
+                warn!(%peer, "connection refused: no handshake in 10 s");
+                return;
+            }
+        };
     let closed = Arc::new(AtomicBool::new(false));
     let writer = Writer::new(wr, closed, limits.stall);
     let conn = Arc::new(Conn {
@@ -823,5 +887,54 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(60), all)
             .await
             .expect("every request answered");
+    }
+
+    /// Echoes a request's payload back.
+    struct Echo;
+
+    impl Service for Echo {
+        fn call(self: Arc<Self>, _conn: Arc<Conn>, _req: Request, p: Bytes) -> ServiceFuture {
+            Box::pin(async move { (Ok(Reply::Ok), p) })
+        }
+    }
+
+    async fn echo_server(keys: Keys) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(serve(listener, Arc::new(Echo), keys));
+        addr
+    }
+
+    #[tokio::test]
+    async fn tls_carries_calls_and_a_tls_only_server_refuses_plain_clients() {
+        let key = Key::generate();
+        let tls_client = Keys::from_key(key.client_key()).with_tls(true).credential();
+        let plain_client = key.client_key();
+        let big = Bytes::from(vec![7u8; 3 << 20]);
+        // A server that takes both.
+        let addr = echo_server(Keys::from_key(key.clone())).await;
+        for k in [&tls_client, &plain_client] {
+            let c = RpcClient::connect(&addr, k, None).await.unwrap();
+            let (r, p) = c.call(&Request::Renew, big.clone()).await.unwrap();
+            assert!(matches!(r, Reply::Ok));
+            assert_eq!(p, big);
+        }
+        // A server that takes TLS only.
+        let addr = echo_server(Keys::from_key(key.clone()).with_tls(true)).await;
+        let c = RpcClient::connect(&addr, &tls_client, None).await.unwrap();
+        assert_eq!(c.call(&Request::Renew, big.clone()).await.unwrap().1, big);
+        match RpcClient::connect(&addr, &plain_client, None).await {
+            Err(e @ RpcError::Auth { .. }) => {
+                assert!(e.to_string().contains("inside TLS only"), "{e}");
+                assert_eq!(e.code(), ErrorCode::Denied);
+            }
+            Err(e) => panic!("unexpected error {e}"),
+            Ok(_) => panic!("a plain client got in"),
+        }
+        // A key of another volume inside TLS: refused all the same.
+        let other = Keys::from_key(Key::generate().client_key())
+            .with_tls(true)
+            .credential();
+        assert!(RpcClient::connect(&addr, &other, None).await.is_err());
     }
 }

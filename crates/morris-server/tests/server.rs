@@ -947,7 +947,7 @@ async fn garbage_frames_do_not_hurt_other_clients() {
     // A well-framed request whose header is not a request (after a good
     // handshake; the two above never get past theirs).
     let mut s3 = TcpStream::connect(addr).await.unwrap();
-    morris_proto::auth::handshake::connect(&mut s3, &KEY)
+    morris_proto::auth::handshake::connect(&mut s3, &KEY, &[])
         .await
         .unwrap();
     let mut frame = Vec::new();

@@ -107,18 +107,27 @@ fn encode_hs(m: &Hs) -> Vec<u8> {
     out
 }
 
+/// What both proofs cover: the version, role, key id, both nonces and, on
+/// a TLS connection, the TLS session's exported keying material (so the
+/// proofs are valid on that session only: a man in the middle who ends
+/// TLS on each side has two sessions with different bindings).
 fn transcript<'a>(
     label: &'a [u8],
     role: Role,
     key_id: &'a [u8; 8],
     cn: &'a [u8; 32],
     sn: &'a [u8; 32],
-) -> [&'a [u8]; 6] {
+    binding: &'a [u8],
+) -> Vec<&'a [u8]> {
     let role: &'static [u8] = match role {
         Role::Client => b"C",
         Role::Server => b"S",
     };
-    [label, &[0, 1], role, key_id, cn, sn]
+    let mut parts: Vec<&[u8]> = vec![label, &[0, 1], role, key_id, cn, sn];
+    if !binding.is_empty() {
+        parts.extend([b"tls".as_slice(), binding]);
+    }
+    parts
 }
 
 const SERVER_LABEL: &[u8] = b"morris handshake v1: server proof";
@@ -135,11 +144,14 @@ pub struct Challenged {
     key: Key,
     client_nonce: [u8; 32],
     server_nonce: [u8; 32],
+    binding: Vec<u8>,
 }
 
 /// Server, step 1 → 2: the answer to a `Hi` (a `Challenge`, or the reason to
 /// refuse). Pure, so it can be fuzzed.
-pub fn server_on_hi(keys: &Keys, body: &[u8]) -> Result<(Challenged, Hs), String> {
+/// `binding` is the TLS session's exported keying material (empty on a
+/// plain connection).
+pub fn server_on_hi(keys: &Keys, body: &[u8], binding: &[u8]) -> Result<(Challenged, Hs), String> {
     let (version, role, key_id, cn) = match decode_hs(body) {
         Ok(Hs::Hi {
             magic,
@@ -166,12 +178,13 @@ pub fn server_on_hi(keys: &Keys, body: &[u8]) -> Result<(Challenged, Hs), String
         ));
     };
     let sn = nonce();
-    let proof = key.mac(&transcript(SERVER_LABEL, role, &key_id, &cn, &sn));
+    let proof = key.mac(&transcript(SERVER_LABEL, role, &key_id, &cn, &sn, binding));
     Ok((
         Challenged {
             key,
             client_nonce: cn,
             server_nonce: sn,
+            binding: binding.to_vec(),
         },
         Hs::Challenge { nonce: sn, proof },
     ))
@@ -185,7 +198,14 @@ pub fn server_on_proof(c: &Challenged, body: &[u8]) -> Result<Role, String> {
     let role = c.key.role();
     let id = c.key.id();
     if c.key.verify(
-        &transcript(CLIENT_LABEL, role, &id, &c.client_nonce, &c.server_nonce),
+        &transcript(
+            CLIENT_LABEL,
+            role,
+            &id,
+            &c.client_nonce,
+            &c.server_nonce,
+            &c.binding,
+        ),
         &proof,
     ) {
         Ok(role)
@@ -222,9 +242,10 @@ async fn write_msg<S: AsyncWrite + Unpin>(s: &mut S, m: &Hs) -> Result<(), Hands
 pub async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     keys: &Keys,
+    binding: &[u8],
 ) -> Result<Role, HandshakeError> {
     let hi = read_msg(s).await?;
-    let (state, challenge) = match server_on_hi(keys, &hi) {
+    let (state, challenge) = match server_on_hi(keys, &hi, binding) {
         Ok(x) => x,
         Err(reason) => {
             let _ = write_msg(
@@ -257,11 +278,28 @@ pub async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
+/// Reads a client's `Hi` and refuses it with `reason` (a server that takes
+/// no connection of this kind, e.g. one outside TLS).
+pub async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    reason: &str,
+) -> Result<(), HandshakeError> {
+    let _ = read_msg(s).await?;
+    write_msg(
+        s,
+        &Hs::Refused {
+            reason: reason.to_string(),
+        },
+    )
+    .await
+}
+
 /// Runs the client's side with `key`: Ok once the server proved it holds
 /// the key and accepted ours.
 pub async fn connect<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     key: &Key,
+    binding: &[u8],
 ) -> Result<(), HandshakeError> {
     let cn = nonce();
     let role = key.role();
@@ -287,7 +325,7 @@ pub async fn connect<S: AsyncRead + AsyncWrite + Unpin>(
         }
     };
     if !key.verify(
-        &transcript(SERVER_LABEL, role, &id, &cn, &sn),
+        &transcript(SERVER_LABEL, role, &id, &cn, &sn, binding),
         &server_proof,
     ) {
         return Err(HandshakeError::Bad(format!(
@@ -295,7 +333,7 @@ pub async fn connect<S: AsyncRead + AsyncWrite + Unpin>(
             hex_of(&id)
         )));
     }
-    let proof = key.mac(&transcript(CLIENT_LABEL, role, &id, &cn, &sn));
+    let proof = key.mac(&transcript(CLIENT_LABEL, role, &id, &cn, &sn, binding));
     write_msg(s, &Hs::Proof { proof }).await?;
     match decode_hs(&read_msg(s).await?)? {
         Hs::Welcome => Ok(()),
@@ -311,7 +349,7 @@ pub fn fuzz_server(data: &[u8]) {
     let key = Key::from_parts(Role::Server, [7; 32]);
     let keys = Keys::from_key(key.clone());
     let _ = decode_hs(data);
-    let _ = server_on_hi(&keys, data);
+    let _ = server_on_hi(&keys, data, &[]);
     // A valid Hi, then the bytes as the proof.
     let hi = encode_hs(&Hs::Hi {
         magic: MAGIC,
@@ -320,7 +358,7 @@ pub fn fuzz_server(data: &[u8]) {
         key_id: key.client_key().id(),
         nonce: [1; 32],
     });
-    if let Ok((state, _)) = server_on_hi(&keys, &hi[4..]) {
+    if let Ok((state, _)) = server_on_hi(&keys, &hi[4..], &[]) {
         let _ = server_on_proof(&state, data);
     }
 }
@@ -334,8 +372,8 @@ mod tests {
         client_key: Key,
     ) -> (Result<Role, HandshakeError>, Result<(), HandshakeError>) {
         let (mut a, mut b) = tokio::io::duplex(4096);
-        let srv = tokio::spawn(async move { accept(&mut a, &server_keys).await });
-        let cli = connect(&mut b, &client_key).await;
+        let srv = tokio::spawn(async move { accept(&mut a, &server_keys, &[]).await });
+        let cli = connect(&mut b, &client_key, &[]).await;
         (srv.await.unwrap(), cli)
     }
 
@@ -357,7 +395,7 @@ mod tests {
         let forged = Key::from_parts(Role::Client, [9; 32]);
         let hi_id = v.client_key().id();
         let (mut a, mut b) = tokio::io::duplex(4096);
-        let srv = tokio::spawn(async move { accept(&mut a, &keys).await });
+        let srv = tokio::spawn(async move { accept(&mut a, &keys, &[]).await });
         write_msg(
             &mut b,
             &Hs::Hi {
@@ -380,6 +418,7 @@ mod tests {
             &hi_id,
             &[3; 32],
             &nonce,
+            &[],
         ));
         write_msg(&mut b, &Hs::Proof { proof }).await.unwrap();
         assert!(matches!(
@@ -387,6 +426,29 @@ mod tests {
             Hs::Refused { .. }
         ));
         assert!(srv.await.unwrap().is_err());
+    }
+
+    #[tokio::test]
+    async fn proofs_made_on_another_tls_session_fail() {
+        // A man in the middle ending TLS on both sides relays the morris
+        // handshake between two sessions with different bindings.
+        let v = Key::generate();
+        let keys = Keys::from_key(v.clone());
+        let (mut a, mut b) = tokio::io::duplex(4096);
+        let srv = tokio::spawn(async move { accept(&mut a, &keys, &[1; 32]).await });
+        let cli = connect(&mut b, &v.client_key(), &[2; 32]).await;
+        assert!(
+            cli.is_err(),
+            "the client believed a proof from another session"
+        );
+        drop(b);
+        assert!(srv.await.unwrap().is_err());
+        // The same binding on both ends: accepted.
+        let keys = Keys::from_key(v.clone());
+        let (mut a, mut b) = tokio::io::duplex(4096);
+        let srv = tokio::spawn(async move { accept(&mut a, &keys, &[5; 32]).await });
+        connect(&mut b, &v.client_key(), &[5; 32]).await.unwrap();
+        assert_eq!(srv.await.unwrap().unwrap(), Role::Client);
     }
 
     #[tokio::test]
@@ -406,7 +468,7 @@ mod tests {
             )
             .await
         });
-        let r = connect(&mut b, &v.client_key()).await;
+        let r = connect(&mut b, &v.client_key(), &[]).await;
         assert!(
             matches!(r, Err(HandshakeError::Bad(m)) if m.contains("not a server of this volume"))
         );

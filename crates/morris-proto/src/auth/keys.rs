@@ -95,6 +95,8 @@ pub enum KeyError {
 pub struct Key {
     role: Role,
     secret: [u8; KEY_LEN],
+    /// Connections made with this key run inside TLS (`--tls`).
+    tls: bool,
 }
 
 impl std::fmt::Debug for Key {
@@ -124,12 +126,22 @@ impl Key {
         Key {
             role: Role::Server,
             secret,
+            tls: false,
         }
     }
 
     /// A key from its parts (tests, and the key file reader).
     pub fn from_parts(role: Role, secret: [u8; KEY_LEN]) -> Key {
-        Key { role, secret }
+        Key {
+            role,
+            secret,
+            tls: false,
+        }
+    }
+
+    /// Whether connections made with this key run inside TLS.
+    pub fn tls(&self) -> bool {
+        self.tls
     }
 
     /// What this key lets its holder do.
@@ -144,6 +156,7 @@ impl Key {
             Role::Server => Key {
                 role: Role::Client,
                 secret: hmac(&self.secret, &[b"morris client key v1"]),
+                tls: self.tls,
             },
         }
     }
@@ -234,7 +247,11 @@ pub fn parse_keys(path: &Path, text: &str) -> Result<Vec<Key>, KeyError> {
                 bytes.len()
             ))
         })?;
-        keys.push(Key { role, secret });
+        keys.push(Key {
+            role,
+            secret,
+            tls: false,
+        });
     }
     if keys.is_empty() {
         return Err(KeyError::Empty(path.to_path_buf()));
@@ -294,6 +311,8 @@ impl Loaded {
 pub struct Keys {
     path: Option<PathBuf>,
     loaded: Arc<Mutex<Loaded>>,
+    /// Connect inside TLS, and (a server) accept only connections inside TLS.
+    tls: bool,
 }
 
 impl std::fmt::Debug for Keys {
@@ -313,7 +332,7 @@ impl PartialEq for Keys {
             return true;
         }
         let (a, b) = (self.loaded.lock(), other.loaded.lock());
-        self.path == other.path && a.all().eq(b.all())
+        self.path == other.path && self.tls == other.tls && a.all().eq(b.all())
     }
 }
 impl Eq for Keys {}
@@ -364,11 +383,13 @@ impl Keys {
                 first,
                 rest,
             })),
+            tls: false,
         })
     }
 
     /// One key held in memory only (tests, in-process servers).
     pub fn from_key(key: Key) -> Keys {
+        let tls = key.tls;
         Keys {
             path: None,
             loaded: Arc::new(Mutex::new(Loaded {
@@ -376,6 +397,7 @@ impl Keys {
                 first: key,
                 rest: Vec::new(),
             })),
+            tls,
         }
     }
 
@@ -409,7 +431,22 @@ impl Keys {
     /// The key this process connects with (the first of the file).
     pub fn credential(&self) -> Key {
         self.refresh();
-        self.loaded.lock().first.clone()
+        let mut k = self.loaded.lock().first.clone();
+        k.tls = self.tls;
+        k
+    }
+
+    /// These keys with connections inside TLS (`--tls`): every connection
+    /// made with them runs in TLS, and a server holding them refuses
+    /// connections that do not.
+    pub fn with_tls(mut self, tls: bool) -> Keys {
+        self.tls = tls;
+        self
+    }
+
+    /// Whether connections run inside TLS ([`Keys::with_tls`]).
+    pub fn tls(&self) -> bool {
+        self.tls
     }
 
     /// The key that a peer presenting `role` and `id` must hold, if it is
