@@ -502,12 +502,42 @@ impl Blocks {
                 .copy_from_slice(&data[(from - pos) as usize..(to - pos) as usize]);
             entries.push(sums::entry(&chunk));
         }
-        let _slot = self.begin(id, replica, first, end)?;
-        f.data
-            .write_all_at(data, pos)
-            .map_err(|e| io_err(&format!("write data of file {id}"), &e))?;
-        sums::write_entries(&f.sums, first, &entries)
-            .map_err(|e| io_err(&format!("write checksums of file {id}"), &e))
+        self.changing(f, id, replica, (first, end), || {
+            f.data
+                .write_all_at(data, pos)
+                .map_err(|e| io_err(&format!("write data of file {id}"), &e))?;
+            sums::write_entries(&f.sums, first, &entries)
+                .map_err(|e| io_err(&format!("write checksums of file {id}"), &e))
+        })
+    }
+
+    /// Runs `change` of chunks `[first, end)` of `f` inside a slot of the
+    /// in-flight journal. If it fails half way (a full disk), the chunks'
+    /// sums are taken from the data as it is then (or, failing that too,
+    /// the slot is left for the next start to reseal): an unanswered
+    /// change may leave old or new bytes, never a false checksum failure.
+    fn changing<T>(
+        &self,
+        f: &Extent,
+        id: FileId,
+        replica: u8,
+        (first, end): (u64, u64),
+        change: impl FnOnce() -> Result<T, WireError>,
+    ) -> Result<T, WireError> {
+        let slot = self.begin(id, replica, first, end)?;
+        match change() {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                match reseal_files(&f.data, &f.sums, first, end) {
+                    Ok(_) => drop(slot),
+                    Err(re) => {
+                        warn!(id, copy = replica, error = %re, "cannot reseal a failed change now; the next start will");
+                        std::mem::forget(slot);
+                    }
+                }
+                Err(e)
+            }
+        }
     }
 
     fn sync_dir(&self, id: FileId) -> Result<(), WireError> {
@@ -536,14 +566,15 @@ impl Blocks {
         } else {
             None
         };
-        let _slot = self.begin(id, replica, first, end)?;
-        f.data.set_len(len).map_err(|e| io_err(&what, &e))?;
-        if let Some(e) = tail {
-            sums::write_entries(&f.sums, first, &[e]).map_err(|e| io_err(&what, &e))?;
-        }
-        f.sums
-            .set_len(len.div_ceil(CHUNK) * ENTRY)
-            .map_err(|e| io_err(&what, &e))
+        self.changing(&f, id, replica, (first, end), || {
+            f.data.set_len(len).map_err(|e| io_err(&what, &e))?;
+            if let Some(e) = tail {
+                sums::write_entries(&f.sums, first, &[e]).map_err(|e| io_err(&what, &e))?;
+            }
+            f.sums
+                .set_len(len.div_ceil(CHUNK) * ENTRY)
+                .map_err(|e| io_err(&what, &e))
+        })
     }
 
     /// Frees `len` bytes at `pos` of copy `replica` of `id` (they read as
@@ -574,35 +605,36 @@ impl Blocks {
         for &c in &partial {
             self.chunk_checked(&f, id, replica, c)?;
         }
-        let _slot = self.begin(id, replica, first, end)?;
-        // SAFETY: `f.data` is an open descriptor for the duration of the call.
-        let r = unsafe {
-            libc::fallocate(
-                std::os::fd::AsRawFd::as_raw_fd(&f.data),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                off,
-                n,
-            )
-        };
-        if r != 0 {
-            return Err(io_err(&what, &io::Error::last_os_error()));
-        }
-        // Whole chunks are zeros now (entry 0), in pieces of 1 MiB of entries.
-        let mut c = first;
-        while c < end {
-            let upto = (c + 256 * 1024).min(end);
-            let mut entries = vec![0u32; (upto - c) as usize];
-            for &p in &partial {
-                if (c..upto).contains(&p) {
-                    let now = read_upto(&f.data, p * CHUNK, CHUNK as usize)
-                        .map_err(|e| io_err(&what, &e))?;
-                    entries[(p - c) as usize] = sums::entry(&now);
-                }
+        self.changing(&f, id, replica, (first, end), || {
+            // SAFETY: `f.data` is an open descriptor for the duration of the call.
+            let r = unsafe {
+                libc::fallocate(
+                    std::os::fd::AsRawFd::as_raw_fd(&f.data),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    off,
+                    n,
+                )
+            };
+            if r != 0 {
+                return Err(io_err(&what, &io::Error::last_os_error()));
             }
-            sums::write_entries(&f.sums, c, &entries).map_err(|e| io_err(&what, &e))?;
-            c = upto;
-        }
-        Ok(())
+            // Whole chunks are zeros now (entry 0), in pieces of 1 MiB of entries.
+            let mut c = first;
+            while c < end {
+                let upto = (c + 256 * 1024).min(end);
+                let mut entries = vec![0u32; (upto - c) as usize];
+                for &p in &partial {
+                    if (c..upto).contains(&p) {
+                        let now = read_upto(&f.data, p * CHUNK, CHUNK as usize)
+                            .map_err(|e| io_err(&what, &e))?;
+                        entries[(p - c) as usize] = sums::entry(&now);
+                    }
+                }
+                sums::write_entries(&f.sums, c, &entries).map_err(|e| io_err(&what, &e))?;
+                c = upto;
+            }
+            Ok(())
+        })
     }
 
     /// Removes every extent file of `id` (the volume keeps `copies` copies).
@@ -770,20 +802,7 @@ impl Blocks {
             Err(e) => return Err(e),
         };
         let sums = self.open_sums(c.id, c.replica, false)?;
-        let len = data.metadata()?.len();
-        let last = len.div_ceil(CHUNK);
-        let mut n = 0;
-        let mut at = c.first;
-        while at < c.end.min(last) {
-            let upto = (at + REGION_CHUNKS).min(c.end).min(last);
-            let buf = read_upto(&data, at * CHUNK, ((upto - at) * CHUNK) as usize)?;
-            sums::write_entries(&sums, at, &sums::entries_of(&buf))?;
-            n += upto - at;
-            at = upto;
-        }
-        if sums.metadata()?.len() > last * ENTRY {
-            sums.set_len(last * ENTRY)?;
-        }
+        let n = reseal_files(&data, &sums, c.first, c.end)?;
         sums.sync_all()?;
         Ok(n)
     }
@@ -835,6 +854,26 @@ impl Blocks {
         }
         Ok(())
     }
+}
+
+/// Takes the sums of chunks `[first, end)` from `data` as it is (and cuts
+/// the sums past its end); returns the chunks resealed.
+fn reseal_files(data: &File, sums: &File, first: u64, end: u64) -> io::Result<u64> {
+    let len = data.metadata()?.len();
+    let last = len.div_ceil(CHUNK);
+    let mut n = 0;
+    let mut at = first;
+    while at < end.min(last) {
+        let upto = (at + REGION_CHUNKS).min(end).min(last);
+        let buf = read_upto(data, at * CHUNK, ((upto - at) * CHUNK) as usize)?;
+        sums::write_entries(sums, at, &sums::entries_of(&buf))?;
+        n += upto - at;
+        at = upto;
+    }
+    if sums.metadata()?.len() > last * ENTRY {
+        sums.set_len(last * ENTRY)?;
+    }
+    Ok(n)
 }
 
 /// Writes the sums of `data` to `sums` (through a temporary file renamed
@@ -1064,6 +1103,24 @@ mod tests {
         let got = b.read(3, 0, 0, 20_000).unwrap();
         assert_eq!(&got[4096..9096], &[7u8; 5000][..]);
         assert_eq!(&got[9096..], &data[9096..]);
+    }
+
+    #[test]
+    fn a_change_that_fails_half_way_leaves_no_false_checksum_failure() {
+        let (_d, b, st) = setup();
+        let data = pattern(10_000, 2);
+        b.write(8, 0, 0, &data, false, &st).unwrap();
+        let f = b.existing(8, 0).unwrap().unwrap();
+        // As a full disk would: the data half written, the sums not.
+        let r: Result<(), WireError> = b.changing(&f, 8, 0, (0, 3), || {
+            f.data.write_all_at(&[9u8; 5000], 0).unwrap();
+            Err(WireError::new(ErrorCode::NoSpace, "disk full"))
+        });
+        assert_eq!(r.unwrap_err().code, ErrorCode::NoSpace);
+        let got = b.read(8, 0, 0, 10_000).unwrap();
+        assert_eq!(&got[..5000], &[9u8; 5000][..]);
+        assert_eq!(&got[5000..], &data[5000..]);
+        assert_eq!(b.sum_stats().bad_chunks.load(Ordering::Relaxed), 0);
     }
 
     #[test]

@@ -45,7 +45,7 @@ use morris_proto::{
     Attr, DirEntry, ErrorCode, FileId, FileKind, Handle, Inode, SetAttr, Timestamp,
     VolumeDescriptor, WireError, MAX_FILE_SIZE, MAX_NAME_LEN, MAX_SYMLINK_LEN, ROOT_ID,
 };
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, MutexGuard, RwLock};
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
 /// Most bytes of encoded entries or inodes one listing reply carries, so a
@@ -477,8 +477,27 @@ impl Store {
         self.data_files.load(Ordering::Relaxed)
     }
 
+    /// The connection, locked. A caller that would have to wait for it
+    /// (a snapshot, a checkpoint or an fsync holds it) waits off the async
+    /// worker thread it runs on (`block_in_place`: the worker's other tasks,
+    /// lease renewals first of all, move to another thread meanwhile).
+    /// Store calls run inline on the async workers (`service::metadata`),
+    /// so without this a snapshot of a few seconds stopped every worker.
+    pub(crate) fn conn(&self) -> MutexGuard<'_, Connection> {
+        if let Some(g) = self.write.try_lock() {
+            return g;
+        }
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        match Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(|| self.write.lock())
+            }
+            _ => self.write.lock(),
+        }
+    }
+
     fn with_reader<T>(&self, f: impl FnOnce(&Connection) -> T) -> T {
-        let c = self.write.lock();
+        let c = self.conn();
         f(&c)
     }
 
@@ -486,7 +505,7 @@ impl Store {
         &self,
         f: impl FnOnce(&Transaction<'_>) -> Result<T, WireError>,
     ) -> Result<T, WireError> {
-        let mut conn = self.write.lock();
+        let mut conn = self.conn();
         self.txn_locked(&mut conn, f)
     }
 
@@ -540,7 +559,7 @@ impl Store {
         }
         // Hold the write lock across the check and the write so two formats
         // cannot interleave.
-        let mut conn = self.write.lock();
+        let mut conn = self.conn();
         let mut slot = self.formatted.write();
         if let Some(f) = &*slot {
             if f.descriptor.uuid != descriptor.uuid {
@@ -1232,7 +1251,7 @@ impl Store {
 
     /// Makes every committed transaction durable against power loss.
     pub fn sync(&self) -> Result<(), WireError> {
-        let conn = self.write.lock();
+        let conn = self.conn();
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(db_err)?;
         let r = conn.execute(

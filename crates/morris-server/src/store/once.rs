@@ -62,7 +62,7 @@ impl Store {
         };
         // One connection, one lock: a repeat that arrives while the first
         // copy still runs waits here and then finds its outcome.
-        let mut conn = self.write.lock();
+        let mut conn = self.conn();
         let stored: Option<Vec<u8>> = conn
             .prepare_cached("SELECT outcome FROM replies WHERE client = ?1 AND op = ?2")
             .and_then(|mut s| {

@@ -206,7 +206,7 @@ impl Store {
     /// Returns the seq of the last transaction already in the store: every
     /// changeset sent later has a larger seq.
     pub fn start_capture(&self, tx: UnboundedSender<Captured>) -> u64 {
-        let _write = self.write.lock();
+        let _write = self.conn();
         *self.capture.sink.lock() = Some(tx);
         self.capture.seq.load(Ordering::Acquire)
     }
@@ -228,7 +228,7 @@ impl Store {
         let p = path
             .to_str()
             .ok_or_else(|| io_err(format!("snapshot path {} is not UTF-8", path.display())))?;
-        let conn = self.write.lock();
+        let conn = self.conn();
         let seq = self.committed_seq();
         conn.execute("VACUUM INTO ?1", params![p])
             .map_err(|e| io_err(format!("snapshot to {}: {e}", path.display())))?;
@@ -250,7 +250,7 @@ impl Store {
                 format!("no snapshot file {shown}"),
             ));
         }
-        let mut conn = self.write.lock();
+        let mut conn = self.conn();
         if self.capture.is_on() {
             return Err(io_err(
                 "cannot install a snapshot while this store's changes are captured",
@@ -276,7 +276,7 @@ impl Store {
     /// Keeps the volume record and the inode/entry counts current. Refused
     /// while this store's own changes are captured.
     pub fn apply_changeset(&self, changeset: &[u8]) -> Result<(), WireError> {
-        let mut conn = self.write.lock();
+        let mut conn = self.conn();
         if self.capture.is_on() {
             return Err(io_err(
                 "cannot apply a changeset while this store's changes are captured",
@@ -324,7 +324,7 @@ impl Store {
 
     /// Recounts the inodes, entries and data files from the tables.
     pub fn recount(&self) -> Result<(), WireError> {
-        let conn = self.write.lock();
+        let conn = self.conn();
         let inodes = count(&conn, "inodes")?;
         let entries = count(&conn, "entries")?;
         let data_files = count(&conn, "data_files")?;

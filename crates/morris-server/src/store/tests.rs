@@ -839,3 +839,50 @@ fn an_orphan_stays_while_a_live_client_has_it_open() {
     assert_eq!(s.drop_link(d.handle(), None).unwrap().attr.nlink, 0);
     assert!(s.reap(d.handle(), &alive, None).unwrap().is_some());
 }
+
+#[test]
+// Holding the lock across awaits is the point: it plays a long snapshot.
+#[allow(clippy::await_holding_lock)]
+fn a_caller_waiting_for_the_store_does_not_stop_its_async_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(Store::open(&dir.path().join("m.sqlite")).unwrap());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    // As a snapshot would: the connection is held a while.
+    let held = s.conn();
+    rt.block_on(async {
+        let waiting = {
+            let s = s.clone();
+            tokio::spawn(async move { s.scan_data_files(0, 1).unwrap() })
+        };
+        let other = tokio::spawn(async {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            42
+        });
+        // The one worker still runs other tasks while a store call waits.
+        let got = tokio::time::timeout(std::time::Duration::from_secs(10), other).await;
+        assert_eq!(got.expect("the worker was stopped").unwrap(), 42);
+        drop(held);
+        waiting.await.unwrap();
+        // Waiting from a blocking thread, and inside `block_in_place`: no
+        // panic either.
+        let held = s.conn();
+        let a = {
+            let s = s.clone();
+            tokio::task::spawn_blocking(move || s.scan_data_files(0, 1).unwrap())
+        };
+        let b = {
+            let s = s.clone();
+            tokio::spawn(
+                async move { tokio::task::block_in_place(|| s.scan_data_files(0, 1).unwrap()) },
+            )
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        drop(held);
+        a.await.unwrap();
+        b.await.unwrap();
+    });
+}
