@@ -223,4 +223,17 @@ fn a_damaged_unit_of_a_cached_file_is_fetched_from_home_again() {
     assert_eq!(byte_at(&victim, 1234), good, "the unit was fetched again");
     let i = integrity(&c, 0);
     assert!(i["bad_chunks"].as_u64() >= Some(1), "{i}");
+
+    // Damage in another unit, found by a scrub before anyone reads it: the
+    // unit is forgotten and fetched from home at the next read (not taken
+    // for data with no other copy).
+    let good = flip(&victim, 70_000);
+    let o = morris(&["scrub", c.addr(0)]);
+    assert_eq!(o.status.code(), Some(1), "{}", both(&o));
+    drop(m);
+    let m = c.mount();
+    assert!(read_all(&m.path.join("c/f")) == data, "damaged unit served");
+    assert_eq!(byte_at(&victim, 70_000), good, "the unit was fetched again");
+    let i = integrity(&c, 0);
+    assert_eq!(i["unrepairable"].as_u64(), Some(0), "{i}");
 }

@@ -359,6 +359,21 @@ impl Blocks {
         self.damage.lock().remove(&(id, replica));
     }
 
+    /// True if the chunk holding byte `at` of copy `replica` of `id` still
+    /// fails its checksum (it may have been rewritten, or fetched again,
+    /// since it was noted). Notes nothing; an error counts as still bad.
+    pub fn still_damaged(&self, id: FileId, replica: u8, at: u64) -> bool {
+        let Ok(Some(f)) = self.existing(id, replica) else {
+            return false;
+        };
+        let c = sums::chunk_of(at);
+        let _l = self.lock_chunks((id, replica), c, c + 1);
+        match self.read_checked(&f, id, c, CHUNK as usize) {
+            Ok((_, bad)) => bad.is_some(),
+            Err(_) => true,
+        }
+    }
+
     /// The extent files found damaged since the last call, as (file, copy,
     /// lowest damaged byte of the extent file).
     pub fn take_damage(&self) -> Vec<(FileId, u8, u64)> {
@@ -1047,9 +1062,12 @@ mod tests {
             b.write(5, 1, 40_001, b"x", false, &st).unwrap_err().code,
             ErrorCode::Corrupt
         );
+        assert!(b.still_damaged(5, 1, 40_000));
+        assert!(!b.still_damaged(5, 1, 100), "another chunk");
         // ...a whole-chunk write (a repair) does.
         b.write(5, 1, 36_864, &data[36_864..40_960], false, &st)
             .unwrap();
+        assert!(!b.still_damaged(5, 1, 40_000));
         assert_eq!(&b.read(5, 1, 0, data.len()).unwrap()[..], &data[..]);
     }
 

@@ -210,8 +210,17 @@ pub struct Damage {
 impl Damage {
     /// The copies found damaged since the last call, as (file, copy, lowest
     /// damaged byte of this server's extent file of that copy).
+    /// (Not among them: damage gone meanwhile — the chunk rewritten, or
+    /// fetched again — and a damaged unit of a cached file, which is simply
+    /// fetched from home again.)
     pub fn take(&self) -> Vec<(morris_proto::FileId, u8, u64)> {
-        self.server.blocks().take_damage()
+        self.server
+            .blocks()
+            .take_damage()
+            .into_iter()
+            .filter(|&(id, copy, at)| self.server.blocks().still_damaged(id, copy, at))
+            .filter(|&(id, copy, at)| !self.server.refetch_damaged(id, copy, at))
+            .collect()
     }
 
     /// Woken when damage is found.

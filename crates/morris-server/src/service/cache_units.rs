@@ -278,6 +278,42 @@ impl Server {
         Ok(freed)
     }
 
+    /// A copy of a cached file found damaged at byte `at` of this server's
+    /// extent file: the unit fetched from home that holds it is forgotten,
+    /// so the next read fetches it again (and its checksums with it); true
+    /// if there was one (nothing else to repair then). Another copy of a
+    /// cached file may not hold the unit at all, so resync must not copy
+    /// it from there.
+    pub(crate) fn refetch_damaged(&self, id: FileId, copy: u8, at: u64) -> bool {
+        if !morris_proto::home::is_cache_id(id) {
+            return false;
+        }
+        let Some(vol) = self.store.formatted() else {
+            return false;
+        };
+        let unit = u64::from(vol.layout.unit);
+        let units = match self.store.units_of(id) {
+            Ok(u) => u,
+            Err(e) => {
+                warn!(id, error = %e, "cannot list a damaged cached file's units");
+                return false;
+            }
+        };
+        let mut found = false;
+        for u in units.into_iter().filter(|u| u.copy == copy) {
+            let start = vol.layout.local_offset(u.block);
+            if (start..start + unit).contains(&at) {
+                if let Err(e) = self.store.drop_unit(id, copy, u.block) {
+                    warn!(id, error = %e, "cannot forget a damaged cached unit");
+                    return false;
+                }
+                warn!(id, copy, block = u.block, "a cached unit failed its checksum: it is fetched from home again when next read");
+                found = true;
+            }
+        }
+        found
+    }
+
     pub(super) async fn evict_unit(
         &self,
         vol: &Formatted,
