@@ -353,12 +353,6 @@ impl Blocks {
         self.damage_found.clone()
     }
 
-    /// Forgets damage noted for copy `replica` of `id` (it was rewritten
-    /// from another source before anyone repaired it).
-    pub fn forget_damage(&self, id: FileId, replica: u8) {
-        self.damage.lock().remove(&(id, replica));
-    }
-
     /// True if the chunk holding byte `at` of copy `replica` of `id` still
     /// fails its checksum (it may have been rewritten, or fetched again,
     /// since it was noted). Notes nothing; an error counts as still bad.
@@ -369,7 +363,7 @@ impl Blocks {
         let c = sums::chunk_of(at);
         let _l = self.lock_chunks((id, replica), c, c + 1);
         match self.read_checked(&f, id, c, CHUNK as usize) {
-            Ok((_, bad)) => bad.is_some(),
+            Ok((_, bad)) => !bad.is_empty(),
             Err(_) => true,
         }
     }
@@ -397,12 +391,12 @@ impl Blocks {
         let start = first * CHUNK;
         let span = ((end - first) * CHUNK) as usize;
         let (mut buf, bad) = self.read_checked(&f, id, first, span)?;
-        if let Some(c) = bad {
+        if let Some(&c) = bad.first() {
             // A change to these chunks may have been under way: look again
             // once it is done.
             let _l = self.lock_chunks((id, replica), first, end);
             let (again, bad) = self.read_checked(&f, id, first, span)?;
-            if let Some(c) = bad {
+            if let Some(&c) = bad.first() {
                 return Err(self.damaged(id, replica, c));
             }
             tracing::debug!(
@@ -418,14 +412,14 @@ impl Blocks {
     }
 
     /// Reads `span` bytes from chunk `first` on (stopping at the end of the
-    /// file) and checks them; the first failing chunk, if any.
+    /// file) and checks them; every chunk that fails, in order.
     fn read_checked(
         &self,
         f: &Extent,
         id: FileId,
         first: u64,
         span: usize,
-    ) -> Result<(Bytes, Option<u64>), WireError> {
+    ) -> Result<(Bytes, Vec<u64>), WireError> {
         let buf = read_upto(&f.data, first * CHUNK, span)
             .map_err(|e| io_err(&format!("read data of file {id}"), &e))?;
         let n = (buf.len() as u64).div_ceil(CHUNK) as usize;
@@ -434,7 +428,7 @@ impl Blocks {
         self.stats
             .checked_bytes
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
-        let bad = sums::first_mismatch(&buf, first, &expected);
+        let bad = sums::mismatches(&buf, first, &expected);
         Ok((buf, bad))
     }
 
@@ -674,6 +668,11 @@ impl Blocks {
         Ok(())
     }
 
+    /// True if removals wait for [`Blocks::settle_deletes`].
+    pub fn has_deletes(&self) -> bool {
+        !self.deleted.lock().is_empty()
+    }
+
     /// Makes the removals of [`Blocks::delete`] durable (one flush per
     /// block directory they touched, however many files) and then forgets
     /// the removed files in `store`, except those made again meanwhile
@@ -777,29 +776,21 @@ impl Blocks {
         };
         let what = format!("read data of file {id}");
         let len = f.data.metadata().map_err(|e| io_err(&what, &e))?.len();
+        let span = (REGION_CHUNKS * CHUNK) as usize;
         let (mut at, mut bad) = (0u64, 0u64);
         while at < len {
             let first = at / CHUNK;
-            let span = (REGION_CHUNKS * CHUNK) as usize;
-            let check = |f: &Extent| -> Result<(u64, Vec<u64>), WireError> {
-                let buf = read_upto(&f.data, first * CHUNK, span).map_err(|e| io_err(&what, &e))?;
-                let n = (buf.len() as u64).div_ceil(CHUNK) as usize;
-                let expected = sums::read_entries(&f.sums, first, n)
-                    .map_err(|e| io_err(&format!("read checksums of file {id}"), &e))?;
-                Ok((buf.len() as u64, sums::mismatches(&buf, first, &expected)))
-            };
-            let (n, failed) = check(&f)?;
-            let failed = if failed.is_empty() {
-                failed
-            } else {
+            let (buf, mut failed) = self.read_checked(&f, id, first, span)?;
+            if !failed.is_empty() {
+                // Look again once a change under way is done.
                 let _l = self.lock_chunks((id, replica), first, first + REGION_CHUNKS);
-                check(&f)?.1
-            };
+                failed = self.read_checked(&f, id, first, span)?.1;
+            }
             for c in &failed {
                 self.damaged(id, replica, *c);
             }
             bad += failed.len() as u64;
-            self.stats.checked_bytes.fetch_add(n, Ordering::Relaxed);
+            let n = buf.len() as u64;
             if n == 0 || !progress(n) {
                 break;
             }

@@ -342,6 +342,9 @@ impl Server {
     /// Forgets the extent files deleted since the last call, once their
     /// removal is durable (`Blocks::settle_deletes`). Run once a second.
     pub(crate) async fn settle_deletes(&self) {
+        if !self.blocks.has_deletes() {
+            return;
+        }
         let (blocks, store) = (self.blocks.clone(), self.store.clone());
         if let Err(e) = blocking(move || blocks.settle_deletes(&store)).await {
             warn!(error = %e, "cannot settle deleted extent files yet");
@@ -774,11 +777,9 @@ impl Server {
                             self.evict_unit(&vol, id, replica, index, 0).await?;
                             let (_, _held) =
                                 self.ensure_unit(&vol, id, index, replica, &home).await?;
-                            let r = self.read(&vol, id, index, replica, offset, len).await;
-                            if r.is_ok() {
-                                self.blocks.forget_damage(id, replica);
-                            }
-                            r
+                            // The damage noted is dropped by the repair loop
+                            // (`Blocks::still_damaged`): it is gone now.
+                            self.read(&vol, id, index, replica, offset, len).await
                         }
                         r => r,
                     }
