@@ -50,7 +50,7 @@ impl Raw {
 
     async fn inode(&self, req: Request) -> Inode {
         match self.call(req, Bytes::new()).await.expect("inode request") {
-            (Reply::Inode(i), _) => i,
+            (Reply::Inode(i) | Reply::Leased { inode: i, .. }, _) => i,
             (other, _) => panic!("unexpected {other:?}"),
         }
     }
@@ -89,6 +89,8 @@ impl Raw {
             replica: 0,
             offset: 0,
             sync: false,
+            // Any grant: these servers have seen no change to the file.
+            fence: 1,
         };
         self.call(req, Bytes::from_static(data))
             .await

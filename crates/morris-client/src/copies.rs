@@ -220,6 +220,7 @@ impl Client {
                     replica: replica as u8,
                     offset: *within,
                     sync: false,
+                    fence: g.entry.fence,
                 };
                 let (index, piece) = (*index, piece.clone());
                 let fence = Some(g.fence());
@@ -247,6 +248,9 @@ impl Client {
                     tracing::debug!(id, server, index, error = %e, "copy write missed");
                     note_missed(&mut missed, server, index)
                 }
+                // Fenced: the lease has passed on; nothing may be recorded
+                // under it any more.
+                Err(e) if e.code == ErrorCode::NoLease => failed = failed.or(Some(e)),
                 Err(e) => {
                     if stored.contains(&index) {
                         // Another copy took the block and this one did not
@@ -298,6 +302,9 @@ impl Client {
             match r {
                 Ok(_) => {}
                 Err(e) if e.code == ErrorCode::Unavailable => note_missed(&mut missed, *s, from),
+                // Fenced: the lease has passed on; nothing may be recorded
+                // under it any more.
+                Err(e) if e.code == ErrorCode::NoLease => failed = failed.or(Some(e)),
                 Err(e) => {
                     if some_took {
                         // Others took the change, this server did not:

@@ -76,7 +76,15 @@ pub(crate) fn check_move(obj: &Inode, to: &Inode, moves_at_home: bool) -> Result
 
 fn inode_reply(r: Reply) -> Result<Inode> {
     match r {
-        Reply::Inode(i) => Ok(i),
+        Reply::Inode(i) | Reply::Leased { inode: i, .. } => Ok(i),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// The inode and fence number of a write grant (`CreateInode`).
+fn leased_reply(r: Reply) -> Result<(Inode, u64)> {
+    match r {
+        Reply::Leased { inode, fence } => Ok((inode, fence)),
         other => Err(unexpected(&other)),
     }
 }
@@ -321,7 +329,7 @@ impl Client {
     /// passed over for the next, so creates go on while a server is down or
     /// cut off; the last one tried is waited for. A reply lost after a server created the inode leaves an
     /// unreachable inode, which fsck reclaims (as after a client crash).
-    async fn create_inode(&self, req: Request) -> Result<Inode> {
+    async fn create_inode(&self, req: Request) -> Result<(Inode, u64)> {
         let k = self.layout.servers;
         let first = self.pick_server();
         // Mirrored metadata: a server that does not serve its own range now
@@ -345,7 +353,7 @@ impl Client {
                 }
             };
             match res {
-                Ok((reply, _)) => return inode_reply(reply),
+                Ok((reply, _)) => return leased_reply(reply),
                 Err(e)
                     if matches!(
                         e.code,
@@ -362,7 +370,7 @@ impl Client {
             }
         }
         // The last one tried is waited for.
-        inode_reply(self.call((first + attempts - 1) % k, req).await?)
+        leased_reply(self.call((first + attempts - 1) % k, req).await?)
     }
 
     fn pick_server(&self) -> u32 {
@@ -423,7 +431,7 @@ impl Client {
         }
         let attr = attr_of(&dir_inode);
         let kind = attr.kind;
-        let inode = self
+        let (inode, fence) = self
             .create_inode(Request::CreateInode {
                 parent: dir,
                 attr,
@@ -432,7 +440,8 @@ impl Client {
                 op: self.pool.next_op(),
             })
             .await?;
-        self.leases.install_granted(Mode::Write, inode.clone());
+        self.leases
+            .install_granted(Mode::Write, inode.clone(), fence);
         let linked = self
             .dir_call(
                 &g,
@@ -1011,14 +1020,19 @@ impl Client {
                 // Free the data beyond the new end on every server first.
                 if self.layout.replicas > 1 {
                     let from = self.layout.block_of(size).0;
-                    self.to_every_copy_server(&g, from, |_| Request::Truncate { id, size })
+                    let fence = g.entry.fence;
+                    self.to_every_copy_server(&g, from, |_| Request::Truncate { id, size, fence })
                         .await?;
                 } else {
                     let fence = Some(g.fence());
                     let calls = (0..self.layout.servers).map(|s| {
                         self.pool.call_fenced(
                             s,
-                            Request::Truncate { id, size },
+                            Request::Truncate {
+                                id,
+                                size,
+                                fence: g.entry.fence,
+                            },
                             Bytes::new(),
                             fence,
                         )

@@ -594,6 +594,7 @@ impl Client {
                         replica: 0,
                         offset: within,
                         sync: false,
+                        fence: g.entry.fence,
                     },
                     piece,
                     fence,

@@ -80,6 +80,10 @@ pub(crate) struct LeaseEntry {
     epoch: u64,
     /// Changes with every grant; data cached under another generation is stale.
     pub generation: u64,
+    /// The owner's fence number of this write grant (0 for a read lease):
+    /// every block change made under it carries it, and data servers refuse
+    /// it once a newer grant's change has reached them (`Reply::Leased`).
+    pub fence: u64,
     uses: Arc<AsyncRwLock<()>>,
     pub state: Mutex<EntryState>,
     /// Becomes true once the lease has been given back (or dropped).
@@ -543,15 +547,17 @@ impl Leases {
                 }
             }
             let (owner, reply, _) = res?;
-            let Reply::Inode(inode) = reply else {
-                return Err(unexpected(&reply));
+            let (inode, fence) = match reply {
+                Reply::Inode(inode) => (inode, 0),
+                Reply::Leased { inode, fence } => (inode, fence),
+                other => return Err(unexpected(&other)),
             };
             let epoch = self.pool.epoch(owner);
             if owner == guess && epoch_before != 0 && epoch != epoch_before {
                 debug!(ino = h.id, "owner restarted during acquire");
             }
             let recalled = self.recall_seq.lock().get(&h.id).copied().unwrap_or(0) != seq_before;
-            let (entry, old) = self.install(owner, epoch, want, inode, recalled);
+            let (entry, old) = self.install(owner, epoch, want, inode, fence, recalled);
             debug!(
                 ino = h.id,
                 ?want,
@@ -585,11 +591,11 @@ impl Leases {
 
     /// Records a lease granted by a request other than Acquire* (e.g.
     /// `CreateInode` grants the write lease on the new inode).
-    pub(crate) fn install_granted(&self, mode: Mode, inode: Inode) {
+    pub(crate) fn install_granted(&self, mode: Mode, inode: Inode, fence: u64) {
         let owner = self.layout.inode_server(inode.id);
         let epoch = self.pool.epoch(owner);
         let new_dir = inode.attr.kind == morris_proto::FileKind::Dir;
-        let (e, _) = self.install(owner, epoch, mode, inode, false);
+        let (e, _) = self.install(owner, epoch, mode, inode, fence, false);
         if new_dir {
             // A directory we just created is empty and ours alone.
             e.state.lock().complete = true;
@@ -602,6 +608,7 @@ impl Leases {
         epoch: u64,
         mode: Mode,
         inode: Inode,
+        fence: u64,
         recalled: bool,
     ) -> (Arc<LeaseEntry>, Option<Arc<LeaseEntry>>) {
         self.learn(inode.handle());
@@ -612,6 +619,7 @@ impl Leases {
             mode,
             epoch,
             generation: self.next_generation.fetch_add(1, Ordering::Relaxed),
+            fence,
             uses: Arc::new(AsyncRwLock::new(())),
             state: Mutex::new(EntryState {
                 inode,

@@ -191,6 +191,9 @@ impl Client {
                 Request::Truncate {
                     id: h.id,
                     size: cut,
+                    // Resync runs in a server (the volume key) under a
+                    // read lease: no write grant to carry.
+                    fence: 0,
                 },
             )
             .await?;
@@ -296,6 +299,7 @@ impl Client {
             replica,
             offset: 0,
             sync: false,
+            fence: 0,
         };
         self.pool.call(server, req, data).await?;
         Ok(u64::from(len))

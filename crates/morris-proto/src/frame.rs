@@ -175,6 +175,7 @@ mod tests {
             replica: 1,
             offset: 12,
             sync: true,
+            fence: 9,
         };
         let head = encode_frame_head(FrameKind::Request, 42, &req, 5).unwrap();
         let mut wire = BytesMut::from(&head[..]);

@@ -255,6 +255,11 @@ pub enum Request {
         offset: u32,
         /// Flush to stable storage before answering.
         sync: bool,
+        /// The fence number of the write lease the change is made under
+        /// ([`Reply::Leased`]); refused with `NoLease` if this server has
+        /// already seen a higher one for the file. 0 (no lease) only from
+        /// server and admin sessions (resync).
+        fence: u64,
     },
     /// Frees this server's part of file `id` beyond `size` bytes. [`Reply::Ok`].
     Truncate {
@@ -262,6 +267,8 @@ pub enum Request {
         id: FileId,
         /// The new size.
         size: u64,
+        /// As in [`Request::Write`].
+        fence: u64,
     },
     /// Removes every block of file `id` held by this server. [`Reply::Ok`].
     DeleteData {
@@ -748,6 +755,17 @@ pub enum Request {
         /// Stop the pass that runs instead of starting one.
         stop: bool,
     },
+    /// Server to server: the write lease numbered `above` on file `id` was
+    /// taken from its holder by force (silent, or deaf to a recall); refuse
+    /// every change carrying that number or a lower one. Sent by the lease's
+    /// owner to every server before the next grant is answered. Volume key
+    /// only. [`Reply::Ok`].
+    RaiseFence {
+        /// The file.
+        id: FileId,
+        /// The revoked grant's fence number.
+        above: u64,
+    },
 }
 
 /// A change to one object not yet pushed home (cache mode II), kept by the
@@ -841,6 +859,7 @@ impl Request {
                 | Request::WbGoneClear { .. }
                 | Request::WbEntries { .. }
                 | Request::Scrub { .. }
+                | Request::RaiseFence { .. }
         )
     }
 
@@ -912,6 +931,7 @@ impl Request {
             Request::Localize { .. } => "Localize",
             Request::Detach { .. } => "Detach",
             Request::Scrub { .. } => "Scrub",
+            Request::RaiseFence { .. } => "RaiseFence",
         }
     }
 }
@@ -945,6 +965,15 @@ pub enum Reply {
     },
     /// An inode.
     Inode(Inode),
+    /// Answer to `AcquireWrite` and `CreateInode`: the inode, and the fence
+    /// number of the write lease held on it, which every block change made
+    /// under that lease carries ([`Request::Write`]).
+    Leased {
+        /// The inode.
+        inode: Inode,
+        /// Higher than that of every earlier write grant of its server.
+        fence: u64,
+    },
     /// Answer to `Lookup`.
     Entry(Option<DirEntry>),
     /// Answer to `ReadDir`.

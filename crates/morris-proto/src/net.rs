@@ -507,6 +507,7 @@ fn is_data_request(req: &Request) -> bool {
         Request::Read { .. }
             | Request::Write { .. }
             | Request::Truncate { .. }
+            | Request::RaiseFence { .. }
             | Request::DeleteData { .. }
             | Request::Sync { .. }
             | Request::Status

@@ -375,6 +375,9 @@ pub struct IntegrityStatus {
     /// Damaged copies that could not be repaired (no other current copy:
     /// a volume of one copy), since start.
     pub unrepairable: u64,
+    /// Block changes refused since start because they were made under a
+    /// write lease that had passed to another client (fencing).
+    pub fenced: u64,
     /// The current or last scrub pass.
     pub scrub: ScrubStatus,
 }

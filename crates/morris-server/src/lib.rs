@@ -36,6 +36,7 @@ use tracing::{info, warn};
 
 mod arbiter;
 mod blocks;
+mod fences;
 mod leases;
 mod load;
 mod ranges;

@@ -31,6 +31,7 @@ use crate::store::{check_name, check_new_name, FormatOutcome, Formatted, OpKey, 
 mod cache;
 mod cache_units;
 mod conflicts;
+mod fencing;
 mod orphans;
 mod peer;
 mod peer_calls;
@@ -115,6 +116,23 @@ struct LeaseState {
     table: LeaseTable,
     /// Waiting acquires: ticket → (connection id, wake-up).
     waiters: HashMap<Ticket, (u64, oneshot::Sender<()>)>,
+    /// Write leases revoked by force whose fence is being raised at every
+    /// server: inode → (revoked fence number, done). A grant of the inode
+    /// is answered only once that is done (`Server::wait_fenced`).
+    fencing: HashMap<FileId, (u64, tokio::sync::watch::Sender<bool>)>,
+    /// Fences to raise, taken by the caller once the lock is let go.
+    to_fence: Vec<(FileId, u64)>,
+}
+
+impl LeaseState {
+    fn new(table: LeaseTable) -> Self {
+        LeaseState {
+            table,
+            waiters: HashMap::new(),
+            fencing: HashMap::new(),
+            to_fence: Vec::new(),
+        }
+    }
 }
 
 /// The stripe server's state, shared by every connection.
@@ -165,6 +183,11 @@ pub(crate) struct Server {
     /// (counted by whoever repairs, `ServerHandle::note_repair`).
     pub(crate) repairs: AtomicU64,
     pub(crate) unrepairable: AtomicU64,
+    /// The newest write grant seen per file (`fences.rs`).
+    pub(crate) fences: crate::fences::Fences,
+    /// The wall clock, in microseconds, at `started`: write grants are
+    /// numbered from it (`LeaseTable::fenced_from`).
+    fence_base: u64,
 }
 
 type Outcome = (Result<Reply, WireError>, Bytes);
@@ -307,6 +330,10 @@ impl Server {
                 break e;
             }
         };
+        let started = Instant::now();
+        let fence_base = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
         Server {
             keys,
             conn_limits,
@@ -317,11 +344,10 @@ impl Server {
             data_dir,
             lease_ms,
             epoch: AtomicU64::new(epoch),
-            started: Instant::now(),
-            leases: Mutex::new(LeaseState {
-                table: LeaseTable::new(Millis::from(lease_ms)),
-                waiters: HashMap::new(),
-            }),
+            started,
+            leases: Mutex::new(LeaseState::new(
+                LeaseTable::new(Millis::from(lease_ms)).fenced_from(fence_base),
+            )),
             sessions: Mutex::new(Sessions::default()),
             seen: Mutex::new(HashMap::new()),
             requests: AtomicU64::new(0),
@@ -336,6 +362,8 @@ impl Server {
             scrubber,
             repairs: AtomicU64::new(0),
             unrepairable: AtomicU64::new(0),
+            fences: Default::default(),
+            fence_base,
         }
     }
 
@@ -502,6 +530,12 @@ impl Server {
 
     /// Wakes granted waiters; returns the recalls to push once unlocked.
     fn settle(st: &mut LeaseState, fx: Effects) -> Vec<Recall> {
+        // Before any grant is woken: its answer waits for the fence.
+        for (ino, fence) in fx.fenced {
+            st.fencing
+                .insert(ino, (fence, tokio::sync::watch::channel(false).0));
+            st.to_fence.push((ino, fence));
+        }
         for t in fx.granted {
             if let Some((_, tx)) = st.waiters.remove(&t) {
                 // The waiter may be gone; its lease then runs out unused.
@@ -518,6 +552,7 @@ impl Server {
     }
 
     fn push_recalls(&self, recalls: Vec<Recall>) {
+        self.raise_fences();
         if recalls.is_empty() {
             return;
         }
@@ -577,6 +612,7 @@ impl Server {
         };
         self.push_recalls(recalls);
         let Some((ticket, rx)) = wait else {
+            self.wait_fenced(ino).await;
             return Ok(());
         };
         debug!(client, ino, ?mode, ticket, "lease request waits");
@@ -587,12 +623,21 @@ impl Server {
         let r = rx.await;
         guard.ticket = None;
         match r {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.wait_fenced(ino).await;
+                Ok(())
+            }
             Err(_) => Err(err(
                 ErrorCode::Unavailable,
                 "lease request abandoned (connection closed or server stopping)",
             )),
         }
+    }
+
+    /// The fence number of the write lease `client` holds on `ino` (0 if
+    /// it holds none: a change carrying it is refused).
+    fn fence_of(&self, client: ClientId, ino: FileId) -> u64 {
+        self.leases.lock().table.fence(client, ino).unwrap_or(0)
     }
 
     fn release(&self, client: ClientId, ino: FileId) {
@@ -721,6 +766,10 @@ impl Server {
         ) {
             return plain(self.peer_request(req, payload).await);
         }
+        if let Request::RaiseFence { id, above } = req {
+            self.fences.raise(id, above);
+            return plain(Ok(Reply::Ok));
+        }
         // Lapse or take over first, so nothing is answered under an
         // ownership lease that has run out.
         self.check_ownership();
@@ -741,6 +790,11 @@ impl Server {
                 ErrorCode::Protocol,
                 "an admin session (Hello without a volume) cannot take leases",
             )));
+        }
+        if let Request::Write { id, fence, .. } | Request::Truncate { id, fence, .. } = &req {
+            if let Err(e) = self.fences.check(*id, *fence, conn.role) {
+                return plain(Err(e));
+            }
         }
         match req {
             Request::Read {
@@ -1224,9 +1278,16 @@ impl Server {
                     LeaseMode::Write
                 };
                 Self::check_owner(vol, ino.id)?;
-                self.leased(client, conn_id, ino, mode, move || store.get_handle(ino))
-                    .await
-                    .map(Reply::Inode)
+                let inode = self
+                    .leased(client, conn_id, ino, mode, move || store.get_handle(ino))
+                    .await?;
+                Ok(match mode {
+                    LeaseMode::Read => Reply::Inode(inode),
+                    LeaseMode::Write => Reply::Leased {
+                        fence: self.fence_of(client, ino.id),
+                        inode,
+                    },
+                })
             }
             Request::GetInode { ino } => {
                 Self::check_owner(vol, ino)?;
@@ -1250,7 +1311,10 @@ impl Server {
                 // A fresh id: nobody else can hold or wait for it.
                 self.lease(client, conn_id, inode.id, LeaseMode::Write)
                     .await?;
-                Ok(Reply::Inode(inode))
+                Ok(Reply::Leased {
+                    fence: self.fence_of(client, inode.id),
+                    inode,
+                })
             }
             Request::SetAttr { ino, set } => {
                 Self::check_owner(vol, ino.id)?;
@@ -1387,6 +1451,7 @@ impl Server {
                 replica,
                 offset,
                 sync,
+                ..
             } => {
                 let pos = Self::block_pos(vol, id, index, replica, offset, payload.len() as u64)?;
                 self.check_reserve(payload.len() as u64)?;
@@ -1395,7 +1460,7 @@ impl Server {
                 blocking(move || blocks.write(id, replica, pos, &payload, sync, &store)).await?;
                 Ok(Reply::Ok)
             }
-            Request::Truncate { id, size } => {
+            Request::Truncate { id, size, .. } => {
                 if size > MAX_FILE_SIZE {
                     return Err(err(
                         ErrorCode::FileTooBig,
@@ -1602,6 +1667,7 @@ impl Server {
             | Request::PushData { .. }
             | Request::Flush { .. }
             | Request::Scrub { .. }
+            | Request::RaiseFence { .. }
             | Request::Localize { .. }
             | Request::PeerSync { .. }
             | Request::Replicate { .. }

@@ -274,7 +274,7 @@ async fn call_until(v: &Vol, i: u32, id: u64, req: &Request) -> Reply {
 
 fn inode(r: Reply) -> Inode {
     match r {
-        Reply::Inode(i) => i,
+        Reply::Inode(i) | Reply::Leased { inode: i, .. } => i,
         other => panic!("expected an inode, got {other:?}"),
     }
 }
@@ -436,7 +436,7 @@ async fn a_cut_between_the_copies_never_gives_two_writers() {
             };
             let sent = Instant::now();
             match b.call(&Request::AcquireWrite { ino: root }).await {
-                Ok(Reply::Inode(_)) => {
+                Ok(Reply::Inode(_) | Reply::Leased { .. }) => {
                     b_granted = Some((s, ms(sent)));
                     break;
                 }

@@ -53,8 +53,13 @@ struct Client {
 }
 
 async fn connect(h: &ServerHandle) -> Client {
+    connect_with(h, &KEY).await
+}
+
+/// A connection that proves `key` (the volume key, or the client key).
+async fn connect_with(h: &ServerHandle, key: &Key) -> Client {
     let (tx, rx) = mpsc::unbounded_channel();
-    let rpc = RpcClient::connect(&h.local_addr().to_string(), &KEY, Some(tx))
+    let rpc = RpcClient::connect(&h.local_addr().to_string(), key, Some(tx))
         .await
         .expect("connects");
     Client { rpc, pushes: rx }
@@ -92,7 +97,7 @@ impl Client {
 
     async fn inode(&self, req: Request) -> Inode {
         match self.ok(req).await {
-            Reply::Inode(i) => i,
+            Reply::Inode(i) | Reply::Leased { inode: i, .. } => i,
             r => panic!("expected an inode, got {r:?}"),
         }
     }
@@ -151,6 +156,7 @@ impl Client {
             replica: 0,
             offset,
             sync: false,
+            fence: 0,
         };
         match self.rpc.call(&req, Bytes::copy_from_slice(data)).await {
             Ok((Reply::Ok, _)) => {}
@@ -566,6 +572,7 @@ async fn block_data() {
         replica: 0,
         offset: 1,
         sync: true,
+        fence: 0,
     };
     let e = c
         .rpc
@@ -580,6 +587,7 @@ async fn block_data() {
         replica: 0,
         offset: 0,
         sync: true,
+        fence: 0,
     };
     c.rpc
         .call(&sw, Bytes::from_static(b"durable"))
@@ -602,12 +610,17 @@ async fn block_data() {
     }
     // Truncate to 2.5 blocks: block 3 keeps its first half, block 4 is gone.
     let size = 2 * u64::from(UNIT) + u64::from(UNIT / 2);
-    c.ok(Request::Truncate { id, size }).await;
+    c.ok(Request::Truncate { id, size, fence: 0 }).await;
     assert_eq!(c.read(id, 3, 0, UNIT).await.len(), (UNIT / 2) as usize);
     assert!(c.read(id, 4, 0, UNIT).await.is_empty());
     assert_eq!(&c.read(id, 2, 0, 7).await[..], b"durable");
     // Truncate never grows the extent file; reading past stays short.
-    c.ok(Request::Truncate { id, size: 1 << 30 }).await;
+    c.ok(Request::Truncate {
+        id,
+        size: 1 << 30,
+        fence: 0,
+    })
+    .await;
     assert!(c.read(id, 5, 0, UNIT).await.is_empty());
     // DeleteData removes everything; again is fine.
     c.ok(Request::DeleteData { id }).await;
@@ -717,7 +730,7 @@ async fn recall_flow_between_two_clients() {
     a.ok(Request::Release { ino: ROOT_ID }).await;
     let (r, waited, b_rpc) = b_task.await.unwrap();
     match r {
-        Ok(Reply::Inode(i)) => assert_eq!(i.id, ROOT_ID),
+        Ok(Reply::Leased { inode: i, .. }) => assert_eq!(i.id, ROOT_ID),
         other => panic!("unexpected {other:?}"),
     }
     assert!(
@@ -759,6 +772,167 @@ async fn recall_flow_between_two_clients() {
     assert_eq!(st.sessions, 2);
     assert_eq!(st.leases, 1);
     h.shutdown().await;
+}
+
+/// A block change carries the fence number of the write grant it was made
+/// under; once the next holder's change has reached a data server, a late
+/// change of the previous holder is refused there (server-side fencing).
+#[tokio::test]
+async fn a_change_under_a_write_lease_that_passed_on_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (h, d, _admin) = formatted(dir.path(), 1).await;
+    let client_key = KEY.client_key();
+    let a = connect_with(&h, &client_key).await;
+    a.hello(Some(d.uuid), 11).await.unwrap();
+    let b = connect_with(&h, &client_key).await;
+    b.hello(Some(d.uuid), 12).await.unwrap();
+    let write = |id, fence, byte: u8| {
+        (
+            Request::Write {
+                id,
+                index: 1,
+                replica: 0,
+                offset: 0,
+                sync: false,
+                fence,
+            },
+            Bytes::from(vec![byte; 16]),
+        )
+    };
+    // A creates the file (and so holds its write lease) and writes.
+    let (f, fa) = match a
+        .ok(Request::CreateInode {
+            parent: ROOT_ID,
+            attr: attr(FileKind::File),
+            target: None,
+            home: None,
+            op: 0,
+        })
+        .await
+    {
+        Reply::Leased { inode, fence } => (inode, fence),
+        r => panic!("a create grants the write lease: {r:?}"),
+    };
+    assert!(fa > 0);
+    let (req, data) = write(f.id, fa, b'a');
+    a.rpc.call(&req, data).await.expect("the holder writes");
+    // A goes silent past its lease (a stopped or cut-off host); B takes
+    // the write lease, with a higher fence number, and writes.
+    tokio::time::sleep(Duration::from_millis(u64::from(LEASE_MS) * 3 / 2)).await;
+    let fb = match b.ok(Request::AcquireWrite { ino: f.handle() }).await {
+        Reply::Leased { fence, .. } => fence,
+        r => panic!("AcquireWrite answers with the grant's fence: {r:?}"),
+    };
+    assert!(fb > fa, "{fb} after {fa}");
+    let (req, data) = write(f.id, fb, b'b');
+    b.rpc.call(&req, data).await.expect("the new holder writes");
+    // A's late write (made under its lost lease) and truncate are refused.
+    let (req, data) = write(f.id, fa, b'a');
+    let e = a.rpc.call(&req, data).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::NoLease, "{e}");
+    let e = a
+        .call(Request::Truncate {
+            id: f.id,
+            size: 0,
+            fence: fa,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::NoLease, "{e}");
+    // A client must name a grant; only servers (resync) may change blocks
+    // without one.
+    let (req, data) = write(f.id, 0, b'a');
+    let e = a.rpc.call(&req, data).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Denied, "{e}");
+    assert_eq!(&b.read(f.id, 1, 0, 16).await[..], &[b'b'; 16]);
+    assert_eq!(b.stats().await.integrity.fenced, 2);
+    // The holder again: B's next change goes on.
+    let (req, data) = write(f.id, fb, b'c');
+    b.rpc
+        .call(&req, data)
+        .await
+        .expect("the holder writes again");
+    h.shutdown().await;
+}
+
+/// A write lease taken by force has its fence raised at every server
+/// before the next grant is answered: the old holder's late change is
+/// refused at a data server the next holder has not written to.
+#[tokio::test]
+async fn a_revoked_write_lease_is_fenced_at_every_server_before_the_next_grant() {
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let hs = [server(dirs[0].path()).await, server(dirs[1].path()).await];
+    let d = descriptor(hs.iter().map(|h| h.local_addr().to_string()).collect());
+    for (i, h) in hs.iter().enumerate() {
+        connect(h)
+            .await
+            .ok(Request::Format {
+                descriptor: d.clone(),
+                index: i as u32,
+            })
+            .await;
+    }
+    let client_key = KEY.client_key();
+    let session = |i: usize, id: u64| {
+        let (h, key, uuid) = (&hs[i], client_key.clone(), d.uuid);
+        async move {
+            let c = connect_with(h, &key).await;
+            c.hello(Some(uuid), id).await.unwrap();
+            c
+        }
+    };
+    let (a0, a1, b0) = (
+        session(0, 21).await,
+        session(1, 21).await,
+        session(0, 22).await,
+    );
+    let (f, fa) = match a0
+        .ok(Request::CreateInode {
+            parent: ROOT_ID,
+            attr: attr(FileKind::File),
+            target: None,
+            home: None,
+            op: 0,
+        })
+        .await
+    {
+        Reply::Leased { inode, fence } => (inode, fence),
+        r => panic!("unexpected {r:?}"),
+    };
+    // Owner: server 0 (an even id); block 1 lives on server 1.
+    assert_eq!(f.id % 2, 0);
+    let write = |fence| Request::Write {
+        id: f.id,
+        index: 1,
+        replica: 0,
+        offset: 0,
+        sync: false,
+        fence,
+    };
+    a1.rpc
+        .call(&write(fa), Bytes::from_static(b"aaaa"))
+        .await
+        .expect("the holder writes");
+    // A goes silent; B's grant comes after A's lease is revoked.
+    tokio::time::sleep(Duration::from_millis(u64::from(LEASE_MS) * 3 / 2)).await;
+    let fb = match b0.ok(Request::AcquireWrite { ino: f.handle() }).await {
+        Reply::Leased { fence, .. } => fence,
+        r => panic!("unexpected {r:?}"),
+    };
+    assert!(fb > fa);
+    // B has written nothing anywhere, yet server 1 refuses A's late write.
+    let e = a1
+        .rpc
+        .call(&write(fa), Bytes::from_static(b"late"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::NoLease, "{e}");
+    assert_eq!(&a1.read(f.id, 1, 0, 4).await[..], b"aaaa");
+    let admin1 = connect(&hs[1]).await;
+    assert_eq!(admin1.stats().await.integrity.fenced, 1);
+    for h in hs {
+        h.shutdown().await;
+    }
 }
 
 #[tokio::test]

@@ -66,12 +66,19 @@ pub struct Effects {
     /// Leases taken away without a release (holder expiry or forced revoke),
     /// as (client, inode); for logs.
     pub revoked: Vec<(ClientId, FileId)>,
+    /// Of those, the write leases, as (inode, the grant's fence number):
+    /// changes made under them may still be on their way to the data
+    /// servers, which must be told to refuse them.
+    pub fenced: Vec<(FileId, u64)>,
 }
 
 impl Effects {
     /// True when there is nothing to do.
     pub fn is_empty(&self) -> bool {
-        self.granted.is_empty() && self.recalls.is_empty() && self.revoked.is_empty()
+        self.granted.is_empty()
+            && self.recalls.is_empty()
+            && self.revoked.is_empty()
+            && self.fenced.is_empty()
     }
 }
 
@@ -89,6 +96,8 @@ struct InodeLeases {
     /// Holders already recalled, with the time their lease is taken by force.
     recalled: BTreeMap<ClientId, Millis>,
     queue: VecDeque<Waiter>,
+    /// The fence number of the current write grant (see [`LeaseTable::fence`]).
+    fence: u64,
 }
 
 impl InodeLeases {
@@ -147,6 +156,10 @@ pub struct LeaseTable {
     next_ticket: Ticket,
     leases: u64,
     recalls_sent: u64,
+    /// Microseconds of the wall clock at `now` = 0, for fence numbers.
+    fence_base: u64,
+    /// The last fence number handed out.
+    last_fence: u64,
 }
 
 impl LeaseTable {
@@ -161,7 +174,37 @@ impl LeaseTable {
             next_ticket: 1,
             leases: 0,
             recalls_sent: 0,
+            fence_base: 0,
+            last_fence: 0,
         }
+    }
+
+    /// The same table, numbering its write grants from the wall clock:
+    /// `base_us` is the wall clock, in microseconds, at `now` = 0. Fence
+    /// numbers then keep growing across a restart or a takeover by another
+    /// server (which grants nothing for a lease time) as long as the
+    /// servers' clocks agree to within that time.
+    pub fn fenced_from(mut self, base_us: u64) -> Self {
+        self.fence_base = base_us;
+        self
+    }
+
+    /// The fence number of the write lease `client` holds on `ino`, if it
+    /// holds that. Every write grant gets a number higher than any before it
+    /// on this server; data servers refuse a change that carries a lower
+    /// number than one they have already seen for the file (a late write
+    /// from a holder whose lease passed to another client).
+    pub fn fence(&self, client: ClientId, ino: FileId) -> Option<u64> {
+        self.inodes
+            .get(&ino)
+            .filter(|s| s.writer == Some(client))
+            .map(|s| s.fence)
+    }
+
+    fn next_fence(&mut self, now: Millis) -> u64 {
+        let clock = self.fence_base.saturating_add(now.saturating_mul(1000));
+        self.last_fence = clock.max(self.last_fence + 1);
+        self.last_fence
     }
 
     /// Leases granted now (one per client and inode).
@@ -267,11 +310,24 @@ impl LeaseTable {
         };
         let inos: Vec<FileId> = c.held.iter().copied().collect();
         for ino in inos {
-            if self.drop_lease(client, ino) {
-                fx.revoked.push((client, ino));
+            if self.revoke(client, ino, fx) {
                 self.pump(ino, now, fx);
             }
         }
+    }
+
+    /// Takes `client`'s lease on `ino` away without its release; true if
+    /// it held one. Does not pump the queue.
+    fn revoke(&mut self, client: ClientId, ino: FileId, fx: &mut Effects) -> bool {
+        let fence = self.fence(client, ino);
+        if !self.drop_lease(client, ino) {
+            return false;
+        }
+        fx.revoked.push((client, ino));
+        if let Some(f) = fence {
+            fx.fenced.push((ino, f));
+        }
+        true
     }
 
     /// Expires silent clients and overdue recalls as of `now`.
@@ -299,20 +355,25 @@ impl LeaseTable {
                 break;
             }
             self.deadlines.remove(&(deadline, ino, client));
-            if self.drop_lease(client, ino) {
-                fx.revoked.push((client, ino));
-            }
+            self.revoke(client, ino, fx);
             self.pump(ino, now, fx);
         }
     }
 
     /// Gives `client` `mode` on `ino`; the caller checked it is compatible.
     fn grant(&mut self, client: ClientId, ino: FileId, mode: LeaseMode, now: Millis) {
+        let fence = match mode {
+            LeaseMode::Write => self.next_fence(now),
+            LeaseMode::Read => 0,
+        };
         let st = self.inodes.entry(ino).or_default();
         let before = st.holds(client);
         match mode {
             LeaseMode::Write => {
                 st.readers.remove(&client);
+                if st.writer != Some(client) {
+                    st.fence = fence;
+                }
                 st.writer = Some(client);
                 // A read lease turned into a write lease is a new grant: a
                 // recall of the read lease no longer applies to it.
@@ -729,6 +790,41 @@ mod tests {
         t.cancel(99, 0, &mut e);
         t.tick(10_000, &mut e);
         assert!(e.is_empty());
+        t.check().unwrap();
+    }
+
+    #[test]
+    fn each_write_grant_is_fenced_above_every_earlier_one() {
+        let mut t = LeaseTable::new(L).fenced_from(5_000_000);
+        let mut e = fx();
+        assert_eq!(
+            t.acquire(1, 7, LeaseMode::Write, 0, &mut e),
+            Acquired::Granted
+        );
+        let a = t.fence(1, 7).unwrap();
+        assert_eq!(a, 5_000_000);
+        // Re-asking keeps the grant and its number; a reader has none.
+        t.acquire(1, 7, LeaseMode::Write, 1, &mut e);
+        assert_eq!(t.fence(1, 7), Some(a));
+        assert_eq!(t.fence(2, 7), None);
+        // Client 1 goes silent; client 2 gets the lease after the revoke,
+        // with a higher number, even within the same millisecond.
+        let Acquired::Waiting(_) = t.acquire(2, 7, LeaseMode::Write, 2, &mut e) else {
+            panic!("must wait for the holder");
+        };
+        t.tick(2 + L, &mut e);
+        let b = t.fence(2, 7).unwrap();
+        assert!(b > a);
+        // The revoked write lease is reported with its number, to be fenced.
+        assert_eq!(e.fenced, vec![(7, a)]);
+        assert_eq!(t.fence(1, 7), None);
+        t.release(2, 7, 2 + L, &mut e);
+        t.acquire(3, 7, LeaseMode::Write, 2 + L, &mut e);
+        assert!(t.fence(3, 7).unwrap() > b);
+        // A new table (a restart, after its grace) numbers above the old one.
+        let mut t2 = LeaseTable::new(L).fenced_from(5_000_000);
+        t2.acquire(4, 7, LeaseMode::Write, 3 * L, &mut e);
+        assert!(t2.fence(4, 7).unwrap() > t.fence(3, 7).unwrap());
         t.check().unwrap();
     }
 }

@@ -1056,10 +1056,9 @@ impl Server {
         self.epoch.store(epoch, std::sync::atomic::Ordering::SeqCst);
         {
             let mut st = self.leases.lock();
-            *st = LeaseState {
-                table: LeaseTable::new(Millis::from(self.lease_ms)),
-                waiters: Default::default(),
-            };
+            *st = LeaseState::new(
+                LeaseTable::new(Millis::from(self.lease_ms)).fenced_from(self.fence_base),
+            );
         }
         let grace = self.now_ms() + Millis::from(self.lease_ms);
         if let Ok(ranges) = self.ranges() {

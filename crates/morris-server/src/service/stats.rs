@@ -106,6 +106,7 @@ impl Server {
                     resealed_chunks: s.resealed_chunks.load(Ordering::Relaxed),
                     repairs: self.repairs.load(Ordering::Relaxed),
                     unrepairable: self.unrepairable.load(Ordering::Relaxed),
+                    fenced: self.fences.refused(),
                     scrub: self.scrubber.status(),
                 }
             },

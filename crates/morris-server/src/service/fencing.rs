@@ -1,0 +1,92 @@
+//! Raising a file's fence at every server when its write lease is taken by
+//! force: the next grant is answered only once every server refuses the
+//! old holder's changes (or could not be told within [`FENCE_WAIT`]).
+//! See `fences.rs` for the data servers' side and docs/architecture.md,
+//! "Leases", for the rule.
+
+use std::sync::Weak;
+use std::time::Duration;
+
+use morris_proto::{FileId, Request};
+use tracing::{debug, warn};
+
+use super::Server;
+
+/// Longest a grant waits for one server to take a raised fence. A server
+/// that cannot be told in time (down, cut off) is left as it is: it still
+/// refuses the old holder's changes once the next holder has written there,
+/// and the old holder's own check stops it from sending after its lease.
+const FENCE_WAIT: Duration = Duration::from_secs(2);
+
+impl Server {
+    /// Starts raising the fences the lease table asked for (write leases
+    /// revoked by force). Called after every change of the lease table,
+    /// once its lock is let go.
+    pub(super) fn raise_fences(&self) {
+        let todo = std::mem::take(&mut self.leases.lock().to_fence);
+        if todo.is_empty() {
+            return;
+        }
+        let Some(me) = self.this.get().and_then(Weak::upgrade) else {
+            return;
+        };
+        for (id, above) in todo {
+            let me = me.clone();
+            tokio::spawn(async move { me.raise_fence(id, above).await });
+        }
+    }
+
+    /// Tells every server to refuse changes to `id` made under grants
+    /// numbered `above` or lower, then lets the inode's next grant answer.
+    async fn raise_fence(&self, id: FileId, above: u64) {
+        self.fences.raise(id, above);
+        if let Some(vol) = self.store.formatted() {
+            let req = Request::RaiseFence { id, above };
+            let calls = (0..vol.layout.servers)
+                .filter(|&i| i != vol.index)
+                .map(|i| {
+                    let (vol, req) = (&vol, &req);
+                    async move {
+                        let r = tokio::time::timeout(FENCE_WAIT, self.peer_ask(vol, i, req)).await;
+                        (i, r)
+                    }
+                });
+            for (server, r) in futures::future::join_all(calls).await {
+                match r {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        warn!(id, server, error = %e, "could not raise a revoked lease's fence there")
+                    }
+                    Err(_) => warn!(
+                        id,
+                        server, "could not raise a revoked lease's fence there: no answer in time"
+                    ),
+                }
+            }
+        }
+        debug!(
+            id,
+            above, "fence raised: the revoked write lease's changes are refused"
+        );
+        let mut st = self.leases.lock();
+        if st.fencing.get(&id).is_some_and(|(f, _)| *f == above) {
+            if let Some((_, done)) = st.fencing.remove(&id) {
+                done.send_replace(true);
+            }
+        }
+    }
+
+    /// Waits until no fence of `ino` is being raised (a grant made right
+    /// after a forced revoke is answered only then).
+    pub(super) async fn wait_fenced(&self, ino: FileId) {
+        let rx = self
+            .leases
+            .lock()
+            .fencing
+            .get(&ino)
+            .map(|(_, done)| done.subscribe());
+        if let Some(mut rx) = rx {
+            let _ = rx.wait_for(|done| *done).await;
+        }
+    }
+}
