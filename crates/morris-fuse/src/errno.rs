@@ -29,6 +29,7 @@ pub(crate) fn errno(code: ErrorCode) -> Errno {
         ErrorCode::NotSupported => Errno::EOPNOTSUPP,
         ErrorCode::ReadOnly => Errno::EROFS,
         ErrorCode::CrossDevice => Errno::EXDEV,
+        ErrorCode::TooManyLeases => Errno::ENOLCK,
         ErrorCode::Unavailable
         | ErrorCode::Io
         | ErrorCode::Corrupt
@@ -58,7 +59,7 @@ pub(crate) fn fail(op: &'static str, ino: u64, err: &Error) -> Errno {
 mod tests {
     use super::*;
 
-    const ALL: [ErrorCode; 26] = [
+    const ALL: [ErrorCode; 27] = [
         ErrorCode::NotFound,
         ErrorCode::Exists,
         ErrorCode::NotDir,
@@ -85,6 +86,7 @@ mod tests {
         ErrorCode::UnknownBinding,
         ErrorCode::CrossDevice,
         ErrorCode::HomeDown,
+        ErrorCode::TooManyLeases,
     ];
 
     #[test]
@@ -116,6 +118,7 @@ mod tests {
             libc::EIO,
             libc::EXDEV,
             libc::EIO,
+            libc::ENOLCK,
         ];
         for (code, want) in ALL.iter().zip(expected) {
             assert_eq!(errno(*code).code(), want, "{code:?}");
@@ -127,7 +130,9 @@ mod tests {
         for code in ALL {
             // A stale handle is the caller's to handle (routine, as for NFS);
             // everything that maps to EIO, and a full disk, is the volume's.
-            let eio = errno(code) == Errno::EIO || code == ErrorCode::NoSpace;
+            let eio = errno(code) == Errno::EIO
+                || code == ErrorCode::NoSpace
+                || code == ErrorCode::TooManyLeases;
             assert_eq!(code.is_routine(), !eio, "{code:?}");
         }
     }

@@ -32,6 +32,7 @@ pub fn nfsstat(code: ErrorCode) -> nfsstat3 {
         ErrorCode::Unavailable
         | ErrorCode::Io
         | ErrorCode::Corrupt
+        | ErrorCode::TooManyLeases
         | ErrorCode::Protocol
         | ErrorCode::WrongVolume
         | ErrorCode::NoLease

@@ -69,6 +69,9 @@ pub enum ErrorCode {
     /// The bytes on the server's disk do not match their checksum (bit rot,
     /// a torn write, tampering): that copy is not served; read another.
     Corrupt,
+    /// The server holds as many leases as it allows (for this client, or in
+    /// all): give some back first.
+    TooManyLeases,
 }
 
 impl ErrorCode {
@@ -128,6 +131,7 @@ impl ErrorCode {
             ErrorCode::HomeDown => "home does not answer; changes wait for it",
             ErrorCode::Denied => "not allowed with this key",
             ErrorCode::Corrupt => "data failed its checksum",
+            ErrorCode::TooManyLeases => "too many leases held",
         }
     }
 }

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -427,7 +427,14 @@ pub struct Conn {
     /// What the key the peer proved lets it do.
     pub role: Role,
     writer: Arc<Writer>,
+    /// Pushes queued and not yet written (at most [`MAX_QUEUED_PUSHES`]).
+    pushes: Arc<AtomicUsize>,
 }
+
+/// Most pushes one connection may have waiting to be written: a client that
+/// stops reading loses the rest (a lost recall costs it its lease, which
+/// the recall's deadline takes by force), not the server's memory.
+pub const MAX_QUEUED_PUSHES: usize = 1024;
 
 impl Conn {
     /// Pushes a message to this client. Returns false if the connection is gone
@@ -442,11 +449,21 @@ impl Conn {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return false;
         };
-        let w = self.writer.clone();
+        if self.pushes.fetch_add(1, Ordering::SeqCst) >= MAX_QUEUED_PUSHES {
+            self.pushes.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        let (w, pushes) = (self.writer.clone(), self.pushes.clone());
         rt.spawn(async move {
             let _ = w.send(&head, &[]).await;
+            pushes.fetch_sub(1, Ordering::SeqCst);
         });
         true
+    }
+
+    /// Pushes waiting to be written now.
+    pub fn queued_pushes(&self) -> usize {
+        self.pushes.load(Ordering::SeqCst)
     }
 
     /// Closes the connection from the server's side: the client sees it end
@@ -704,6 +721,7 @@ async fn serve_admitted<S: Service>(
         peer,
         role,
         writer: writer.clone(),
+        pushes: Arc::new(AtomicUsize::new(0)),
     });
     let limit = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONN));
     // In KiB: what this connection's data replies in progress may hold.
@@ -937,5 +955,64 @@ mod tests {
             .with_tls(true)
             .credential();
         assert!(RpcClient::connect(&addr, &other, None).await.is_err());
+    }
+
+    /// Pushes a recall per `Renew`, many times, counting those taken.
+    struct Pushy {
+        taken: AtomicUsize,
+        queued: AtomicUsize,
+    }
+
+    impl Service for Pushy {
+        fn call(self: Arc<Self>, conn: Arc<Conn>, req: Request, p: Bytes) -> ServiceFuture {
+            Box::pin(async move {
+                if let Request::Renew = req {
+                    for _ in 0..5 * MAX_QUEUED_PUSHES {
+                        let recall = Push::Recall {
+                            ino: 1,
+                            want: crate::messages::LeaseMode::Read,
+                        };
+                        if conn.push(&recall) {
+                            self.taken.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                    self.queued.store(conn.queued_pushes(), Ordering::SeqCst);
+                }
+                (Ok(Reply::Ok), p)
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_client_that_stops_reading_gets_a_bounded_number_of_pushes_queued() {
+        use crate::frame::{encode_frame_head, FrameKind};
+        use tokio::io::AsyncWriteExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let svc = Arc::new(Pushy {
+            taken: AtomicUsize::new(0),
+            queued: AtomicUsize::new(0),
+        });
+        let key = Key::generate();
+        tokio::spawn(serve(listener, svc.clone(), Keys::from_key(key.clone())));
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        crate::auth::handshake::connect(&mut s, &key.client_key(), &[])
+            .await
+            .unwrap();
+        // A 32 MiB echo that this client never reads: the server's writer
+        // is stuck behind it, so every push from now on waits in the queue.
+        let big = vec![1u8; 32 << 20];
+        let head = encode_frame_head(FrameKind::Request, 1, &Request::Status, big.len()).unwrap();
+        s.write_all(&head).await.unwrap();
+        s.write_all(&big).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let head = encode_frame_head(FrameKind::Request, 2, &Request::Renew, 0).unwrap();
+        s.write_all(&head).await.unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while svc.queued.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert_eq!(svc.taken.load(Ordering::SeqCst), MAX_QUEUED_PUSHES);
+        assert_eq!(svc.queued.load(Ordering::SeqCst), MAX_QUEUED_PUSHES);
     }
 }

@@ -223,6 +223,25 @@ fn metadata<T>(f: impl FnOnce() -> Result<T, WireError>) -> Result<T, WireError>
     f()
 }
 
+/// Most leases one client may hold at one server. A mount keeps at most
+/// `max_cached_leases` (100,000 by default) in all, plus those with
+/// changes not yet stored, so only a runaway or hostile client meets this.
+const MAX_LEASES_PER_CLIENT: usize = 1_000_000;
+/// Most leases one server grants in all (a few hundred bytes each).
+const MAX_LEASES: u64 = 4_000_000;
+
+/// Refuses a new lease past the caps (memory a key holder can make a
+/// server spend).
+fn check_lease_caps(table: &LeaseTable, client: ClientId) -> Result<(), WireError> {
+    match table.over_caps(client, MAX_LEASES_PER_CLIENT, MAX_LEASES) {
+        None => Ok(()),
+        Some(why) => {
+            warn!(client, "lease refused: {why}");
+            Err(err(ErrorCode::TooManyLeases, why))
+        }
+    }
+}
+
 /// Whether a request takes a lease (and so waits out the grace period).
 fn takes_lease(req: &Request) -> bool {
     matches!(
@@ -598,6 +617,9 @@ impl Server {
     ) -> Result<(), WireError> {
         let (wait, recalls) = {
             let mut st = self.leases.lock();
+            if st.table.holds(client, ino).is_none() {
+                check_lease_caps(&st.table, client)?;
+            }
             let mut fx = Effects::default();
             let now = self.now_ms();
             let wait = match st.table.acquire(client, ino, mode, now, &mut fx) {

@@ -212,6 +212,24 @@ impl LeaseTable {
         self.leases
     }
 
+    /// Why one more lease for `client` would pass a cap (`per_client`
+    /// leases held by one client, `total` in all), if it would.
+    pub fn over_caps(&self, client: ClientId, per_client: usize, total: u64) -> Option<String> {
+        let mine = self.clients.get(&client).map_or(0, |c| c.held.len());
+        if mine >= per_client {
+            return Some(format!(
+                "this client holds {mine} leases here, the most allowed; give some back"
+            ));
+        }
+        if self.leases >= total {
+            return Some(format!(
+                "this server holds {} leases, the most it allows",
+                self.leases
+            ));
+        }
+        None
+    }
+
     /// Requests waiting now.
     #[cfg(test)]
     pub fn waiter_count(&self) -> usize {
@@ -791,6 +809,20 @@ mod tests {
         t.tick(10_000, &mut e);
         assert!(e.is_empty());
         t.check().unwrap();
+    }
+
+    #[test]
+    fn lease_caps_count_per_client_and_in_all() {
+        let mut t = LeaseTable::new(L);
+        let mut e = fx();
+        for ino in 1..=3 {
+            t.acquire(1, ino, LeaseMode::Read, 0, &mut e);
+        }
+        assert!(t.over_caps(1, 3, 100).is_some());
+        assert!(t.over_caps(2, 3, 100).is_none());
+        assert!(t.over_caps(2, 3, 3).is_some());
+        t.release(1, 2, 0, &mut e);
+        assert!(t.over_caps(1, 3, 100).is_none());
     }
 
     #[test]
