@@ -23,15 +23,30 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use morris_proto::auth::Role;
 use morris_proto::{ErrorCode, FileId, WireError};
 use parking_lot::Mutex;
+use tokio::sync::Notify;
 use tracing::warn;
 
 const SHARDS: usize = 64;
 /// Files remembered per shard (about a million in all, ~40 MB at most).
 pub(crate) const PER_SHARD: usize = 16 * 1024;
 
-/// The highest fence number seen per file, and what was refused.
+/// One file's fence at this server.
+#[derive(Debug, Clone, Copy)]
+struct Fence {
+    /// The highest grant number seen (or raised to): anything lower is refused.
+    top: u64,
+    /// The grant the changes in progress were admitted under.
+    active: u64,
+    /// Changes in progress (admitted, not yet done).
+    inflight: u32,
+}
+
+/// The highest fence number seen per file, the changes in progress under
+/// it, and what was refused.
 pub(crate) struct Fences {
-    shards: Vec<Mutex<HashMap<FileId, u64>>>,
+    shards: Vec<Mutex<HashMap<FileId, Fence>>>,
+    /// Woken when a file of the shard has no change in progress any more.
+    drained: Vec<Notify>,
     refused: AtomicU64,
 }
 
@@ -39,72 +54,141 @@ impl Default for Fences {
     fn default() -> Self {
         Fences {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            drained: (0..SHARDS).map(|_| Notify::new()).collect(),
             refused: AtomicU64::new(0),
         }
     }
 }
 
+/// A change admitted under a fence; keep it until the change is done.
+pub(crate) struct Admitted<'a> {
+    fences: &'a Fences,
+    id: Option<FileId>,
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        let Some(id) = self.id else {
+            return;
+        };
+        let shard = shard_of(id);
+        let mut m = self.fences.shards[shard].lock();
+        if let Some(f) = m.get_mut(&id) {
+            f.inflight = f.inflight.saturating_sub(1);
+            if f.inflight == 0 {
+                drop(m);
+                self.fences.drained[shard].notify_waiters();
+            }
+        }
+    }
+}
+
+fn shard_of(id: FileId) -> usize {
+    (id as usize) % SHARDS
+}
+
 impl Fences {
     /// Admits a change to file `id` made under the write grant numbered
     /// `fence` (0: none, which only servers and admin tools may send, for
-    /// resync and repairs), remembering it; refuses one older than a grant
-    /// already seen here.
-    pub(crate) fn check(&self, id: FileId, fence: u64, role: Role) -> Result<(), WireError> {
+    /// resync and repairs); refuses one older than a grant already seen
+    /// here. A change under a newer grant than the changes in progress
+    /// waits for them to finish first, so an old change that was admitted
+    /// never lands after a newer one.
+    pub(crate) async fn admit(
+        &self,
+        id: FileId,
+        fence: u64,
+        role: Role,
+    ) -> Result<Admitted<'_>, WireError> {
         if fence == 0 {
             if role == Role::Server {
-                return Ok(());
+                return Ok(Admitted {
+                    fences: self,
+                    id: None,
+                });
             }
             return Err(WireError::new(
                 ErrorCode::Denied,
                 "a block change from a client must carry the fence number of its write lease",
             ));
         }
-        let mut m = self.shards[(id as usize) % SHARDS].lock();
-        match m.get_mut(&id) {
-            Some(top) if fence < *top => {
-                let top = *top;
-                drop(m);
-                self.refused.fetch_add(1, Ordering::Relaxed);
-                warn!(
-                    id,
-                    fence,
-                    newer = top,
-                    "refused a change made under a write lease that has passed on"
-                );
-                Err(WireError::new(
-                    ErrorCode::NoLease,
-                    format!(
-                        "change to file {id} refused: its write lease ({fence}) has passed to another client ({top})"
-                    ),
-                ))
-            }
-            Some(top) => {
-                *top = fence;
-                Ok(())
-            }
-            None => {
-                if m.len() >= PER_SHARD {
+        let shard = shard_of(id);
+        loop {
+            let drained = self.drained[shard].notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            {
+                let mut m = self.shards[shard].lock();
+                if !m.contains_key(&id) && m.len() >= PER_SHARD {
                     forget_oldest(&mut m);
                 }
-                m.insert(id, fence);
-                Ok(())
+                let f = m.entry(id).or_insert(Fence {
+                    top: fence,
+                    active: fence,
+                    inflight: 0,
+                });
+                if fence < f.top {
+                    let top = f.top;
+                    drop(m);
+                    return Err(self.refuse(id, fence, top));
+                }
+                f.top = fence;
+                if f.inflight == 0 || f.active == fence {
+                    f.active = fence;
+                    f.inflight += 1;
+                    return Ok(Admitted {
+                        fences: self,
+                        id: Some(id),
+                    });
+                }
             }
+            // Changes of an older grant are in progress: let them finish.
+            drained.await;
         }
     }
 
+    fn refuse(&self, id: FileId, fence: u64, top: u64) -> WireError {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        warn!(
+            id,
+            fence,
+            newer = top,
+            "refused a change made under a write lease that has passed on"
+        );
+        WireError::new(
+            ErrorCode::NoLease,
+            format!(
+                "change to file {id} refused: its write lease ({fence}) has passed to another client ({top})"
+            ),
+        )
+    }
+
     /// Refuses from now on every change to `id` carrying `above` or lower
-    /// (that write grant was revoked).
-    pub(crate) fn raise(&self, id: FileId, above: u64) {
+    /// (that write grant was revoked); returns once the changes of such a
+    /// grant already in progress are done.
+    pub(crate) async fn raise(&self, id: FileId, above: u64) {
         let floor = above.saturating_add(1);
-        let mut m = self.shards[(id as usize) % SHARDS].lock();
-        match m.get_mut(&id) {
-            Some(top) => *top = (*top).max(floor),
-            None => {
-                if m.len() >= PER_SHARD {
+        let shard = shard_of(id);
+        loop {
+            let drained = self.drained[shard].notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            {
+                let mut m = self.shards[shard].lock();
+                if !m.contains_key(&id) && m.len() >= PER_SHARD {
                     forget_oldest(&mut m);
                 }
-                m.insert(id, floor);
+                let f = m.entry(id).or_insert(Fence {
+                    top: floor,
+                    active: floor,
+                    inflight: 0,
+                });
+                f.top = f.top.max(floor);
+                if f.inflight == 0 || f.active >= floor {
+                    return;
+                }
             }
+            drained.await;
         }
     }
 
@@ -114,55 +198,85 @@ impl Fences {
     }
 }
 
-/// Forgets the quarter of `m` with the lowest (oldest) fence numbers.
-fn forget_oldest(m: &mut HashMap<FileId, u64>) {
-    let mut v: Vec<u64> = m.values().copied().collect();
+/// Forgets the quarter of `m` with the lowest (oldest) fence numbers,
+/// except files with changes in progress.
+fn forget_oldest(m: &mut HashMap<FileId, Fence>) {
+    let mut v: Vec<u64> = m.values().map(|f| f.top).collect();
     let cut = v.len() / 4;
     let (_, &mut limit, _) = v.select_nth_unstable(cut);
-    m.retain(|_, f| *f > limit);
+    m.retain(|_, f| f.top > limit || f.inflight > 0);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
-    #[test]
-    fn an_older_grant_is_refused_once_a_newer_one_changed_the_file() {
+    fn ok(r: Result<Admitted<'_>, WireError>) {
+        drop(r.unwrap());
+    }
+
+    #[tokio::test]
+    async fn an_older_grant_is_refused_once_a_newer_one_changed_the_file() {
         let f = Fences::default();
-        f.check(7, 100, Role::Client).unwrap();
-        f.check(7, 100, Role::Client).unwrap();
-        f.check(7, 200, Role::Client).unwrap();
-        let e = f.check(7, 100, Role::Client).unwrap_err();
+        ok(f.admit(7, 100, Role::Client).await);
+        ok(f.admit(7, 100, Role::Client).await);
+        ok(f.admit(7, 200, Role::Client).await);
+        let e = f.admit(7, 100, Role::Client).await.err().unwrap();
         assert_eq!(e.code, ErrorCode::NoLease);
         assert_eq!(f.refused(), 1);
         // Other files are their own.
-        f.check(8, 100, Role::Client).unwrap();
+        ok(f.admit(8, 100, Role::Client).await);
         // No fence: servers (resync) only.
-        f.check(7, 0, Role::Server).unwrap();
-        assert_eq!(
-            f.check(7, 0, Role::Client).unwrap_err().code,
-            ErrorCode::Denied
-        );
-        f.check(7, 200, Role::Client).unwrap();
+        ok(f.admit(7, 0, Role::Server).await);
+        let e = f.admit(7, 0, Role::Client).await.err().unwrap();
+        assert_eq!(e.code, ErrorCode::Denied);
+        ok(f.admit(7, 200, Role::Client).await);
         // A revoked grant: refused without any newer change seen.
-        f.check(9, 300, Role::Client).unwrap();
-        f.raise(9, 300);
-        assert!(f.check(9, 300, Role::Client).is_err());
-        f.check(9, 301, Role::Client).unwrap();
-        f.raise(9, 100);
-        f.check(9, 301, Role::Client).unwrap();
+        ok(f.admit(9, 300, Role::Client).await);
+        f.raise(9, 300).await;
+        assert!(f.admit(9, 300, Role::Client).await.is_err());
+        ok(f.admit(9, 301, Role::Client).await);
+        f.raise(9, 100).await;
+        ok(f.admit(9, 301, Role::Client).await);
     }
 
-    #[test]
-    fn the_table_stays_bounded_and_keeps_the_newest_grants() {
+    #[tokio::test]
+    async fn a_newer_grant_waits_for_the_older_changes_in_progress() {
+        let f = Arc::new(Fences::default());
+        let old = f.admit(5, 10, Role::Client).await.unwrap();
+        // The next holder's change waits while the old one is in progress.
+        let f2 = f.clone();
+        let newer = tokio::spawn(async move {
+            let _g = f2.admit(5, 20, Role::Client).await.unwrap();
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!newer.is_finished());
+        // Meanwhile no more old changes are admitted.
+        assert!(f.admit(5, 10, Role::Client).await.is_err());
+        drop(old);
+        newer.await.unwrap();
+        // So does raising the fence over a change in progress.
+        let old = f.admit(6, 10, Role::Client).await.unwrap();
+        let f3 = f.clone();
+        let raised = tokio::spawn(async move { f3.raise(6, 10).await });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!raised.is_finished());
+        drop(old);
+        raised.await.unwrap();
+        assert!(f.admit(6, 10, Role::Client).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn the_table_stays_bounded_and_keeps_the_newest_grants() {
         let f = Fences::default();
         let n = (SHARDS * PER_SHARD * 2) as u64;
         for id in 0..n {
-            f.check(id, id + 1, Role::Client).unwrap();
+            ok(f.admit(id, id + 1, Role::Client).await);
         }
         let total: usize = f.shards.iter().map(|s| s.lock().len()).sum();
         assert!(total <= SHARDS * PER_SHARD, "{total}");
         // The newest files are still fenced.
-        assert!(f.check(n - 1, 1, Role::Client).is_err());
+        assert!(f.admit(n - 1, 1, Role::Client).await.is_err());
     }
 }

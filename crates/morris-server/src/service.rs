@@ -789,7 +789,7 @@ impl Server {
             return plain(self.peer_request(req, payload).await);
         }
         if let Request::RaiseFence { id, above } = req {
-            self.fences.raise(id, above);
+            self.fences.raise(id, above).await;
             return plain(Ok(Reply::Ok));
         }
         // Lapse or take over first, so nothing is answered under an
@@ -813,11 +813,16 @@ impl Server {
                 "an admin session (Hello without a volume) cannot take leases",
             )));
         }
-        if let Request::Write { id, fence, .. } | Request::Truncate { id, fence, .. } = &req {
-            if let Err(e) = self.fences.check(*id, *fence, conn.role) {
-                return plain(Err(e));
+        // Held until the change is done (`fences.rs`).
+        let _admitted = match &req {
+            Request::Write { id, fence, .. } | Request::Truncate { id, fence, .. } => {
+                match self.fences.admit(*id, *fence, conn.role).await {
+                    Ok(a) => Some(a),
+                    Err(e) => return plain(Err(e)),
+                }
             }
-        }
+            _ => None,
+        };
         match req {
             Request::Read {
                 id,

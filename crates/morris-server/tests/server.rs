@@ -108,6 +108,24 @@ impl Client {
             .handle()
     }
 
+    /// Creates a file; returns it with the fence number of the write
+    /// lease the create grants.
+    async fn create_leased(&self) -> (Inode, u64) {
+        match self
+            .ok(Request::CreateInode {
+                parent: ROOT_ID,
+                attr: attr(FileKind::File),
+                target: None,
+                home: None,
+                op: 0,
+            })
+            .await
+        {
+            Reply::Leased { inode, fence } => (inode, fence),
+            r => panic!("a create grants the write lease: {r:?}"),
+        }
+    }
+
     async fn create(&self, kind: FileKind) -> Inode {
         self.inode(Request::CreateInode {
             parent: ROOT_ID,
@@ -800,19 +818,7 @@ async fn a_change_under_a_write_lease_that_passed_on_is_refused() {
         )
     };
     // A creates the file (and so holds its write lease) and writes.
-    let (f, fa) = match a
-        .ok(Request::CreateInode {
-            parent: ROOT_ID,
-            attr: attr(FileKind::File),
-            target: None,
-            home: None,
-            op: 0,
-        })
-        .await
-    {
-        Reply::Leased { inode, fence } => (inode, fence),
-        r => panic!("a create grants the write lease: {r:?}"),
-    };
+    let (f, fa) = a.create_leased().await;
     assert!(fa > 0);
     let (req, data) = write(f.id, fa, b'a');
     a.rpc.call(&req, data).await.expect("the holder writes");
@@ -886,19 +892,7 @@ async fn a_revoked_write_lease_is_fenced_at_every_server_before_the_next_grant()
         session(1, 21).await,
         session(0, 22).await,
     );
-    let (f, fa) = match a0
-        .ok(Request::CreateInode {
-            parent: ROOT_ID,
-            attr: attr(FileKind::File),
-            target: None,
-            home: None,
-            op: 0,
-        })
-        .await
-    {
-        Reply::Leased { inode, fence } => (inode, fence),
-        r => panic!("unexpected {r:?}"),
-    };
+    let (f, fa) = a0.create_leased().await;
     // Owner: server 0 (an even id); block 1 lives on server 1.
     assert_eq!(f.id % 2, 0);
     let write = |fence| Request::Write {

@@ -39,7 +39,7 @@ impl Server {
     /// Tells every server to refuse changes to `id` made under grants
     /// numbered `above` or lower, then lets the inode's next grant answer.
     async fn raise_fence(&self, id: FileId, above: u64) {
-        self.fences.raise(id, above);
+        self.fences.raise(id, above).await;
         if let Some(vol) = self.store.formatted() {
             let req = Request::RaiseFence { id, above };
             let calls = (0..vol.layout.servers)
