@@ -48,6 +48,24 @@ pub struct ServerArgs {
     /// volume the same way.
     #[arg(long, value_name = "URL,URL", value_delimiter = ',')]
     pub etcd: Vec<String>,
+    /// PEM CA certificate that etcd's certificate must chain to (for
+    /// `https://` endpoints).
+    #[arg(long, value_name = "FILE", requires = "etcd")]
+    pub etcd_ca: Option<PathBuf>,
+    /// PEM client certificate to show etcd (`--client-cert-auth`); with
+    /// `--etcd-key`.
+    #[arg(long, value_name = "FILE", requires_all = ["etcd", "etcd_key"])]
+    pub etcd_cert: Option<PathBuf>,
+    /// The client certificate's PEM private key (mode 0600).
+    #[arg(long, value_name = "FILE", requires = "etcd_cert")]
+    pub etcd_key: Option<PathBuf>,
+    /// etcd user, when etcd has authentication on; with
+    /// `--etcd-password-file`.
+    #[arg(long, value_name = "NAME", requires_all = ["etcd", "etcd_password_file"])]
+    pub etcd_user: Option<String>,
+    /// File holding that user's password (its first line; mode 0600).
+    #[arg(long, value_name = "FILE", requires = "etcd_user")]
+    pub etcd_password_file: Option<PathBuf>,
     /// Most connections served at once (mounts and gateways keep two per
     /// server, servers one per peer); more are closed at once and logged.
     #[arg(long, value_name = "N", default_value_t = morris_proto::net::DEFAULT_MAX_CONNECTIONS,
@@ -70,6 +88,7 @@ pub fn run(args: ServerArgs) -> Result<ExitCode> {
     std::fs::create_dir_all(&args.data)
         .with_context(|| format!("cannot create data directory {}", args.data.display()))?;
     let keys = args.key.load_volume_key("morris server")?;
+    let etcd_auth = etcd_auth(&args)?;
     // Everything the server makes (metadata, snapshots, block files) is
     // its owner's alone.
     // SAFETY: umask has no preconditions and cannot fail.
@@ -83,6 +102,7 @@ pub fn run(args: ServerArgs) -> Result<ExitCode> {
             listen: args.listen.clone(),
             lease_ms: args.lease_ms,
             etcd: args.etcd.clone(),
+            etcd_auth,
             keys: keys.clone(),
             max_connections: args.max_connections,
             scrub_every: (!args.scrub_every.is_zero()).then_some(args.scrub_every),
@@ -120,6 +140,59 @@ pub fn run(args: ServerArgs) -> Result<ExitCode> {
 
 /// Where this process reaches its own server (a wildcard listen address is
 /// reached on loopback).
+/// Reads the etcd TLS and credential files named on the command line.
+fn etcd_auth(args: &ServerArgs) -> Result<morris_server::EtcdAuth> {
+    let read = |p: &PathBuf, what: &str, secret: bool| -> Result<Vec<u8>> {
+        if secret {
+            use std::os::unix::fs::MetadataExt;
+            let meta = std::fs::metadata(p)
+                .with_context(|| format!("cannot read the {what} {}", p.display()))?;
+            if meta.mode() & 0o077 != 0 {
+                anyhow::bail!(
+                    "the {what} {} may be read by others (mode {:o}): chmod 600 it",
+                    p.display(),
+                    meta.mode() & 0o777
+                );
+            }
+        }
+        std::fs::read(p).with_context(|| format!("cannot read the {what} {}", p.display()))
+    };
+    let ca_pem = match &args.etcd_ca {
+        Some(p) => Some(read(p, "etcd CA certificate", false)?),
+        None => None,
+    };
+    let identity = match (&args.etcd_cert, &args.etcd_key) {
+        (Some(c), Some(k)) => Some((
+            read(c, "etcd client certificate", false)?,
+            read(k, "etcd client key", true)?,
+        )),
+        _ => None,
+    };
+    let user = match (&args.etcd_user, &args.etcd_password_file) {
+        (Some(u), Some(p)) => {
+            let text = read(p, "etcd password file", true)?;
+            let text =
+                String::from_utf8(text).with_context(|| format!("{} is not UTF-8", p.display()))?;
+            let password = text.lines().next().unwrap_or("").to_string();
+            if password.is_empty() {
+                anyhow::bail!("the etcd password file {} is empty", p.display());
+            }
+            Some((u.clone(), password))
+        }
+        _ => None,
+    };
+    if args.etcd.iter().any(|e| e.starts_with("https://")) && ca_pem.is_none() {
+        anyhow::bail!(
+            "https:// etcd endpoints need --etcd-ca (the CA etcd's certificate chains to)"
+        );
+    }
+    Ok(morris_server::EtcdAuth {
+        ca_pem,
+        identity,
+        user,
+    })
+}
+
 fn connect_addr(addr: SocketAddr) -> String {
     let ip = match addr.ip() {
         std::net::IpAddr::V4(v) if v.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),

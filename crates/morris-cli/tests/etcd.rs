@@ -9,7 +9,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{fsck_clean, pattern, read_all, status, wait_for, wait_healthy, Cluster, EtcdProc};
+use common::{
+    fsck_clean, pattern, read_all, status, wait_for, wait_healthy, Cluster, EtcdProc, EtcdTls,
+};
 
 const K: u32 = 4;
 /// The root directory (id 1) is metadata range 1: server 1 serves it,
@@ -160,4 +162,150 @@ fn silent_primary(replicas: u8) {
     wait_healthy(&c);
     fsck_clean(&c);
     files_read_back(&c, 4, 100);
+}
+
+/// A CA, a certificate for etcd (127.0.0.1) and one for its clients,
+/// written as PEM files under `dir`.
+fn make_tls(dir: &std::path::Path) -> EtcdTls {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    };
+    let write = |name: &str, text: String| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).expect("write a PEM file");
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .expect("chmod");
+        p
+    };
+    let ca_key = KeyPair::generate().expect("CA key");
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "morris test CA");
+    let ca = ca_params.self_signed(&ca_key).expect("CA certificate");
+    let leaf = |names: Vec<String>, cn: &str, usage: ExtendedKeyUsagePurpose| {
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::new(names).expect("params");
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params.extended_key_usages = vec![usage];
+        let cert = params.signed_by(&key, &ca, &ca_key).expect("certificate");
+        (cert.pem(), key.serialize_pem())
+    };
+    let (sc, sk) = leaf(
+        vec!["127.0.0.1".into(), "localhost".into()],
+        "etcd",
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let (cc, ck) = leaf(Vec::new(), "morris", ExtendedKeyUsagePurpose::ClientAuth);
+    EtcdTls {
+        ca: write("ca.pem", ca.pem()),
+        server_cert: write("etcd.pem", sc),
+        server_key: write("etcd.key", sk),
+        client_cert: write("client.pem", cc),
+        client_key: write("client.key", ck),
+    }
+}
+
+/// etcd connection options with TLS (and, if given, a user).
+fn etcd_options(tls: &EtcdTls, user: Option<(&str, &str)>) -> etcd_client::ConnectOptions {
+    let read = |p: &std::path::Path| std::fs::read(p).expect("read a PEM file");
+    let mut opts = etcd_client::ConnectOptions::new().with_tls(
+        etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(read(&tls.ca)))
+            .identity(etcd_client::Identity::from_pem(
+                read(&tls.client_cert),
+                read(&tls.client_key),
+            )),
+    );
+    if let Some((u, p)) = user {
+        opts = opts.with_user(u, p);
+    }
+    opts
+}
+
+/// etcd as a careful site runs it: clients only over TLS with a
+/// certificate from the site's CA, and authentication on. The servers
+/// reach it with `--etcd-ca`, `--etcd-cert`/`--etcd-key` and
+/// `--etcd-user`/`--etcd-password-file`; their range records are there,
+/// readable with the credentials and not without.
+#[test]
+fn servers_reach_an_etcd_that_wants_tls_a_client_certificate_and_a_password() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tls = make_tls(dir.path());
+    let password = "s3cret-for-morris";
+    let pw_file = dir.path().join("etcd.password");
+    std::fs::write(&pw_file, format!("{password}\n")).expect("password file");
+    std::fs::set_permissions(
+        &pw_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .expect("chmod");
+    let etcd = EtcdProc::start_tls(&tls);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let mut c =
+            etcd_client::Client::connect([etcd.url.as_str()], Some(etcd_options(&tls, None)))
+                .await
+                .expect("connect to etcd over TLS");
+        c.user_add("root", password, None).await.expect("user add");
+        c.user_grant_role("root", "root").await.expect("grant root");
+        c.auth_enable().await.expect("auth enable");
+    });
+    let p = |x: &std::path::Path| x.display().to_string();
+    let c = Cluster::start(
+        K as usize,
+        common::ClusterOpts {
+            replicas: 2,
+            server_args: vec![
+                "--etcd".into(),
+                etcd.url.clone(),
+                "--etcd-ca".into(),
+                p(&tls.ca),
+                "--etcd-cert".into(),
+                p(&tls.client_cert),
+                "--etcd-key".into(),
+                p(&tls.client_key),
+                "--etcd-user".into(),
+                "root".into(),
+                "--etcd-password-file".into(),
+                p(&pw_file),
+            ],
+            ..common::ClusterOpts::default()
+        },
+    );
+    wait_healthy(&c);
+    let m = c.mount();
+    write_files(&m.path, "tls", 3, 40).expect("write through a volume arbitrated by etcd");
+    let (with, without) = rt.block_on(async {
+        let mut c = etcd_client::Client::connect(
+            [etcd.url.as_str()],
+            Some(etcd_options(&tls, Some(("root", password)))),
+        )
+        .await
+        .expect("connect with the password");
+        let with = c
+            .get(
+                "/morris/",
+                Some(etcd_client::GetOptions::new().with_prefix()),
+            )
+            .await
+            .expect("read the range records")
+            .kvs()
+            .len();
+        let mut anon =
+            etcd_client::Client::connect([etcd.url.as_str()], Some(etcd_options(&tls, None)))
+                .await
+                .expect("connect without a password");
+        let without = anon
+            .get(
+                "/morris/",
+                Some(etcd_client::GetOptions::new().with_prefix()),
+            )
+            .await
+            .is_ok();
+        (with, without)
+    });
+    assert!(with >= K as usize, "{with} range records in etcd");
+    assert!(!without, "etcd answered a client without the password");
 }

@@ -22,6 +22,7 @@ async fn one_server() -> (Arc<Client>, morris_server::ServerHandle, tempfile::Te
         listen: "127.0.0.1:0".into(),
         lease_ms: 1500,
         etcd: Vec::new(),
+        etcd_auth: Default::default(),
         keys: keys.clone(),
         max_connections: 4096,
         scrub_every: None,

@@ -46,6 +46,7 @@ async fn cluster_with(k: usize, unit: u32, lease_ms: u32, proxied: bool) -> (Clu
             listen: "127.0.0.1:0".into(),
             lease_ms,
             etcd: Vec::new(),
+            etcd_auth: Default::default(),
             keys: server_keys(),
             max_connections: 4096,
             scrub_every: None,

@@ -30,6 +30,49 @@ use tracing::{debug, info, warn};
 
 use crate::leases::Millis;
 
+/// How a server checks etcd and proves itself to it (each part optional;
+/// etcd's `--trusted-ca-file`/`--client-cert-auth` and `auth enable`).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct EtcdAuth {
+    /// PEM CA certificate(s) etcd's certificate must chain to; needed for
+    /// `https://` endpoints.
+    pub ca_pem: Option<Vec<u8>>,
+    /// PEM client certificate and its key, for etcd's `--client-cert-auth`.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// User name and password, when etcd has authentication enabled.
+    pub user: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for EtcdAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdAuth")
+            .field("ca", &self.ca_pem.is_some())
+            .field("client_cert", &self.identity.is_some())
+            .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .finish()
+    }
+}
+
+impl EtcdAuth {
+    fn options(&self, opts: etcd_client::ConnectOptions) -> etcd_client::ConnectOptions {
+        let mut opts = opts;
+        if let Some((user, password)) = &self.user {
+            opts = opts.with_user(user.clone(), password.clone());
+        }
+        if self.ca_pem.is_some() || self.identity.is_some() {
+            let mut tls = etcd_client::TlsOptions::new();
+            if let Some(ca) = &self.ca_pem {
+                tls = tls.ca_certificate(etcd_client::Certificate::from_pem(ca));
+            }
+            if let Some((cert, key)) = &self.identity {
+                tls = tls.identity(etcd_client::Identity::from_pem(cert, key));
+            }
+            opts = opts.with_tls(tls);
+        }
+        opts
+    }
+}
+
 /// A range's record in etcd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RangeRecord {
@@ -70,13 +113,16 @@ impl Etcd {
     /// Connects and takes an etcd lease of about `lease_ms` (at least 2 s).
     pub async fn connect(
         endpoints: &[String],
+        auth: &EtcdAuth,
         volume: uuid::Uuid,
         lease_ms: u32,
         started: Instant,
     ) -> Result<Arc<Etcd>, String> {
-        let opts = etcd_client::ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(2))
-            .with_timeout(Duration::from_millis(u64::from(lease_ms).clamp(500, 5000)));
+        let opts = auth.options(
+            etcd_client::ConnectOptions::new()
+                .with_connect_timeout(Duration::from_secs(2))
+                .with_timeout(Duration::from_millis(u64::from(lease_ms).clamp(500, 5000))),
+        );
         let client = Client::connect(endpoints, Some(opts)).await.map_err(e2s)?;
         let ttl_secs = i64::from(lease_ms.div_ceil(1000).max(2));
         let e = Etcd {

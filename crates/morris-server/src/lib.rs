@@ -45,6 +45,7 @@ mod service;
 mod store;
 pub mod writeback;
 
+pub use arbiter::EtcdAuth;
 use service::Server;
 pub use store::StoreError;
 
@@ -65,6 +66,8 @@ pub struct ServerConfig {
     /// decide between themselves (the static rule, `ranges.rs`). Every
     /// server of a volume must be started the same way.
     pub etcd: Vec<String>,
+    /// TLS and credentials for those endpoints.
+    pub etcd_auth: EtcdAuth,
     /// The volume's keys: every connection must prove it holds one (or the
     /// client key derived from one); the first connects to other servers.
     pub keys: Keys,
@@ -89,6 +92,7 @@ impl ServerConfig {
             listen: listen.into(),
             lease_ms: DEFAULT_LEASE_MS,
             etcd: Vec::new(),
+            etcd_auth: EtcdAuth::default(),
             keys,
             max_connections: morris_proto::net::DEFAULT_MAX_CONNECTIONS,
             scrub_every: None,
@@ -351,6 +355,7 @@ pub async fn start(cfg: ServerConfig) -> Result<ServerHandle, ServerError> {
         cfg.data_dir.clone(),
         cfg.lease_ms,
         cfg.etcd.clone(),
+        cfg.etcd_auth.clone(),
         cfg.keys.clone(),
         limits.clone(),
         scrubber,

@@ -173,6 +173,8 @@ pub(crate) struct Server {
     /// etcd endpoints deciding metadata ownership (empty: the two copies
     /// decide, `ranges.rs`).
     etcd: Vec<String>,
+    /// How to reach etcd safely (TLS, client certificate, user).
+    etcd_auth: crate::arbiter::EtcdAuth,
     /// Cache mode: bindings, fetches in flight (`cache.rs`).
     cache: cache::CacheState,
     /// The write-back pusher's connections to the other servers.
@@ -339,6 +341,7 @@ impl Server {
         data_dir: PathBuf,
         lease_ms: u32,
         etcd: Vec<String>,
+        etcd_auth: crate::arbiter::EtcdAuth,
         keys: Keys,
         conn_limits: Arc<ConnLimits>,
         scrubber: Arc<Scrubber>,
@@ -376,6 +379,7 @@ impl Server {
             stopped: AtomicBool::new(false),
             peers_cut: AtomicBool::new(false),
             etcd,
+            etcd_auth,
             cache: cache::CacheState::default(),
             pusher_conns: peer_calls::PeerConns::default(),
             scrubber,
@@ -466,10 +470,11 @@ impl Server {
                 cell: OnceLock::new(),
             });
             let (a2, endpoints, uuid) = (a.clone(), self.etcd.clone(), vol.descriptor.uuid);
+            let auth = self.etcd_auth.clone();
             let (lease_ms, started) = (self.lease_ms, self.started);
             tokio::spawn(async move {
                 loop {
-                    match Etcd::connect(&endpoints, uuid, lease_ms, started).await {
+                    match Etcd::connect(&endpoints, &auth, uuid, lease_ms, started).await {
                         Ok(e) => {
                             let _ = a2.cell.set(e.clone());
                             e.keep_alive().await;

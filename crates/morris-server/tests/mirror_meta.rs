@@ -30,6 +30,7 @@ async fn server(dir: &std::path::Path, listen: &str) -> ServerHandle {
             listen: listen.into(),
             lease_ms: LEASE_MS,
             etcd: Vec::new(),
+            etcd_auth: Default::default(),
             keys: Keys::from_key(KEY.clone()),
             max_connections: 4096,
             scrub_every: None,

@@ -797,15 +797,36 @@ pub fn create_with_quiet_server(k: u32, dir: &Path, name: &str) -> (PathBuf, usi
 /// A single-member etcd (Debian's `etcd-server`) on free loopback ports,
 /// in a temporary directory; killed when dropped.
 pub struct EtcdProc {
-    /// `http://127.0.0.1:PORT`.
+    /// `http://127.0.0.1:PORT` (`https://` with TLS).
     pub url: String,
     child: Child,
     _dir: TempDir,
 }
 
+/// The certificates of an etcd reached over TLS (`EtcdProc::start_tls`).
+pub struct EtcdTls {
+    /// PEM files: the CA, etcd's certificate and key, a client's
+    /// certificate and key.
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+}
+
 impl EtcdProc {
     /// Starts etcd and waits until it answers.
     pub fn start() -> EtcdProc {
+        Self::start_with(None)
+    }
+
+    /// Starts etcd serving clients over TLS only and asking them for a
+    /// certificate signed by `tls.ca` (`--client-cert-auth`).
+    pub fn start_tls(tls: &EtcdTls) -> EtcdProc {
+        Self::start_with(Some(tls))
+    }
+
+    fn start_with(tls: Option<&EtcdTls>) -> EtcdProc {
         let etcd = ["/usr/bin/etcd", "/usr/local/bin/etcd"]
             .into_iter()
             .find(|p| Path::new(p).exists())
@@ -814,8 +835,9 @@ impl EtcdProc {
             .prefix("morris-etcd-")
             .tempdir()
             .expect("cannot create a temporary directory");
-        let (client, peer) = (free_port(), free_port());
-        let url = format!("http://127.0.0.1:{client}");
+        let (client, peer, metrics) = (free_port(), free_port(), free_port());
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://127.0.0.1:{client}");
         let log = File::create(dir.path().join("etcd.log")).expect("etcd log");
         let mut cmd = Command::new(etcd);
         cmd.arg("--name")
@@ -832,12 +854,24 @@ impl EtcdProc {
             .arg(format!("http://127.0.0.1:{peer}"))
             .arg("--initial-cluster")
             .arg(format!("test=http://127.0.0.1:{peer}"))
+            // /health in plain HTTP, whatever the client side speaks.
+            .arg("--listen-metrics-urls")
+            .arg(format!("http://127.0.0.1:{metrics}"))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("clone"))
             .stderr(log);
+        if let Some(t) = tls {
+            cmd.arg("--cert-file")
+                .arg(&t.server_cert)
+                .arg("--key-file")
+                .arg(&t.server_key)
+                .arg("--trusted-ca-file")
+                .arg(&t.ca)
+                .arg("--client-cert-auth");
+        }
         die_with_parent(&mut cmd);
         let mut child = cmd.spawn().expect("cannot start etcd");
-        let addr = format!("127.0.0.1:{client}");
+        let addr = format!("127.0.0.1:{metrics}");
         let start = Instant::now();
         loop {
             if let Ok(mut s) = TcpStream::connect(&addr) {
