@@ -217,6 +217,7 @@ async fn resync_loop(
     let mut me: Option<u32> = None;
     let found = damage.found();
     let mut pending: Vec<(u64, u8, u64)> = Vec::new();
+    let mut diverged: Vec<(u64, u64, u64)> = Vec::new();
     // The first look comes soon after start: a server back from an outage
     // has the most to catch up.
     let mut wait = RESYNC_FIRST;
@@ -281,6 +282,16 @@ async fn resync_loop(
             }
         }
         pending = retry;
+        // Blocks a revoked writer may have left different between copies.
+        diverged.extend(damage.take_diverged());
+        let mut again = Vec::new();
+        for (id, from, to) in diverged.drain(..) {
+            if let Err(e) = c.reconcile_copies(id, from, to).await {
+                warn!(id, error = %e, "cannot make a revoked writer's copies equal yet; retrying");
+                again.push((id, from, to));
+            }
+        }
+        diverged = again;
         if let Err(e) = c.resync(index, &status).await {
             warn!(error = %e, "resync pass incomplete; retrying");
         }

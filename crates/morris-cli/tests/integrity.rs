@@ -237,3 +237,115 @@ fn a_damaged_unit_of_a_cached_file_is_fetched_from_home_again() {
     let i = integrity(&c, 0);
     assert_eq!(i["unrepairable"].as_u64(), Some(0), "{i}");
 }
+
+/// A writer whose lease is revoked (it stopped, or was cut off) may have
+/// written one copy of a block and not the other: the owner learns which
+/// blocks it changed when it fences it out, and resync makes those
+/// blocks' copies equal, so no two readers see different bytes.
+#[test]
+fn copies_a_revoked_writer_left_different_are_made_equal() {
+    use morris_proto::net::RpcClient;
+    use morris_proto::{Reply, Request, PROTOCOL_VERSION};
+    let c = Cluster::start(
+        2,
+        common::ClusterOpts {
+            replicas: 2,
+            ..Default::default()
+        },
+    );
+    let m = c.mount();
+    let path = m.path.join("f");
+    std::fs::write(&path, vec![b'x'; 4096]).expect("write");
+    let id = std::fs::metadata(&path).expect("stat").ino();
+    let uuid: uuid::Uuid = c.uuid().parse().expect("uuid");
+    let key = morris_proto::auth::Keys::load(&common::keys().client)
+        .expect("client key")
+        .credential();
+    let addrs: Vec<String> = (0..2).map(|i| c.addr(i).to_string()).collect();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let mut s = Vec::new();
+        for a in &addrs {
+            let rpc = RpcClient::connect(a, &key, None).await.expect("connect");
+            let hello = Request::Hello {
+                volume: Some(uuid),
+                client_id: 0x5151,
+                client_name: "stops-between-copies".into(),
+                version: PROTOCOL_VERSION,
+            };
+            rpc.call(&hello, bytes::Bytes::new()).await.expect("hello");
+            s.push(rpc);
+        }
+        let owner = &s[(id % 2) as usize];
+        let h = match owner
+            .call(&Request::GetInode { ino: id }, bytes::Bytes::new())
+            .await
+            .expect("inode")
+            .0
+        {
+            Reply::Inode(i) => i.handle(),
+            r => panic!("unexpected {r:?}"),
+        };
+        let fence = match owner
+            .call(&Request::AcquireWrite { ino: h }, bytes::Bytes::new())
+            .await
+            .expect("write lease")
+            .0
+        {
+            Reply::Leased { fence, .. } => fence,
+            r => panic!("unexpected {r:?}"),
+        };
+        // Block 1's first copy only, on whichever server holds it; then
+        // this writer goes silent for good.
+        let write = Request::Write {
+            id,
+            index: 1,
+            replica: 0,
+            offset: 0,
+            sync: true,
+            fence,
+        };
+        let mut wrote = 0;
+        for rpc in &s {
+            if rpc
+                .call(&write, bytes::Bytes::from(vec![b'A'; 4096]))
+                .await
+                .is_ok()
+            {
+                wrote += 1;
+            }
+        }
+        assert_eq!(wrote, 1, "exactly one server holds block 1's first copy");
+    });
+    drop(rt);
+    let copies = |c: &Cluster| -> Vec<Vec<u8>> {
+        (0..2)
+            .flat_map(|i| extent_files(c, i, id))
+            .map(|(p, _)| {
+                let f = std::fs::File::open(&p).expect("open extent file");
+                let mut b = vec![0u8; 4096];
+                f.read_exact_at(&mut b, 0).expect("read extent file");
+                b
+            })
+            .collect()
+    };
+    let before = copies(&c);
+    assert_eq!(before.len(), 2, "two copies of block 1");
+    assert_ne!(before[0], before[1], "the copies differ before resync");
+    wait_for(
+        Duration::from_secs(60),
+        "resync to make the copies equal",
+        || {
+            let now = copies(&c);
+            if now[0] == now[1] {
+                Ok(())
+            } else {
+                Err("the copies still differ".to_string())
+            }
+        },
+    );
+    assert!(copies(&c)[0].iter().all(|&b| b == b'A'));
+    drop(m);
+    let fresh = c.mount();
+    assert_eq!(read_all(&fresh.path.join("f")), vec![b'A'; 4096]);
+}

@@ -99,6 +99,101 @@ impl Client {
         r.map(|()| Repair::Recorded)
     }
 
+    /// Makes the copies of blocks `from..=to` of file `id` (`to` may be
+    /// `u64::MAX`: to the end) equal to each block's first current copy,
+    /// under the file's write lease: a writer whose lease was revoked may
+    /// have stopped between writing one copy of a block and the next
+    /// (`ServerHandle::take_diverged`). Neither version was acknowledged
+    /// to the writer's application, so either is right; what matters is
+    /// that every reader sees the same one. A range that ends at `u64::MAX`
+    /// (the writer truncated) also cuts every copy at the file's size.
+    pub async fn reconcile_copies(&self, id: FileId, from: u64, to: u64) -> Result<Repair> {
+        if self.layout.replicas < 2 {
+            return Ok(Repair::NoOtherCopy);
+        }
+        let inode = match self.call_owner(id, Request::GetInode { ino: id }).await {
+            Ok(Reply::Inode(i)) => i,
+            Ok(other) => return Err(unexpected(&other)),
+            Err(e) if matches!(e.code, ErrorCode::NotFound | ErrorCode::Stale) => {
+                return Ok(Repair::Gone)
+            }
+            Err(e) => return Err(e),
+        };
+        if inode.attr.kind != morris_proto::FileKind::File {
+            return Ok(Repair::Gone);
+        }
+        let h = inode.handle();
+        self.leases.learn(h);
+        let g = match self.leases.get(h, Mode::Write).await {
+            Ok(g) => g,
+            Err(e) if matches!(e.code, ErrorCode::NotFound | ErrorCode::Stale) => {
+                return Ok(Repair::Gone)
+            }
+            Err(e) => return Err(e),
+        };
+        let r = self.reconcile_under(&g, from, to).await;
+        drop(g);
+        self.leases.release_all().await;
+        r.map(|()| Repair::Recorded)
+    }
+
+    async fn reconcile_under(&self, g: &LeaseGuard, from: u64, to: u64) -> Result<()> {
+        let ino = self.fresh(g).await?;
+        let (id, size) = (ino.id, ino.attr.size);
+        let unit = u64::from(self.layout.unit);
+        let fence = g.entry.fence;
+        let last = if size == 0 {
+            0
+        } else {
+            self.layout.block_of(size - 1).0
+        };
+        let mut copied = 0u64;
+        for index in from.max(1)..=to.min(last) {
+            let copies = crate::replicas::current_copies(&self.layout, &ino.stale, id, index);
+            let Some((&first, others)) = copies.split_first() else {
+                continue;
+            };
+            if others.is_empty() {
+                continue;
+            }
+            let start = self.layout.block_start(index);
+            let len = size.saturating_sub(start).min(unit) as u32;
+            let got = crate::replicas::fetch_any(
+                self.pool.clone(),
+                self.loads.clone(),
+                vec![first],
+                id,
+                index,
+                0,
+                len,
+            )
+            .await?;
+            // What the first copy lacks (a hole, a short extent) reads as
+            // zeros: the others must read the same.
+            let mut data = got.to_vec();
+            data.resize(len as usize, 0);
+            // To every current copy, the first too (the same bytes again):
+            // a copy that cannot be written is recorded stale, as any copy
+            // write that misses is.
+            self.write_copies(g, id, vec![(index, 0, Bytes::from(data))])
+                .await?;
+            copied += 1;
+        }
+        if to == u64::MAX {
+            let from = self.layout.block_of(size).0;
+            self.to_every_copy_server(g, from, |_| Request::Truncate { id, size, fence })
+                .await?;
+        }
+        tracing::info!(
+            id,
+            from,
+            to,
+            blocks = copied,
+            "copies made equal after a revoked writer"
+        );
+        Ok(())
+    }
+
     /// Sends `req` to `server` once: no reconnect loop, and an answer within
     /// half a lease. `Unavailable` when it cannot be reached or stays silent,
     /// and at once, without trying, for a while after that happened. For

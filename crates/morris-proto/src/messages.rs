@@ -759,7 +759,7 @@ pub enum Request {
     /// taken from its holder by force (silent, or deaf to a recall); refuse
     /// every change carrying that number or a lower one. Sent by the lease's
     /// owner to every server before the next grant is answered. Volume key
-    /// only. [`Reply::Ok`].
+    /// only. [`Reply::FenceRaised`].
     RaiseFence {
         /// The file.
         id: FileId,
@@ -1052,6 +1052,13 @@ pub enum Reply {
     Pushed {
         /// Bytes written to home.
         bytes: u64,
+    },
+    /// Answer to [`Request::RaiseFence`]: the blocks (first, last; last
+    /// `u64::MAX`: all from the first on) the revoked grant changed on this
+    /// server, if it changed any that this server remembers.
+    FenceRaised {
+        /// `(first, last)` block index.
+        written: Option<(u64, u64)>,
     },
     /// Answer to [`Request::Flush`].
     Flushed {

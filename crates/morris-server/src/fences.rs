@@ -30,6 +30,14 @@ const SHARDS: usize = 64;
 /// Files remembered per shard (about a million in all, ~40 MB at most).
 pub(crate) const PER_SHARD: usize = 16 * 1024;
 
+/// Blocks `[lo, hi]` changed here under write grant `fence`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Written {
+    pub fence: u64,
+    pub lo: u64,
+    pub hi: u64,
+}
+
 /// One file's fence at this server.
 #[derive(Debug, Clone, Copy)]
 struct Fence {
@@ -39,6 +47,37 @@ struct Fence {
     active: u64,
     /// Changes in progress (admitted, not yet done).
     inflight: u32,
+    /// What the grant `active` changed here, and the one before it: a
+    /// revoked grant's changes may have reached some copies of a block and
+    /// not others (`Fences::raise` reports them).
+    written: Option<Written>,
+    before: Option<Written>,
+}
+
+impl Fence {
+    fn new(fence: u64) -> Self {
+        Fence {
+            top: fence,
+            active: fence,
+            inflight: 0,
+            written: None,
+            before: None,
+        }
+    }
+
+    /// Records blocks `[lo, hi]` changed under `fence` (the active grant).
+    fn note(&mut self, fence: u64, lo: u64, hi: u64) {
+        match &mut self.written {
+            Some(w) if w.fence == fence => {
+                w.lo = w.lo.min(lo);
+                w.hi = w.hi.max(hi);
+            }
+            _ => {
+                self.before = self.written.take();
+                self.written = Some(Written { fence, lo, hi });
+            }
+        }
+    }
 }
 
 /// The highest fence number seen per file, the changes in progress under
@@ -94,11 +133,14 @@ impl Fences {
     /// here. A change under a newer grant than the changes in progress
     /// waits for them to finish first, so an old change that was admitted
     /// never lands after a newer one.
+    /// `blocks` are the blocks the change touches (`u64::MAX` as the end:
+    /// all from the first on, a truncate).
     pub(crate) async fn admit(
         &self,
         id: FileId,
         fence: u64,
         role: Role,
+        blocks: (u64, u64),
     ) -> Result<Admitted<'_>, WireError> {
         if fence == 0 {
             if role == Role::Server {
@@ -122,11 +164,7 @@ impl Fences {
                 if !m.contains_key(&id) && m.len() >= PER_SHARD {
                     forget_oldest(&mut m);
                 }
-                let f = m.entry(id).or_insert(Fence {
-                    top: fence,
-                    active: fence,
-                    inflight: 0,
-                });
+                let f = m.entry(id).or_insert_with(|| Fence::new(fence));
                 if fence < f.top {
                     let top = f.top;
                     drop(m);
@@ -136,6 +174,7 @@ impl Fences {
                 if f.inflight == 0 || f.active == fence {
                     f.active = fence;
                     f.inflight += 1;
+                    f.note(fence, blocks.0, blocks.1);
                     return Ok(Admitted {
                         fences: self,
                         id: Some(id),
@@ -164,9 +203,10 @@ impl Fences {
     }
 
     /// Refuses from now on every change to `id` carrying `above` or lower
-    /// (that write grant was revoked); returns once the changes of such a
-    /// grant already in progress are done.
-    pub(crate) async fn raise(&self, id: FileId, above: u64) {
+    /// (that write grant was revoked); returns, once the changes of such a
+    /// grant already in progress are done, the blocks grant `above` changed
+    /// here (as far as this server remembers).
+    pub(crate) async fn raise(&self, id: FileId, above: u64) -> Option<(u64, u64)> {
         let floor = above.saturating_add(1);
         let shard = shard_of(id);
         loop {
@@ -178,14 +218,14 @@ impl Fences {
                 if !m.contains_key(&id) && m.len() >= PER_SHARD {
                     forget_oldest(&mut m);
                 }
-                let f = m.entry(id).or_insert(Fence {
-                    top: floor,
-                    active: floor,
-                    inflight: 0,
-                });
+                let f = m.entry(id).or_insert_with(|| Fence::new(floor));
                 f.top = f.top.max(floor);
                 if f.inflight == 0 || f.active >= floor {
-                    return;
+                    return [f.written, f.before]
+                        .into_iter()
+                        .flatten()
+                        .find(|w| w.fence == above)
+                        .map(|w| (w.lo, w.hi));
                 }
             }
             drained.await;
@@ -216,55 +256,80 @@ mod tests {
         drop(r.unwrap());
     }
 
+    impl Fences {
+        async fn admit_w(
+            &self,
+            id: FileId,
+            fence: u64,
+            role: Role,
+        ) -> Result<Admitted<'_>, WireError> {
+            self.admit(id, fence, role, (1, 1)).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_raise_reports_what_the_revoked_grant_changed_here() {
+        let f = Fences::default();
+        ok(f.admit(4, 10, Role::Client, (3, 3)).await);
+        ok(f.admit(4, 10, Role::Client, (7, 9)).await);
+        assert_eq!(f.raise(4, 10).await, Some((3, 9)));
+        // The next holder wrote before the raise came: still known.
+        ok(f.admit(5, 10, Role::Client, (2, 2)).await);
+        ok(f.admit(5, 20, Role::Client, (8, 8)).await);
+        assert_eq!(f.raise(5, 10).await, Some((2, 2)));
+        // Nothing of that grant here.
+        assert_eq!(f.raise(6, 10).await, None);
+    }
+
     #[tokio::test]
     async fn an_older_grant_is_refused_once_a_newer_one_changed_the_file() {
         let f = Fences::default();
-        ok(f.admit(7, 100, Role::Client).await);
-        ok(f.admit(7, 100, Role::Client).await);
-        ok(f.admit(7, 200, Role::Client).await);
-        let e = f.admit(7, 100, Role::Client).await.err().unwrap();
+        ok(f.admit_w(7, 100, Role::Client).await);
+        ok(f.admit_w(7, 100, Role::Client).await);
+        ok(f.admit_w(7, 200, Role::Client).await);
+        let e = f.admit_w(7, 100, Role::Client).await.err().unwrap();
         assert_eq!(e.code, ErrorCode::NoLease);
         assert_eq!(f.refused(), 1);
         // Other files are their own.
-        ok(f.admit(8, 100, Role::Client).await);
+        ok(f.admit_w(8, 100, Role::Client).await);
         // No fence: servers (resync) only.
-        ok(f.admit(7, 0, Role::Server).await);
-        let e = f.admit(7, 0, Role::Client).await.err().unwrap();
+        ok(f.admit_w(7, 0, Role::Server).await);
+        let e = f.admit_w(7, 0, Role::Client).await.err().unwrap();
         assert_eq!(e.code, ErrorCode::Denied);
-        ok(f.admit(7, 200, Role::Client).await);
+        ok(f.admit_w(7, 200, Role::Client).await);
         // A revoked grant: refused without any newer change seen.
-        ok(f.admit(9, 300, Role::Client).await);
+        ok(f.admit_w(9, 300, Role::Client).await);
         f.raise(9, 300).await;
-        assert!(f.admit(9, 300, Role::Client).await.is_err());
-        ok(f.admit(9, 301, Role::Client).await);
+        assert!(f.admit_w(9, 300, Role::Client).await.is_err());
+        ok(f.admit_w(9, 301, Role::Client).await);
         f.raise(9, 100).await;
-        ok(f.admit(9, 301, Role::Client).await);
+        ok(f.admit_w(9, 301, Role::Client).await);
     }
 
     #[tokio::test]
     async fn a_newer_grant_waits_for_the_older_changes_in_progress() {
         let f = Arc::new(Fences::default());
-        let old = f.admit(5, 10, Role::Client).await.unwrap();
+        let old = f.admit_w(5, 10, Role::Client).await.unwrap();
         // The next holder's change waits while the old one is in progress.
         let f2 = f.clone();
         let newer = tokio::spawn(async move {
-            let _g = f2.admit(5, 20, Role::Client).await.unwrap();
+            let _g = f2.admit_w(5, 20, Role::Client).await.unwrap();
         });
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         assert!(!newer.is_finished());
         // Meanwhile no more old changes are admitted.
-        assert!(f.admit(5, 10, Role::Client).await.is_err());
+        assert!(f.admit_w(5, 10, Role::Client).await.is_err());
         drop(old);
         newer.await.unwrap();
         // So does raising the fence over a change in progress.
-        let old = f.admit(6, 10, Role::Client).await.unwrap();
+        let old = f.admit_w(6, 10, Role::Client).await.unwrap();
         let f3 = f.clone();
         let raised = tokio::spawn(async move { f3.raise(6, 10).await });
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         assert!(!raised.is_finished());
         drop(old);
         raised.await.unwrap();
-        assert!(f.admit(6, 10, Role::Client).await.is_err());
+        assert!(f.admit_w(6, 10, Role::Client).await.is_err());
     }
 
     #[tokio::test]
@@ -272,11 +337,11 @@ mod tests {
         let f = Fences::default();
         let n = (SHARDS * PER_SHARD * 2) as u64;
         for id in 0..n {
-            ok(f.admit(id, id + 1, Role::Client).await);
+            ok(f.admit_w(id, id + 1, Role::Client).await);
         }
         let total: usize = f.shards.iter().map(|s| s.lock().len()).sum();
         assert!(total <= SHARDS * PER_SHARD, "{total}");
         // The newest files are still fenced.
-        assert!(f.admit(n - 1, 1, Role::Client).await.is_err());
+        assert!(f.admit_w(n - 1, 1, Role::Client).await.is_err());
     }
 }

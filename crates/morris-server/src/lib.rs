@@ -228,7 +228,16 @@ impl Damage {
             .collect()
     }
 
-    /// Woken when damage is found.
+    /// Files whose copies may differ since the last call, as (file, first
+    /// block, last block; `u64::MAX`: to the end): a writer's lease was
+    /// revoked (it stopped or was cut off) while its changes may have
+    /// reached some copies of a block and not others. Resync makes each
+    /// block's copies equal to its first copy (`Client::reconcile_copies`).
+    pub fn take_diverged(&self) -> Vec<(morris_proto::FileId, u64, u64)> {
+        self.server.take_diverged()
+    }
+
+    /// Woken when damage is found (and when copies may have diverged).
     pub fn found(&self) -> Arc<tokio::sync::Notify> {
         self.server.blocks().damage_found()
     }

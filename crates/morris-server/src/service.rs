@@ -187,6 +187,8 @@ pub(crate) struct Server {
     pub(crate) unrepairable: AtomicU64,
     /// The newest write grant seen per file (`fences.rs`).
     pub(crate) fences: crate::fences::Fences,
+    /// Files whose copies may differ after a revoked writer (`fencing.rs`).
+    diverged: Mutex<Vec<(FileId, u64, u64)>>,
     /// The wall clock, in microseconds, at `started`: write grants are
     /// numbered from it (`LeaseTable::fenced_from`).
     fence_base: u64,
@@ -386,6 +388,7 @@ impl Server {
             repairs: AtomicU64::new(0),
             unrepairable: AtomicU64::new(0),
             fences: Default::default(),
+            diverged: Mutex::new(Vec::new()),
             fence_base,
         }
     }
@@ -794,8 +797,8 @@ impl Server {
             return plain(self.peer_request(req, payload).await);
         }
         if let Request::RaiseFence { id, above } = req {
-            self.fences.raise(id, above).await;
-            return plain(Ok(Reply::Ok));
+            let written = self.fences.raise(id, above).await;
+            return plain(Ok(Reply::FenceRaised { written }));
         }
         // Lapse or take over first, so nothing is answered under an
         // ownership lease that has run out.
@@ -819,14 +822,23 @@ impl Server {
             )));
         }
         // Held until the change is done (`fences.rs`).
-        let _admitted = match &req {
-            Request::Write { id, fence, .. } | Request::Truncate { id, fence, .. } => {
-                match self.fences.admit(*id, *fence, conn.role).await {
+        let touched = match &req {
+            Request::Write {
+                id, index, fence, ..
+            } => Some((*id, *fence, (*index, *index))),
+            Request::Truncate { id, size, fence } => {
+                Some((*id, *fence, (vol.layout.block_of(*size).0, u64::MAX)))
+            }
+            _ => None,
+        };
+        let _admitted = match touched {
+            Some((id, fence, blocks)) => {
+                match self.fences.admit(id, fence, conn.role, blocks).await {
                     Ok(a) => Some(a),
                     Err(e) => return plain(Err(e)),
                 }
             }
-            _ => None,
+            None => None,
         };
         match req {
             Request::Read {

@@ -7,8 +7,8 @@
 use std::sync::Weak;
 use std::time::Duration;
 
-use morris_proto::{FileId, Request};
-use tracing::{debug, warn};
+use morris_proto::{FileId, Reply, Request};
+use tracing::{debug, info, warn};
 
 use super::Server;
 
@@ -38,8 +38,13 @@ impl Server {
 
     /// Tells every server to refuse changes to `id` made under grants
     /// numbered `above` or lower, then lets the inode's next grant answer.
+    /// On a mirrored volume, the blocks the revoked grant changed may
+    /// differ between their copies (its holder stopped between one copy
+    /// and the next): they are handed to resync to make equal
+    /// ([`Server::take_diverged`]).
     async fn raise_fence(&self, id: FileId, above: u64) {
-        self.fences.raise(id, above).await;
+        let mut written = self.fences.raise(id, above).await;
+        let mut unknown = false;
         if let Some(vol) = self.store.formatted() {
             let req = Request::RaiseFence { id, above };
             let calls = (0..vol.layout.servers)
@@ -53,14 +58,39 @@ impl Server {
                 });
             for (server, r) in futures::future::join_all(calls).await {
                 match r {
-                    Ok(Ok(_)) => {}
+                    Ok(Ok(Reply::FenceRaised { written: w })) => written = union(written, w),
+                    Ok(Ok(_)) => unknown = true,
                     Ok(Err(e)) => {
+                        unknown = true;
                         warn!(id, server, error = %e, "could not raise a revoked lease's fence there")
                     }
-                    Err(_) => warn!(
+                    Err(_) => {
+                        unknown = true;
+                        warn!(
+                            id,
+                            server,
+                            "could not raise a revoked lease's fence there: no answer in time"
+                        )
+                    }
+                }
+            }
+            if vol.layout.replicas >= 2 {
+                // A server that did not say what the grant changed there
+                // may hold any of it.
+                let suspect = if unknown {
+                    Some((1, u64::MAX))
+                } else {
+                    written
+                };
+                if let Some((lo, hi)) = suspect {
+                    info!(
                         id,
-                        server, "could not raise a revoked lease's fence there: no answer in time"
-                    ),
+                        from = lo,
+                        to = hi,
+                        "a revoked writer's blocks may differ between copies: handed to resync"
+                    );
+                    self.diverged.lock().push((id, lo, hi));
+                    self.blocks.damage_found().notify_one();
                 }
             }
         }
@@ -76,6 +106,12 @@ impl Server {
         }
     }
 
+    /// Files whose copies may differ after a revoked writer, as (file,
+    /// first block, last block), since the last call.
+    pub(crate) fn take_diverged(&self) -> Vec<(FileId, u64, u64)> {
+        std::mem::take(&mut *self.diverged.lock())
+    }
+
     /// Waits until no fence of `ino` is being raised (a grant made right
     /// after a forced revoke is answered only then).
     pub(super) async fn wait_fenced(&self, ino: FileId) {
@@ -88,5 +124,13 @@ impl Server {
         if let Some(mut rx) = rx {
             let _ = rx.wait_for(|done| *done).await;
         }
+    }
+}
+
+/// The smallest range holding both.
+fn union(a: Option<(u64, u64)>, b: Option<(u64, u64)>) -> Option<(u64, u64)> {
+    match (a, b) {
+        (Some((l1, h1)), Some((l2, h2))) => Some((l1.min(l2), h1.max(h2))),
+        (x, None) | (None, x) => x,
     }
 }
