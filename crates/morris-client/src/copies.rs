@@ -158,16 +158,23 @@ impl Client {
             }
             let start = self.layout.block_start(index);
             let len = size.saturating_sub(start).min(unit) as u32;
-            let got = crate::replicas::fetch_any(
-                self.pool.clone(),
-                self.loads.clone(),
-                vec![first],
-                id,
-                index,
-                0,
-                len,
-            )
-            .await?;
+            // The first copy, or, if its server cannot answer, any other.
+            let fetch = |from: Vec<(u8, u32)>| {
+                crate::replicas::fetch_any(
+                    self.pool.clone(),
+                    self.loads.clone(),
+                    from,
+                    id,
+                    index,
+                    0,
+                    len,
+                )
+            };
+            let got = match fetch(vec![first]).await {
+                Ok(b) => b,
+                Err(e) if e.code == ErrorCode::Unavailable => fetch(others.to_vec()).await?,
+                Err(e) => return Err(e),
+            };
             // What the first copy lacks (a hole, a short extent) reads as
             // zeros: the others must read the same.
             let mut data = got.to_vec();

@@ -690,6 +690,8 @@ impl Server {
             let now = self.now_ms();
             st.table.tick(now, &mut fx);
             if fx.is_empty() {
+                drop(st);
+                self.raise_fences();
                 return;
             }
             Self::settle(&mut st, fx)

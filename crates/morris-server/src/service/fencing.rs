@@ -23,16 +23,18 @@ impl Server {
     /// revoked by force). Called after every change of the lease table,
     /// once its lock is let go.
     pub(super) fn raise_fences(&self) {
-        let todo = std::mem::take(&mut self.leases.lock().to_fence);
-        if todo.is_empty() {
+        // Outside the runtime (a drop at shutdown) the work waits for the
+        // next call (every tick makes one).
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
-        }
+        };
         let Some(me) = self.this.get().and_then(Weak::upgrade) else {
             return;
         };
+        let todo = std::mem::take(&mut self.leases.lock().to_fence);
         for (id, above) in todo {
             let me = me.clone();
-            tokio::spawn(async move { me.raise_fence(id, above).await });
+            rt.spawn(async move { me.raise_fence(id, above).await });
         }
     }
 
