@@ -8,10 +8,14 @@
 //! `NoLease` instead of landing over the newer data (as pNFS layout
 //! stateids and Ceph's OSD blocklist fence an evicted client).
 //!
-//! What it does not do: a late change to a block the next holder has not
-//! changed *here* still lands (nothing told this server of the new grant);
-//! the client's own check (`Pool::call_fenced`) is the fence for that. The
-//! table is in memory and bounded: past [`PER_SHARD`] files per shard the
+//! A lease taken by force is also fenced at once: its owner sends
+//! `RaiseFence` to every server before the next grant is answered
+//! (`service/fencing.rs`), and the answer says which blocks the revoked
+//! grant changed here, so that copies it may have left different are made
+//! equal. A server that `RaiseFence` did not reach still takes a late
+//! change until the next holder's first change there; the client's own
+//! check (`Pool::call_fenced`) is the fence for that. The table is in
+//! memory and bounded: past [`PER_SHARD`] files per shard the
 //! quarter with the oldest grants is forgotten (a file unwritten for that
 //! long has no change of an older lease in flight in practice), and a
 //! restart forgets it all (a restarted server's old connections, and what
@@ -133,6 +137,7 @@ impl Fences {
     /// here. A change under a newer grant than the changes in progress
     /// waits for them to finish first, so an old change that was admitted
     /// never lands after a newer one.
+    ///
     /// `blocks` are the blocks the change touches (`u64::MAX` as the end:
     /// all from the first on, a truncate).
     pub(crate) async fn admit(
