@@ -74,22 +74,8 @@ impl Client {
         // Bytes [s·u, (s+1)·u) of an extent file hold blocks s·k+1 ..= s·k+k.
         let slot = local_off / u64::from(self.layout.unit.max(1));
         let from = slot * u64::from(self.layout.servers) + 1;
-        let inode = match self.call_owner(id, Request::GetInode { ino: id }).await {
-            Ok(Reply::Inode(i)) => i,
-            Ok(other) => return Err(unexpected(&other)),
-            Err(e) if matches!(e.code, ErrorCode::NotFound | ErrorCode::Stale) => {
-                return Ok(Repair::Gone)
-            }
-            Err(e) => return Err(e),
-        };
-        let h = inode.handle();
-        self.leases.learn(h);
-        let g = match self.leases.get(h, Mode::Write).await {
-            Ok(g) => g,
-            Err(e) if matches!(e.code, ErrorCode::NotFound | ErrorCode::Stale) => {
-                return Ok(Repair::Gone)
-            }
-            Err(e) => return Err(e),
+        let Some(g) = self.write_lease_of(id).await? else {
+            return Ok(Repair::Gone);
         };
         let mut missed = Missed::new();
         note_missed(&mut missed, server, from);
@@ -111,30 +97,37 @@ impl Client {
         if self.layout.replicas < 2 {
             return Ok(Repair::NoOtherCopy);
         }
-        let inode = match self.call_owner(id, Request::GetInode { ino: id }).await {
-            Ok(Reply::Inode(i)) => i,
-            Ok(other) => return Err(unexpected(&other)),
-            Err(e) if matches!(e.code, ErrorCode::NotFound | ErrorCode::Stale) => {
-                return Ok(Repair::Gone)
-            }
-            Err(e) => return Err(e),
+        let Some(g) = self.write_lease_of(id).await? else {
+            return Ok(Repair::Gone);
         };
-        if inode.attr.kind != morris_proto::FileKind::File {
+        if g.inode().attr.kind != morris_proto::FileKind::File {
+            drop(g);
+            self.leases.release_all().await;
             return Ok(Repair::Gone);
         }
-        let h = inode.handle();
-        self.leases.learn(h);
-        let g = match self.leases.get(h, Mode::Write).await {
-            Ok(g) => g,
-            Err(e) if matches!(e.code, ErrorCode::NotFound | ErrorCode::Stale) => {
-                return Ok(Repair::Gone)
-            }
-            Err(e) => return Err(e),
-        };
         let r = self.reconcile_under(&g, from, to).await;
         drop(g);
         self.leases.release_all().await;
         r.map(|()| Repair::Recorded)
+    }
+
+    /// The write lease on file `id`, known only by its id (resync and
+    /// repair learn of files from servers); `None` if it is gone.
+    async fn write_lease_of(&self, id: FileId) -> Result<Option<LeaseGuard>> {
+        let gone = |e: &Error| matches!(e.code, ErrorCode::NotFound | ErrorCode::Stale);
+        let inode = match self.call_owner(id, Request::GetInode { ino: id }).await {
+            Ok(Reply::Inode(i)) => i,
+            Ok(other) => return Err(unexpected(&other)),
+            Err(e) if gone(&e) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let h = inode.handle();
+        self.leases.learn(h);
+        match self.leases.get(h, Mode::Write).await {
+            Ok(g) => Ok(Some(g)),
+            Err(e) if gone(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     async fn reconcile_under(&self, g: &LeaseGuard, from: u64, to: u64) -> Result<()> {

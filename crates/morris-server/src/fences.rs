@@ -159,6 +159,37 @@ impl Fences {
                 "a block change from a client must carry the fence number of its write lease",
             ));
         }
+        self.on_entry(id, fence, |f| {
+            if fence < f.top {
+                return Some(Err(f.top));
+            }
+            f.top = fence;
+            if f.inflight == 0 || f.active == fence {
+                f.active = fence;
+                f.inflight += 1;
+                f.note(fence, blocks.0, blocks.1);
+                return Some(Ok(()));
+            }
+            // Changes of an older grant are in progress: let them finish.
+            None
+        })
+        .await
+        .map(|()| Admitted {
+            fences: self,
+            id: Some(id),
+        })
+        .map_err(|top| self.refuse(id, fence, top))
+    }
+
+    /// Runs `step` on `id`'s entry (made for grant `init` if there is none)
+    /// under its shard's lock until it gives an answer; between tries,
+    /// waits until some file of the shard has no change in progress.
+    async fn on_entry<R>(
+        &self,
+        id: FileId,
+        init: u64,
+        mut step: impl FnMut(&mut Fence) -> Option<R>,
+    ) -> R {
         let shard = shard_of(id);
         loop {
             let drained = self.drained[shard].notified();
@@ -169,24 +200,11 @@ impl Fences {
                 if !m.contains_key(&id) && m.len() >= PER_SHARD {
                     forget_oldest(&mut m);
                 }
-                let f = m.entry(id).or_insert_with(|| Fence::new(fence));
-                if fence < f.top {
-                    let top = f.top;
-                    drop(m);
-                    return Err(self.refuse(id, fence, top));
-                }
-                f.top = fence;
-                if f.inflight == 0 || f.active == fence {
-                    f.active = fence;
-                    f.inflight += 1;
-                    f.note(fence, blocks.0, blocks.1);
-                    return Ok(Admitted {
-                        fences: self,
-                        id: Some(id),
-                    });
+                let f = m.entry(id).or_insert_with(|| Fence::new(init));
+                if let Some(r) = step(f) {
+                    return r;
                 }
             }
-            // Changes of an older grant are in progress: let them finish.
             drained.await;
         }
     }
@@ -213,28 +231,17 @@ impl Fences {
     /// here (as far as this server remembers).
     pub(crate) async fn raise(&self, id: FileId, above: u64) -> Option<(u64, u64)> {
         let floor = above.saturating_add(1);
-        let shard = shard_of(id);
-        loop {
-            let drained = self.drained[shard].notified();
-            tokio::pin!(drained);
-            drained.as_mut().enable();
-            {
-                let mut m = self.shards[shard].lock();
-                if !m.contains_key(&id) && m.len() >= PER_SHARD {
-                    forget_oldest(&mut m);
-                }
-                let f = m.entry(id).or_insert_with(|| Fence::new(floor));
-                f.top = f.top.max(floor);
-                if f.inflight == 0 || f.active >= floor {
-                    return [f.written, f.before]
-                        .into_iter()
-                        .flatten()
-                        .find(|w| w.fence == above)
-                        .map(|w| (w.lo, w.hi));
-                }
-            }
-            drained.await;
-        }
+        self.on_entry(id, floor, |f| {
+            f.top = f.top.max(floor);
+            (f.inflight == 0 || f.active >= floor).then(|| {
+                [f.written, f.before]
+                    .into_iter()
+                    .flatten()
+                    .find(|w| w.fence == above)
+                    .map(|w| (w.lo, w.hi))
+            })
+        })
+        .await
     }
 
     /// Changes refused since start.
