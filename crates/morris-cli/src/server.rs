@@ -138,22 +138,13 @@ pub fn run(args: ServerArgs) -> Result<ExitCode> {
     result.map(|()| ExitCode::SUCCESS)
 }
 
-/// Where this process reaches its own server (a wildcard listen address is
-/// reached on loopback).
 /// Reads the etcd TLS and credential files named on the command line.
 fn etcd_auth(args: &ServerArgs) -> Result<morris_server::EtcdAuth> {
     let read = |p: &PathBuf, what: &str, secret: bool| -> Result<Vec<u8>> {
         if secret {
-            use std::os::unix::fs::MetadataExt;
-            let meta = std::fs::metadata(p)
-                .with_context(|| format!("cannot read the {what} {}", p.display()))?;
-            if meta.mode() & 0o077 != 0 {
-                anyhow::bail!(
-                    "the {what} {} may be read by others (mode {:o}): chmod 600 it",
-                    p.display(),
-                    meta.mode() & 0o777
-                );
-            }
+            return Ok(morris_proto::auth::keys::read_secret(p)
+                .with_context(|| format!("the {what}"))?
+                .1);
         }
         std::fs::read(p).with_context(|| format!("cannot read the {what} {}", p.display()))
     };
@@ -193,6 +184,8 @@ fn etcd_auth(args: &ServerArgs) -> Result<morris_server::EtcdAuth> {
     })
 }
 
+/// Where this process reaches its own server (a wildcard listen address is
+/// reached on loopback).
 fn connect_addr(addr: SocketAddr) -> String {
     let ip = match addr.ip() {
         std::net::IpAddr::V4(v) if v.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),

@@ -118,7 +118,7 @@ struct LeaseState {
     waiters: HashMap<Ticket, (u64, oneshot::Sender<()>)>,
     /// Write leases revoked by force whose fence is being raised at every
     /// server: inode → (revoked fence number, done). A grant of the inode
-    /// is answered only once that is done (`Server::wait_fenced`).
+    /// is answered only once that is done (`fencing::Granted`).
     fencing: HashMap<FileId, (u64, tokio::sync::watch::Sender<bool>)>,
     /// Fences to raise, taken by the caller once the lock is let go.
     to_fence: Vec<(FileId, u64)>,
@@ -622,7 +622,7 @@ impl Server {
         conn_id: u64,
         ino: FileId,
         mode: LeaseMode,
-    ) -> Result<(), WireError> {
+    ) -> Result<u64, WireError> {
         let (wait, recalls) = {
             let mut st = self.leases.lock();
             if st.table.holds(client, ino).is_none() {
@@ -631,19 +631,19 @@ impl Server {
             let mut fx = Effects::default();
             let now = self.now_ms();
             let wait = match st.table.acquire(client, ino, mode, now, &mut fx) {
-                Acquired::Granted => None,
+                Acquired::Granted => Err(Self::granted(&st, client, ino)),
                 Acquired::Waiting(t) => {
                     let (tx, rx) = oneshot::channel();
                     st.waiters.insert(t, (conn_id, tx));
-                    Some((t, rx))
+                    Ok((t, rx))
                 }
             };
             (wait, Self::settle(&mut st, fx))
         };
         self.push_recalls(recalls);
-        let Some((ticket, rx)) = wait else {
-            self.wait_fenced(ino).await;
-            return Ok(());
+        let (ticket, rx) = match wait {
+            Ok(w) => w,
+            Err(granted) => return Ok(granted.answer().await),
         };
         debug!(client, ino, ?mode, ticket, "lease request waits");
         let mut guard = WaitGuard {
@@ -654,8 +654,8 @@ impl Server {
         guard.ticket = None;
         match r {
             Ok(()) => {
-                self.wait_fenced(ino).await;
-                Ok(())
+                let granted = Self::granted(&self.leases.lock(), client, ino);
+                Ok(granted.answer().await)
             }
             Err(_) => Err(err(
                 ErrorCode::Unavailable,
@@ -664,10 +664,13 @@ impl Server {
         }
     }
 
-    /// The fence number of the write lease `client` holds on `ino` (0 if
-    /// it holds none: a change carrying it is refused).
-    fn fence_of(&self, client: ClientId, ino: FileId) -> u64 {
-        self.leases.lock().table.fence(client, ino).unwrap_or(0)
+    /// What a grant of `ino` to `client` answers with: its fence number (0
+    /// for a read lease), once a fence being raised on `ino` is up.
+    fn granted(st: &LeaseState, client: ClientId, ino: FileId) -> fencing::Granted {
+        fencing::Granted {
+            fence: st.table.fence(client, ino).unwrap_or(0),
+            raising: st.fencing.get(&ino).map(|(_, done)| done.subscribe()),
+        }
     }
 
     fn release(&self, client: ClientId, ino: FileId) {
@@ -1324,15 +1327,12 @@ impl Server {
                     LeaseMode::Write
                 };
                 Self::check_owner(vol, ino.id)?;
-                let inode = self
-                    .leased(client, conn_id, ino, mode, move || store.get_handle(ino))
+                let (inode, fence) = self
+                    .leased_fenced(client, conn_id, ino, mode, move || store.get_handle(ino))
                     .await?;
                 Ok(match mode {
                     LeaseMode::Read => Reply::Inode(inode),
-                    LeaseMode::Write => Reply::Leased {
-                        fence: self.fence_of(client, ino.id),
-                        inode,
-                    },
+                    LeaseMode::Write => Reply::Leased { inode, fence },
                 })
             }
             Request::GetInode { ino } => {
@@ -1355,12 +1355,10 @@ impl Server {
                     store.create_inode(parent, &attr, target.as_deref(), gen, home, op)
                 })?;
                 // A fresh id: nobody else can hold or wait for it.
-                self.lease(client, conn_id, inode.id, LeaseMode::Write)
+                let fence = self
+                    .lease(client, conn_id, inode.id, LeaseMode::Write)
                     .await?;
-                Ok(Reply::Leased {
-                    fence: self.fence_of(client, inode.id),
-                    inode,
-                })
+                Ok(Reply::Leased { inode, fence })
             }
             Request::SetAttr { ino, set } => {
                 Self::check_owner(vol, ino.id)?;
@@ -1737,14 +1735,32 @@ impl Server {
         T: Send + 'static,
         F: FnOnce() -> Result<T, WireError> + Send + 'static,
     {
-        self.lease(client, conn_id, ino.id, mode).await?;
+        self.leased_fenced(client, conn_id, ino, mode, op)
+            .await
+            .map(|(t, _)| t)
+    }
+
+    /// [`Server::leased`], with the grant's fence number (0 for a read lease).
+    async fn leased_fenced<T, F>(
+        &self,
+        client: ClientId,
+        conn_id: u64,
+        ino: Handle,
+        mode: LeaseMode,
+        op: F,
+    ) -> Result<(T, u64), WireError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Result<T, WireError> + Send + 'static,
+    {
+        let fence = self.lease(client, conn_id, ino.id, mode).await?;
         let r = metadata(op);
         if let Err(e) = &r {
             if e.code == ErrorCode::Stale {
                 self.release(client, ino.id);
             }
         }
-        r
+        r.map(|t| (t, fence))
     }
 
     /// Refuses a data write that would eat into the space kept for metadata:

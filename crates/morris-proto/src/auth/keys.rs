@@ -68,7 +68,7 @@ pub enum KeyError {
         source: std::io::Error,
     },
     /// Others may read the file.
-    #[error("key file {path} may be read by other users (mode {mode:o}); run `chmod 600 {path}`")]
+    #[error("{path} holds a secret and may be read by other users (mode {mode:o}); run `chmod 600 {path}`")]
     Exposed {
         /// The file.
         path: PathBuf,
@@ -337,7 +337,9 @@ impl PartialEq for Keys {
 }
 impl Eq for Keys {}
 
-fn read_file(path: &Path) -> Result<(Stamp, Key, Vec<Key>), KeyError> {
+/// Reads a file that holds a secret (a key, a password): refused if users
+/// other than its owner may read it.
+pub fn read_secret(path: &Path) -> Result<(std::fs::Metadata, Vec<u8>), KeyError> {
     let io = |source| KeyError::Io {
         path: path.to_path_buf(),
         source,
@@ -350,7 +352,16 @@ fn read_file(path: &Path) -> Result<(Stamp, Key, Vec<Key>), KeyError> {
             mode,
         });
     }
-    let text = std::fs::read_to_string(path).map_err(io)?;
+    let bytes = std::fs::read(path).map_err(io)?;
+    Ok((meta, bytes))
+}
+
+fn read_file(path: &Path) -> Result<(Stamp, Key, Vec<Key>), KeyError> {
+    let (meta, bytes) = read_secret(path)?;
+    let text = String::from_utf8(bytes).map_err(|e| KeyError::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+    })?;
     let mut keys = parse_keys(path, &text)?.into_iter();
     let first = keys
         .next()

@@ -113,19 +113,23 @@ impl Server {
     pub(crate) fn take_diverged(&self) -> Vec<(FileId, u64, u64)> {
         std::mem::take(&mut *self.diverged.lock())
     }
+}
 
-    /// Waits until no fence of `ino` is being raised (a grant made right
-    /// after a forced revoke is answered only then).
-    pub(super) async fn wait_fenced(&self, ino: FileId) {
-        let rx = self
-            .leases
-            .lock()
-            .fencing
-            .get(&ino)
-            .map(|(_, done)| done.subscribe());
-        if let Some(mut rx) = rx {
+/// A grant about to be answered (`Server::granted`): its fence number, and
+/// the fence of the inode being raised, if one is (a grant made right
+/// after a forced revoke is answered only once every server has it).
+pub(super) struct Granted {
+    pub(super) fence: u64,
+    pub(super) raising: Option<tokio::sync::watch::Receiver<bool>>,
+}
+
+impl Granted {
+    /// The fence number, once no fence of the inode is being raised.
+    pub(super) async fn answer(self) -> u64 {
+        if let Some(mut rx) = self.raising {
             let _ = rx.wait_for(|done| *done).await;
         }
+        self.fence
     }
 }
 
