@@ -1388,6 +1388,7 @@ fn touch_dir(a: &mut Attr) {
     a.ctime = now;
 }
 
+mod backup;
 mod cached;
 #[cfg(test)]
 mod cached_tests;

@@ -9,9 +9,6 @@
 //! ([`Store::apply_changeset`]). `data_files` and `sync_marker` describe this
 //! server's own disk and are never shipped.
 
-// The server's mirroring (service.rs) is the only user; until it calls these,
-// they look unused. Remove this once it does.
-
 use std::io::Read;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -219,20 +216,6 @@ impl Store {
     /// The seq of the last captured committed transaction (0 before any).
     pub fn committed_seq(&self) -> u64 {
         self.capture.seq.load(Ordering::Acquire)
-    }
-
-    /// Writes a consistent copy of the whole database to `path`, which must
-    /// not exist, and returns the seq of the last captured transaction it
-    /// includes.
-    pub fn snapshot_to(&self, path: &Path) -> Result<u64, WireError> {
-        let p = path
-            .to_str()
-            .ok_or_else(|| io_err(format!("snapshot path {} is not UTF-8", path.display())))?;
-        let conn = self.conn();
-        let seq = self.committed_seq();
-        conn.execute("VACUUM INTO ?1", params![p])
-            .map_err(|e| io_err(format!("snapshot to {}: {e}", path.display())))?;
-        Ok(seq)
     }
 
     /// Replaces this store's replicated tables with those of the snapshot at

@@ -347,3 +347,70 @@ fn capture_stops_and_guards_the_copy_operations() {
     p.install_snapshot(&snap).unwrap();
     assert_eq!(p.inode_count(), 1);
 }
+
+#[test]
+fn a_snapshot_taken_in_steps_holds_every_change_made_between_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (d, own) = volume();
+    let p = Store::open(&dir.path().join("p.sqlite")).unwrap();
+    p.format(&d, own, 1).unwrap();
+    let r = root(&p);
+    // Enough rows for many one-page steps.
+    for i in 0..300u32 {
+        let f = p
+            .create_inode(0, &attr(FileKind::File), None, 1, None, None)
+            .unwrap();
+        let name = format!("before-{i:04}-{}", "x".repeat(100));
+        p.link(r, name.as_bytes(), f.handle(), FileKind::File, None, None)
+            .unwrap();
+    }
+    let (tx, mut rx) = unbounded_channel();
+    p.start_capture(tx);
+    let snap = dir.path().join("snap.sqlite");
+    let mut steps = 0u32;
+    let mut made = Vec::new();
+    let seq = p
+        .snapshot_in_steps(&snap, 1, || {
+            steps += 1;
+            // Between steps: new names, and a change to a row (the root's
+            // cookie counter) whose page was copied already.
+            if steps.is_multiple_of(4) {
+                let f = p
+                    .create_inode(0, &attr(FileKind::File), None, 2, None, None)
+                    .unwrap();
+                let name = format!("during-{steps}");
+                p.link(r, name.as_bytes(), f.handle(), FileKind::File, None, None)
+                    .unwrap();
+                made.push(name);
+            }
+        })
+        .unwrap();
+    assert!(steps > 20, "only {steps} steps");
+    assert!(made.len() > 5);
+    // Every change made between steps is in the copy, and the seq names
+    // the last of them.
+    assert_eq!(seq, p.committed_seq());
+    let caps = drain(&mut rx);
+    assert!(!caps.is_empty());
+    assert!(caps.iter().all(|c| c.seq <= seq));
+
+    let c = Store::open(&dir.path().join("c.sqlite")).unwrap();
+    c.install_snapshot(&snap).unwrap();
+    assert_same(&c, &p);
+    // The copy is a plain database file a receiver can open, mode 0600.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&snap).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    // And changes after it apply on top of it, in order.
+    let f = p
+        .create_inode(0, &attr(FileKind::File), None, 3, None, None)
+        .unwrap();
+    p.link(r, b"after", f.handle(), FileKind::File, None, None)
+        .unwrap();
+    for cap in drain(&mut rx) {
+        assert!(cap.seq > seq);
+        c.apply_changeset(&cap.changeset).unwrap();
+    }
+    assert_same(&c, &p);
+}
