@@ -895,6 +895,7 @@ impl Server {
                 tx.send(None)
                     .map_err(|_| err(ErrorCode::Io, "storing the listing failed"))
             });
+        let fetched_ms = started.elapsed().as_millis() as u64;
         drop(tx);
         let stored = match filler.await {
             Ok(r) => r,
@@ -908,6 +909,7 @@ impl Server {
                 info!(
                     dir = dir.id,
                     added,
+                    fetched_ms,
                     ms = started.elapsed().as_millis() as u64,
                     "listed from home"
                 );
