@@ -257,3 +257,51 @@ fn permissions_are_enforced_for_another_user() {
     // Root may remove anything.
     fs::remove_file(&roots_in_sticky).expect("root removes from the sticky dir");
 }
+
+/// The mount clears set-ID bits itself (FUSE's `HANDLE_KILLPRIV_V2`): on a
+/// write or truncate by a user without CAP_FSETID, and on chown.
+#[test]
+fn set_id_bits_are_cleared_on_write_truncate_and_chown() {
+    assert!(
+        is_root(),
+        "this test runs commands as uid {NOBODY}: run it as root"
+    );
+    let c = Cluster::start(2, ClusterOpts::default());
+    let m = c.mount();
+    m.open_to_all_users();
+    let mode = |p: &Path| fs::metadata(p).expect("stat").mode() & 0o7777;
+    // Group-executable: both bits go. Without g+x, set-group-ID stays (it
+    // means mandatory locking then, not privilege).
+    for (start, after) in [(0o6777, 0o777), (0o6766, 0o2766)] {
+        let f = m.path.join(format!("w{start:o}"));
+        fs::write(&f, b"x").expect("create");
+        chmod(&f, start);
+        // Root writes keep them (CAP_FSETID).
+        fs::write(&f, b"root was here").expect("root write");
+        assert_eq!(mode(&f), start, "after a write by root");
+        let o = as_nobody("echo more >> \"$1\"", &[&f]);
+        allowed(&o, "appending as nobody");
+        assert_eq!(mode(&f), after, "after a write by uid {NOBODY}");
+
+        let t = m.path.join(format!("t{start:o}"));
+        fs::write(&t, b"some bytes").expect("create");
+        chmod(&t, start);
+        let o = as_nobody("truncate -s 2 \"$1\"", &[&t]);
+        allowed(&o, "truncating as nobody");
+        assert_eq!(mode(&t), after, "after a truncate by uid {NOBODY}");
+        assert_eq!(fs::metadata(&t).expect("stat").len(), 2);
+    }
+    // chown, even by root, clears set-user-ID (and set-group-ID with g+x).
+    let f = m.path.join("owned");
+    fs::write(&f, b"x").expect("create");
+    chmod(&f, 0o6755);
+    std::os::unix::fs::chown(&f, Some(NOBODY), None).expect("chown");
+    assert_eq!(mode(&f), 0o755, "after chown");
+    assert_eq!(fs::metadata(&f).expect("stat").uid(), NOBODY);
+    // A directory keeps its set-group-ID bit (inheritance of the group).
+    let d = m.path.join("dir");
+    fs::create_dir(&d).expect("mkdir");
+    chmod(&d, 0o2775);
+    std::os::unix::fs::chown(&d, Some(NOBODY), None).expect("chown dir");
+    assert_eq!(mode(&d), 0o2775, "a directory after chown");
+}

@@ -74,7 +74,7 @@ pub(crate) fn check_move(obj: &Inode, to: &Inode, moves_at_home: bool) -> Result
     Ok(())
 }
 
-fn inode_reply(r: Reply) -> Result<Inode> {
+pub(crate) fn inode_reply(r: Reply) -> Result<Inode> {
     match r {
         Reply::Inode(i) | Reply::Leased { inode: i, .. } => Ok(i),
         other => Err(unexpected(&other)),

@@ -61,6 +61,8 @@ pub(crate) struct EntryState {
     /// change, so it is cached only if the version is still the one it was
     /// sent under. (Names are guarded per name: `fs.rs` `entry_in`.)
     pub version: u64,
+    /// The object's extended attributes, once read under this lease.
+    pub xattrs: Option<std::sync::Arc<Vec<morris_proto::Xattr>>>,
     recalled: bool,
     released: bool,
 }
@@ -630,6 +632,7 @@ impl Leases {
                 listed_upto: None,
                 local_writes: 0,
                 version: 0,
+                xattrs: None,
                 recalled,
                 released: false,
             }),

@@ -27,6 +27,7 @@ mod reaper;
 mod replicas;
 mod resync;
 mod slow;
+mod xattrs;
 
 pub use copies::Repair;
 pub use reaper::ORPHAN_AGE;
@@ -460,6 +461,27 @@ impl Client {
     /// Changes attributes; a size change truncates or extends the file.
     pub async fn setattr(&self, id: FileId, set: SetAttr, caller: &Caller) -> Result<Inode> {
         self.do_setattr(id, set, caller).await
+    }
+
+    /// Clears the set-user-ID bit of `id` (not a directory) and, if it is
+    /// group-executable, its set-group-ID bit, if they are set: what
+    /// Linux does on a write or truncate by a caller without
+    /// `CAP_FSETID`, and on any change of owner or group.
+    pub async fn clear_setid(&self, id: FileId) -> Result<()> {
+        let i = self.do_getattr(id).await?;
+        let mode = i.attr.mode;
+        let mut cleared = mode & !0o4000;
+        if mode & 0o2010 == 0o2010 {
+            cleared &= !0o2000;
+        }
+        if matches!(i.attr.kind, FileKind::Dir | FileKind::Symlink) || cleared == mode {
+            return Ok(());
+        }
+        let set = SetAttr {
+            mode: Some(cleared),
+            ..SetAttr::default()
+        };
+        self.do_setattr(id, set, &Caller::root()).await.map(|_| ())
     }
 
     /// Creates a non-directory, non-symlink object (`File`, `Fifo`, `Socket`,

@@ -30,6 +30,7 @@ pub(crate) fn errno(code: ErrorCode) -> Errno {
         ErrorCode::ReadOnly => Errno::EROFS,
         ErrorCode::CrossDevice => Errno::EXDEV,
         ErrorCode::TooManyLeases => Errno::ENOLCK,
+        ErrorCode::NoData => Errno::ENODATA,
         ErrorCode::Unavailable
         | ErrorCode::Io
         | ErrorCode::Corrupt
@@ -59,7 +60,7 @@ pub(crate) fn fail(op: &'static str, ino: u64, err: &Error) -> Errno {
 mod tests {
     use super::*;
 
-    const ALL: [ErrorCode; 27] = [
+    const ALL: [ErrorCode; 28] = [
         ErrorCode::NotFound,
         ErrorCode::Exists,
         ErrorCode::NotDir,
@@ -87,6 +88,7 @@ mod tests {
         ErrorCode::CrossDevice,
         ErrorCode::HomeDown,
         ErrorCode::TooManyLeases,
+        ErrorCode::NoData,
     ];
 
     #[test]
@@ -119,6 +121,7 @@ mod tests {
             libc::EXDEV,
             libc::EIO,
             libc::ENOLCK,
+            libc::ENODATA,
         ];
         for (code, want) in ALL.iter().zip(expected) {
             assert_eq!(errno(*code).code(), want, "{code:?}");

@@ -26,7 +26,7 @@ use fuser::{
     WriteFlags,
 };
 use morris_client::{Caller, Client, Error, ErrorCode, FileId, FileKind, Inode, Timestamp};
-use morris_proto::MAX_NAME_LEN;
+use morris_proto::{XattrHow, MAX_NAME_LEN};
 use tokio::runtime::Handle;
 
 use crate::attr::{file_attr, is_empty, mknod_kind, set_attr};
@@ -54,6 +54,11 @@ fn wanted_capabilities() -> InitFlags {
         | InitFlags::FUSE_AUTO_INVAL_DATA
         | InitFlags::FUSE_ASYNC_DIO
         | InitFlags::FUSE_CACHE_SYMLINKS
+        // The mount clears set-user-ID bits on write, truncate and chown
+        // itself; in return the kernel stops asking for
+        // `security.capability` before every write of a file it has
+        // checked once (`SB_NOSEC`).
+        | InitFlags::FUSE_HANDLE_KILLPRIV_V2
 }
 
 /// State shared by the handlers and their tasks.
@@ -171,6 +176,16 @@ fn caller(req: &Request) -> Caller {
         gid: req.gid(),
         groups: vec![],
         check: false,
+    }
+}
+
+/// Answers a `getxattr`/`listxattr`: the size alone when asked with no
+/// buffer, `ERANGE` when the buffer is too small.
+fn xattr_reply(reply: ReplyXattr, size: u32, data: &[u8]) {
+    match u32::try_from(data.len()) {
+        Ok(n) if size == 0 => reply.size(n),
+        Ok(n) if n <= size => reply.data(data),
+        _ => reply.error(Errno::ERANGE),
     }
 }
 
@@ -294,11 +309,24 @@ impl Filesystem for MorrisFs {
     ) {
         let set = set_attr(mode, uid, gid, size, atime, mtime, ctime, Timestamp::now());
         let who = caller(req);
+        // Set-ID bits go on a change of owner or group, and on a truncate
+        // by a caller without CAP_FSETID (taken as: not root), unless the
+        // same call sets the mode (`FUSE_HANDLE_KILLPRIV_V2`).
+        let kill =
+            mode.is_none() && (uid.is_some() || gid.is_some() || (size.is_some() && who.uid != 0));
         self.spawn(move |s| async move {
             let res = if is_empty(&set) {
                 s.client.getattr(ino.0).await
             } else {
-                s.client.setattr(ino.0, set, &who).await
+                match s.client.setattr(ino.0, set, &who).await {
+                    Ok(i) if kill && i.attr.mode & 0o6000 != 0 => {
+                        match s.client.clear_setid(ino.0).await {
+                            Ok(()) => s.client.getattr(ino.0).await,
+                            Err(e) => Err(e),
+                        }
+                    }
+                    r => r,
+                }
             };
             match res {
                 Ok(inode) => s.reply_attr(reply, &inode),
@@ -466,15 +494,26 @@ impl Filesystem for MorrisFs {
         });
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let write = writes(flags.0);
         // Present because FUSE_ATOMIC_O_TRUNC was negotiated; without it the
         // kernel truncates with a setattr before the open.
         let truncate = flags.0 & libc::O_TRUNC != 0;
         let how = open_flags(flags.0);
+        // A truncating open by a caller without CAP_FSETID (taken as: not
+        // root) clears set-ID bits (`FUSE_HANDLE_KILLPRIV_V2`).
+        let kill = truncate && write && req.uid() != 0;
         self.spawn(move |s| async move {
             match s.client.open(ino.0, write, truncate).await {
-                Ok(fh) => reply.opened(FileHandle(fh), how),
+                Ok(fh) => {
+                    if kill {
+                        if let Err(e) = s.client.clear_setid(ino.0).await {
+                            let _ = s.client.release(fh).await;
+                            return reply.error(fail("open", ino.0, &e));
+                        }
+                    }
+                    reply.opened(FileHandle(fh), how)
+                }
                 Err(e) => reply.error(fail("open", ino.0, &e)),
             }
         });
@@ -506,7 +545,7 @@ impl Filesystem for MorrisFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -518,7 +557,14 @@ impl Filesystem for MorrisFs {
         // which another mount's appends may have made stale: the client
         // appends at the end the volume has now.
         let append = flags.0 & libc::O_APPEND != 0;
+        // A writer without CAP_FSETID (`FUSE_HANDLE_KILLPRIV_V2`).
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         self.spawn(move |s| async move {
+            if kill {
+                if let Err(e) = s.client.clear_setid(ino.0).await {
+                    return reply.error(fail("write", ino.0, &e));
+                }
+            }
             let res = if append {
                 s.client.append(fh.0, data, offset).await.map(|_| len)
             } else {
@@ -746,39 +792,71 @@ impl Filesystem for MorrisFs {
         });
     }
 
-    // No extended attributes. ENOSYS makes the kernel answer EOPNOTSUPP
-    // itself from then on, without asking again.
+    // Extended attributes: `user.`, `trusted.`, `security.` (the kernel
+    // checks permissions; `system.` ACLs it answers itself, EOPNOTSUPP).
+    // The kernel asks for `security.capability` before every write: the
+    // client answers from the list it keeps with the lease.
 
     fn setxattr(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _value: &[u8],
-        _flags: i32,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::ENOSYS);
+        let how = match flags & (libc::XATTR_CREATE | libc::XATTR_REPLACE) {
+            0 => XattrHow::Either,
+            libc::XATTR_CREATE => XattrHow::Create,
+            libc::XATTR_REPLACE => XattrHow::Replace,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let (caller, name, value) = (caller(req), bytes(name), value.to_vec());
+        self.spawn(move |s| async move {
+            match s.client.set_xattr(ino.0, &name, &value, how, &caller).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(fail("setxattr", ino.0, &e)),
+            }
+        });
     }
 
-    fn getxattr(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _size: u32,
-        reply: ReplyXattr,
-    ) {
-        reply.error(Errno::ENOSYS);
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let (caller, name) = (caller(req), bytes(name));
+        self.spawn(move |s| async move {
+            match s.client.get_xattr(ino.0, &name, &caller).await {
+                Ok(v) => xattr_reply(reply, size, &v),
+                Err(e) => reply.error(fail("getxattr", ino.0, &e)),
+            }
+        });
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
-        reply.error(Errno::ENOSYS);
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let caller = caller(req);
+        self.spawn(move |s| async move {
+            match s.client.list_xattrs(ino.0, &caller).await {
+                Ok(list) => {
+                    let mut names = Vec::new();
+                    for x in list.iter() {
+                        names.extend_from_slice(&x.name);
+                        names.push(0);
+                    }
+                    xattr_reply(reply, size, &names)
+                }
+                Err(e) => reply.error(fail("listxattr", ino.0, &e)),
+            }
+        });
     }
 
-    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::ENOSYS);
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (caller, name) = (caller(req), bytes(name));
+        self.spawn(move |s| async move {
+            match s.client.remove_xattr(ino.0, &name, &caller).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(fail("removexattr", ino.0, &e)),
+            }
+        });
     }
 
     fn fallocate(

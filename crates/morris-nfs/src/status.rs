@@ -28,6 +28,8 @@ pub fn nfsstat(code: ErrorCode) -> nfsstat3 {
         ErrorCode::NotSupported => nfsstat3::NFS3ERR_NOTSUPP,
         ErrorCode::ReadOnly => nfsstat3::NFS3ERR_ROFS,
         ErrorCode::CrossDevice => nfsstat3::NFS3ERR_XDEV,
+        // NFSv3 has no extended attributes; the gateway never asks.
+        ErrorCode::NoData => nfsstat3::NFS3ERR_NOTSUPP,
         ErrorCode::Grace | ErrorCode::NotOwner | ErrorCode::HomeDown => nfsstat3::NFS3ERR_JUKEBOX,
         ErrorCode::Unavailable
         | ErrorCode::Io

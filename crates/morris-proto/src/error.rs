@@ -72,6 +72,8 @@ pub enum ErrorCode {
     /// The server holds as many leases as it allows (for this client, or in
     /// all): give some back first.
     TooManyLeases,
+    /// The object has no extended attribute of that name.
+    NoData,
 }
 
 impl ErrorCode {
@@ -97,6 +99,7 @@ impl ErrorCode {
                 | ErrorCode::Stale
                 | ErrorCode::ReadOnly
                 | ErrorCode::CrossDevice
+                | ErrorCode::NoData
         )
     }
 
@@ -132,6 +135,7 @@ impl ErrorCode {
             ErrorCode::Denied => "not allowed with this key",
             ErrorCode::Corrupt => "data failed its checksum",
             ErrorCode::TooManyLeases => "too many leases held",
+            ErrorCode::NoData => "no such extended attribute",
         }
     }
 }

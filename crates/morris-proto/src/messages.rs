@@ -57,7 +57,7 @@ use uuid::Uuid;
 use crate::home::{Binding, HomeRef, HomeStamp};
 use crate::types::{
     Attr, DirEntry, FileId, FileKind, Handle, Inode, ServerStats, SetAttr, StaleCopy,
-    VolumeDescriptor,
+    VolumeDescriptor, Xattr, XattrHow,
 };
 
 /// The kind of lease a recall wants to make room for.
@@ -766,6 +766,32 @@ pub enum Request {
         /// The revoked grant's fence number.
         above: u64,
     },
+    /// Every extended attribute of an object; takes the read lease on it
+    /// implicitly (the caller may keep the answer while it holds a lease).
+    /// [`Reply::Xattrs`].
+    GetXattrs {
+        /// The object.
+        ino: Handle,
+    },
+    /// Sets (`value: Some`) or removes (`None`; `NoData` if absent) one
+    /// extended attribute; takes the write lease implicitly; ctime becomes
+    /// now. Names are 1..=[`crate::MAX_XATTR_NAME`] bytes without NUL,
+    /// values at most [`crate::MAX_XATTR_VALUE`]; more than
+    /// [`crate::MAX_XATTR_NAMES`] bytes of names or
+    /// [`crate::MAX_XATTR_BYTES`] in all on one object is `NoSpace`. Not
+    /// for objects cached from a home (`NotSupported`). [`Reply::Inode`].
+    SetXattr {
+        /// The object.
+        ino: Handle,
+        /// The attribute's name.
+        name: Vec<u8>,
+        /// Its new value; `None` removes it.
+        value: Option<Vec<u8>>,
+        /// Whether it must, or must not, be there already.
+        how: XattrHow,
+        /// Operation id (0: none).
+        op: u64,
+    },
 }
 
 /// A change to one object not yet pushed home (cache mode II), kept by the
@@ -813,6 +839,7 @@ impl Request {
             | Request::Rename { op, .. }
             | Request::DropLink { op, .. }
             | Request::SetOpen { op, .. }
+            | Request::SetXattr { op, .. }
             | Request::Reap { op, .. } => *op,
             _ => 0,
         }
@@ -829,6 +856,7 @@ impl Request {
             | Request::Rename { op, .. }
             | Request::DropLink { op, .. }
             | Request::SetOpen { op, .. }
+            | Request::SetXattr { op, .. }
             | Request::Reap { op, .. } => *op = id,
             _ => {}
         }
@@ -932,6 +960,8 @@ impl Request {
             Request::Detach { .. } => "Detach",
             Request::Scrub { .. } => "Scrub",
             Request::RaiseFence { .. } => "RaiseFence",
+            Request::GetXattrs { .. } => "GetXattrs",
+            Request::SetXattr { .. } => "SetXattr",
         }
     }
 }
@@ -1069,6 +1099,9 @@ pub enum Reply {
         /// Why the last push failed, if it did.
         last_error: Option<String>,
     },
+    /// Answer to [`Request::GetXattrs`]: every extended attribute, in name
+    /// order.
+    Xattrs(Vec<Xattr>),
 }
 
 /// One server's view of one binding (`morris cache status`).

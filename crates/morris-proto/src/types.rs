@@ -231,6 +231,41 @@ pub struct SetAttr {
     pub parent: Option<FileId>,
 }
 
+/// Longest extended attribute name, with its namespace (`user.x`), in bytes.
+pub const MAX_XATTR_NAME: usize = 255;
+
+/// Largest extended attribute value, in bytes (Linux's `XATTR_SIZE_MAX`).
+pub const MAX_XATTR_VALUE: usize = 65_536;
+
+/// Most bytes of extended attribute names one object may have, each
+/// counted with its terminating NUL (Linux's `XATTR_LIST_MAX`: what one
+/// `listxattr` can return).
+pub const MAX_XATTR_NAMES: usize = 65_536;
+
+/// Most bytes of extended attribute names and values one object may have.
+pub const MAX_XATTR_BYTES: usize = 1 << 20;
+
+/// One extended attribute of an object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Xattr {
+    /// Its name, namespace included (`user.mime_type`).
+    pub name: Vec<u8>,
+    /// Its value (may be empty).
+    pub value: Vec<u8>,
+}
+
+/// How [`crate::Request::SetXattr`] treats an attribute that is, or is not,
+/// there already (`setxattr(2)`'s flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum XattrHow {
+    /// Create it or replace it.
+    Either,
+    /// Create it; `Exists` if it is there (`XATTR_CREATE`).
+    Create,
+    /// Replace it; `NoData` if it is not there (`XATTR_REPLACE`).
+    Replace,
+}
+
 /// A directory entry as listed by `ReadDir`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DirEntry {

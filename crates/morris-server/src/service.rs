@@ -44,7 +44,7 @@ mod stats;
 const LIST_PAGE_WAIT: Duration = Duration::from_secs(2);
 
 /// Every request name, in a fixed order, for the per-request counters.
-const OPS: [&str; 49] = [
+const OPS: [&str; 51] = [
     "Hello",
     "Format",
     "Status",
@@ -94,6 +94,8 @@ const OPS: [&str; 49] = [
     "Evict",
     "CacheStatus",
     "ForgetBinding",
+    "GetXattrs",
+    "SetXattr",
 ];
 
 /// Who is on the other end of a connection, after its `Hello`.
@@ -254,6 +256,8 @@ fn takes_lease(req: &Request) -> bool {
             | Request::AcquireWrite { .. }
             | Request::CreateInode { .. }
             | Request::SetAttr { .. }
+            | Request::GetXattrs { .. }
+            | Request::SetXattr { .. }
             | Request::MarkStale { .. }
             | Request::DeleteInode { .. }
             | Request::Lookup { .. }
@@ -283,6 +287,8 @@ fn subject(req: &Request) -> Option<FileId> {
         Request::AcquireRead { ino }
         | Request::AcquireWrite { ino }
         | Request::SetAttr { ino, .. }
+        | Request::GetXattrs { ino }
+        | Request::SetXattr { ino, .. }
         | Request::MarkStale { ino, .. }
         | Request::DeleteInode { ino, .. }
         | Request::DropLink { ino, .. }
@@ -1158,6 +1164,8 @@ impl Server {
             | Request::AcquireWrite { .. }
             | Request::GetInode { .. }
             | Request::SetAttr { .. }
+            | Request::GetXattrs { .. }
+            | Request::SetXattr { .. }
             | Request::MarkStale { .. }
             | Request::NoteLeftover { .. }
             | Request::ResyncAdvance { .. }
@@ -1194,6 +1202,7 @@ impl Server {
             req,
             Request::CreateInode { .. }
                 | Request::SetAttr { .. }
+                | Request::SetXattr { .. }
                 | Request::MarkStale { .. }
                 | Request::NoteLeftover { .. }
                 | Request::ResyncAdvance { .. }
@@ -1364,6 +1373,29 @@ impl Server {
                 Self::check_owner(vol, ino.id)?;
                 self.leased(client, conn_id, ino, LeaseMode::Write, move || {
                     store.set_attr(ino, &set)
+                })
+                .await
+                .map(Reply::Inode)
+            }
+            Request::GetXattrs { ino } => {
+                Self::check_owner(vol, ino.id)?;
+                self.leased(client, conn_id, ino, LeaseMode::Read, move || {
+                    store.get_xattrs(ino).map(|(_, list)| list)
+                })
+                .await
+                .map(Reply::Xattrs)
+            }
+            Request::SetXattr {
+                ino,
+                name,
+                value,
+                how,
+                op,
+            } => {
+                Self::check_owner(vol, ino.id)?;
+                let op = OpKey::new(client, op);
+                self.leased(client, conn_id, ino, LeaseMode::Write, move || {
+                    store.set_xattr(ino, &name, value.as_deref(), how, op)
                 })
                 .await
                 .map(Reply::Inode)

@@ -399,6 +399,7 @@ impl Store {
         write.execute_batch(SCHEMA).map_err(err)?;
         write.execute_batch(cached::SCHEMA).map_err(err)?;
         write.execute_batch(wb::SCHEMA).map_err(err)?;
+        write.execute_batch(xattrs::SCHEMA).map_err(err)?;
         write.set_prepared_statement_cache_capacity(64);
         let volume: Option<(Vec<u8>, i64)> = write
             .query_row(
@@ -878,6 +879,7 @@ impl Store {
             }
             cached::forget_inode(tx, h.id)?;
             wb::forget(tx, h.id)?;
+            xattrs::forget(tx, h.id)?;
             Ok(())
         })?;
         if !replayed {
@@ -1402,6 +1404,7 @@ mod stale;
 #[cfg(test)]
 mod tests;
 mod wb;
+mod xattrs;
 
 pub use cached::Seed;
 #[cfg(test)]

@@ -640,6 +640,7 @@ impl Store {
                     "DELETE FROM opens WHERE ino = ?1",
                     "DELETE FROM stale_copies WHERE id = ?1",
                     "DELETE FROM cache_links WHERE id = ?1",
+                    "DELETE FROM xattrs WHERE id = ?1",
                 ] {
                     tx.execute(sql, params![sql_id(id)]).map_err(db_err)?;
                 }

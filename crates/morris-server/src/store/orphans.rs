@@ -168,6 +168,7 @@ impl Store {
                     .map_err(db_err)?;
             }
             super::cached::forget_inode(tx, h.id)?;
+            super::xattrs::forget(tx, h.id)?;
             Ok(Some(ino))
         })?;
         if out.is_some() && !replayed {

@@ -25,7 +25,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::{db_err, Formatted, Store};
 
 /// The tables whose changes are mirrored, with their columns.
-const REPLICATED: [(&str, &str); 12] = [
+const REPLICATED: [(&str, &str); 13] = [
     ("volume", "one, descriptor, own_index, counter"),
     ("inodes", "id, gen, data, next_cookie"),
     ("entries", "dir, name, cookie, child, gen, kind"),
@@ -38,6 +38,7 @@ const REPLICATED: [(&str, &str); 12] = [
     ("wb_marks", "id, binding, names, attrs, data, count, since"),
     ("wb_homes", "id, binding, dir, name, fileid, handle"),
     ("wb_gone", "dir, name, id, binding, fileid"),
+    ("xattrs", "id, name, value"),
 ];
 
 /// Whether `table` is mirrored.
