@@ -40,6 +40,8 @@ pub(crate) struct OpenFile {
     /// (`u64::MAX`: none): where a copy server that cannot sync missed data.
     pub unsynced_from: AtomicU64,
     ra: tokio::sync::Mutex<ReadAhead>,
+    /// Lock owners that took locks through this open file (`locks.rs`).
+    pub lockers: parking_lot::Mutex<crate::locks::Lockers>,
 }
 
 /// How much of a stream's delivered rate its readahead may keep in flight.
@@ -160,7 +162,7 @@ pub(crate) async fn fetch_copy(
 }
 
 impl Client {
-    fn open_file(&self, fh: u64) -> Result<Arc<OpenFile>> {
+    pub(crate) fn open_file(&self, fh: u64) -> Result<Arc<OpenFile>> {
         self.files
             .lock()
             .get(&fh)
@@ -251,6 +253,7 @@ impl Client {
                 wrote: AtomicBool::new(truncate && write),
                 unsynced_from: AtomicU64::new(u64::MAX),
                 ra: tokio::sync::Mutex::new(ReadAhead::default()),
+                lockers: parking_lot::Mutex::new(Default::default()),
             }),
         );
         Ok(fh)
@@ -662,7 +665,12 @@ impl Client {
         let flushed = self.do_flush(fh).await;
         let f = self.files.lock().remove(&fh);
         if let Some(f) = f {
+            // The last descriptor of this open file is gone: so are the
+            // OFD and flock locks taken through it (POSIX ones went at
+            // each close's flush).
+            let unlocked = self.unlock_all_through(&f).await;
             self.forget_open(f.h).await;
+            return flushed.and(unlocked);
         }
         flushed
     }

@@ -20,6 +20,7 @@ mod fs;
 mod io;
 mod leases;
 pub mod listing;
+mod locks;
 mod opens;
 pub mod perm;
 mod pool;

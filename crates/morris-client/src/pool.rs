@@ -222,6 +222,9 @@ fn retryable(req: &Request) -> bool {
                 | Request::NoteLeftover { .. }
                 | Request::ScanStale { .. }
                 | Request::ScanOrphans { .. }
+                | Request::GetXattrs { .. }
+                | Request::Lock { .. }
+                | Request::TestLock { .. }
         )
 }
 

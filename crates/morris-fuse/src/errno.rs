@@ -31,6 +31,9 @@ pub(crate) fn errno(code: ErrorCode) -> Errno {
         ErrorCode::CrossDevice => Errno::EXDEV,
         ErrorCode::TooManyLeases => Errno::ENOLCK,
         ErrorCode::NoData => Errno::ENODATA,
+        ErrorCode::WouldBlock => Errno::EAGAIN,
+        ErrorCode::Deadlock => Errno::EDEADLK,
+        ErrorCode::Interrupted => Errno::EINTR,
         ErrorCode::Unavailable
         | ErrorCode::Io
         | ErrorCode::Corrupt
@@ -60,7 +63,7 @@ pub(crate) fn fail(op: &'static str, ino: u64, err: &Error) -> Errno {
 mod tests {
     use super::*;
 
-    const ALL: [ErrorCode; 28] = [
+    const ALL: [ErrorCode; 31] = [
         ErrorCode::NotFound,
         ErrorCode::Exists,
         ErrorCode::NotDir,
@@ -89,6 +92,9 @@ mod tests {
         ErrorCode::HomeDown,
         ErrorCode::TooManyLeases,
         ErrorCode::NoData,
+        ErrorCode::WouldBlock,
+        ErrorCode::Deadlock,
+        ErrorCode::Interrupted,
     ];
 
     #[test]
@@ -122,6 +128,9 @@ mod tests {
             libc::EIO,
             libc::ENOLCK,
             libc::ENODATA,
+            libc::EAGAIN,
+            libc::EDEADLK,
+            libc::EINTR,
         ];
         for (code, want) in ALL.iter().zip(expected) {
             assert_eq!(errno(*code).code(), want, "{code:?}");

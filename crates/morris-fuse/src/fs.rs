@@ -22,11 +22,11 @@ use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, Filesystem, FopenFlags,
     Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags,
     RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
-    ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
-    WriteFlags,
+    ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
 };
 use morris_client::{Caller, Client, Error, ErrorCode, FileId, FileKind, Inode, Timestamp};
-use morris_proto::{XattrHow, MAX_NAME_LEN};
+use morris_proto::{LockKind, XattrHow, MAX_NAME_LEN};
 use tokio::runtime::Handle;
 
 use crate::attr::{file_attr, is_empty, mknod_kind, set_attr};
@@ -59,6 +59,9 @@ fn wanted_capabilities() -> InitFlags {
         // `security.capability` before every write of a file it has
         // checked once (`SB_NOSEC`).
         | InitFlags::FUSE_HANDLE_KILLPRIV_V2
+        // Locks are the volume's, not this kernel's: every mount sees them.
+        | InitFlags::FUSE_POSIX_LOCKS
+        | InitFlags::FUSE_FLOCK_LOCKS
 }
 
 /// State shared by the handlers and their tasks.
@@ -177,6 +180,41 @@ fn caller(req: &Request) -> Caller {
         groups: vec![],
         check: false,
     }
+}
+
+/// The kernel's "to the end of the file" (`OFFSET_MAX`).
+const OFFSET_MAX: u64 = i64::MAX as u64;
+
+/// A lock's last byte as the volume keeps it (`u64::MAX`: to the end).
+fn lock_end(end: u64) -> u64 {
+    if end >= OFFSET_MAX {
+        u64::MAX
+    } else {
+        end
+    }
+}
+
+/// A lock's last byte as the kernel takes it (at most `OFFSET_MAX`).
+fn kernel_end(end: u64) -> u64 {
+    end.min(OFFSET_MAX)
+}
+
+/// Whether thread `tid` has a signal pending that it does not block: a
+/// lock it waits for is then given up (`EINTR`), as the kernel would for a
+/// local lock. fuser does not pass `FUSE_INTERRUPT` on, so the mount looks.
+fn signal_pending(tid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{tid}/status")) else {
+        // Gone: nobody waits any more.
+        return true;
+    };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0)
+    };
+    (field("SigPnd:") | field("ShdPnd:")) & !field("SigBlk:") != 0
 }
 
 /// Answers a `getxattr`/`listxattr`: the size alone when asked with no
@@ -582,13 +620,78 @@ impl Filesystem for MorrisFs {
         _req: &Request,
         ino: INodeNo,
         fh: FileHandle,
-        _lock_owner: LockOwner,
+        lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
         self.spawn(move |s| async move {
-            match s.client.flush(fh.0).await {
+            // A close: the closing process's POSIX locks on the file go.
+            let unlocked = s.client.flush_locks(fh.0, lock_owner.0).await;
+            match s.client.flush(fh.0).await.and(unlocked) {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(fail("flush", ino.0, &e)),
+            }
+        });
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        _pid: u32,
+        reply: ReplyLock,
+    ) {
+        let write = typ == libc::F_WRLCK;
+        let range = (start, lock_end(end));
+        self.spawn(move |s| async move {
+            match s.client.test_lock(fh.0, lock_owner.0, range, write).await {
+                Ok(Some(l)) => {
+                    let typ = if l.write {
+                        libc::F_WRLCK
+                    } else {
+                        libc::F_RDLCK
+                    };
+                    reply.locked(l.start, kernel_end(l.end), typ, l.pid)
+                }
+                Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
+                Err(e) => reply.error(fail("getlk", ino.0, &e)),
+            }
+        });
+    }
+
+    fn setlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let kind = match typ {
+            libc::F_RDLCK => LockKind::Read,
+            libc::F_WRLCK => LockKind::Write,
+            libc::F_UNLCK => LockKind::Unlock,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let (range, caller) = ((start, lock_end(end)), req.pid());
+        self.spawn(move |s| async move {
+            let interrupted = || signal_pending(caller);
+            match s
+                .client
+                .lock(fh.0, lock_owner.0, pid, range, kind, sleep, interrupted)
+                .await
+            {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(fail("setlk", ino.0, &e)),
             }
         });
     }

@@ -30,6 +30,10 @@ pub fn nfsstat(code: ErrorCode) -> nfsstat3 {
         ErrorCode::CrossDevice => nfsstat3::NFS3ERR_XDEV,
         // NFSv3 has no extended attributes; the gateway never asks.
         ErrorCode::NoData => nfsstat3::NFS3ERR_NOTSUPP,
+        // Locks are NLM's, which the gateway does not serve.
+        ErrorCode::WouldBlock | ErrorCode::Deadlock | ErrorCode::Interrupted => {
+            nfsstat3::NFS3ERR_IO
+        }
         ErrorCode::Grace | ErrorCode::NotOwner | ErrorCode::HomeDown => nfsstat3::NFS3ERR_JUKEBOX,
         ErrorCode::Unavailable
         | ErrorCode::Io

@@ -74,6 +74,13 @@ pub enum ErrorCode {
     TooManyLeases,
     /// The object has no extended attribute of that name.
     NoData,
+    /// Another owner holds a conflicting lock.
+    WouldBlock,
+    /// Waiting for that lock would close a cycle of owners waiting for
+    /// each other.
+    Deadlock,
+    /// The caller was interrupted (a signal) while it waited.
+    Interrupted,
 }
 
 impl ErrorCode {
@@ -100,6 +107,9 @@ impl ErrorCode {
                 | ErrorCode::ReadOnly
                 | ErrorCode::CrossDevice
                 | ErrorCode::NoData
+                | ErrorCode::WouldBlock
+                | ErrorCode::Deadlock
+                | ErrorCode::Interrupted
         )
     }
 
@@ -136,6 +146,9 @@ impl ErrorCode {
             ErrorCode::Corrupt => "data failed its checksum",
             ErrorCode::TooManyLeases => "too many leases held",
             ErrorCode::NoData => "no such extended attribute",
+            ErrorCode::WouldBlock => "a conflicting lock is held",
+            ErrorCode::Deadlock => "waiting would deadlock",
+            ErrorCode::Interrupted => "interrupted",
         }
     }
 }

@@ -56,8 +56,8 @@ use uuid::Uuid;
 
 use crate::home::{Binding, HomeRef, HomeStamp};
 use crate::types::{
-    Attr, DirEntry, FileId, FileKind, Handle, Inode, ServerStats, SetAttr, StaleCopy,
-    VolumeDescriptor, Xattr, XattrHow,
+    Attr, DirEntry, FileId, FileKind, Handle, Inode, LockInfo, LockKind, ServerStats, SetAttr,
+    StaleCopy, VolumeDescriptor, Xattr, XattrHow,
 };
 
 /// The kind of lease a recall wants to make room for.
@@ -792,6 +792,44 @@ pub enum Request {
         /// Operation id (0: none).
         op: u64,
     },
+    /// Locks (read or write) or unlocks bytes `start..=end` of a file for
+    /// lock owner `owner` of this client (the kernel's: a process's file
+    /// table, or an open file description), replacing what that owner held
+    /// there. A conflicting lock of another owner answers `WouldBlock`, or
+    /// with `wait`, the request waits for it (a few seconds at most, then
+    /// [`Reply::LockPending`]: ask again) unless waiting would deadlock
+    /// (`Deadlock`). Kept by the file's owner until unlocked, or until the
+    /// client has not been heard from for a lease time. [`Reply::Ok`].
+    Lock {
+        /// The file.
+        ino: Handle,
+        /// The lock owner, as this client numbers them.
+        owner: u64,
+        /// The process asking (reported by `TestLock`).
+        pid: u32,
+        /// First byte.
+        start: u64,
+        /// Last byte, inclusive (`u64::MAX`: to the end of the file).
+        end: u64,
+        /// Read, write or unlock.
+        kind: LockKind,
+        /// Wait for a conflicting lock to go.
+        wait: bool,
+    },
+    /// The first lock of another owner that would conflict with a `write`
+    /// (or read) lock of `owner` on `start..=end`. [`Reply::LockTest`].
+    TestLock {
+        /// The file.
+        ino: Handle,
+        /// The lock owner asking.
+        owner: u64,
+        /// First byte.
+        start: u64,
+        /// Last byte, inclusive.
+        end: u64,
+        /// A write lock would be asked for; else a read lock.
+        write: bool,
+    },
 }
 
 /// A change to one object not yet pushed home (cache mode II), kept by the
@@ -962,6 +1000,8 @@ impl Request {
             Request::RaiseFence { .. } => "RaiseFence",
             Request::GetXattrs { .. } => "GetXattrs",
             Request::SetXattr { .. } => "SetXattr",
+            Request::Lock { .. } => "Lock",
+            Request::TestLock { .. } => "TestLock",
         }
     }
 }
@@ -1102,6 +1142,10 @@ pub enum Reply {
     /// Answer to [`Request::GetXattrs`]: every extended attribute, in name
     /// order.
     Xattrs(Vec<Xattr>),
+    /// Answer to a waiting [`Request::Lock`] not granted yet: ask again.
+    LockPending,
+    /// Answer to [`Request::TestLock`]: the conflicting lock, if any.
+    LockTest(Option<LockInfo>),
 }
 
 /// One server's view of one binding (`morris cache status`).

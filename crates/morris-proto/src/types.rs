@@ -266,6 +266,30 @@ pub enum XattrHow {
     Replace,
 }
 
+/// What a [`crate::Request::Lock`] asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LockKind {
+    /// A read (shared) lock.
+    Read,
+    /// A write (exclusive) lock.
+    Write,
+    /// Give the range up.
+    Unlock,
+}
+
+/// A lock held by someone else, as [`crate::Request::TestLock`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockInfo {
+    /// First byte.
+    pub start: u64,
+    /// Last byte, inclusive (`u64::MAX`: to the end of the file).
+    pub end: u64,
+    /// A write lock; else a read lock.
+    pub write: bool,
+    /// The process that took it (on its own host).
+    pub pid: u32,
+}
+
 /// A directory entry as listed by `ReadDir`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DirEntry {

@@ -39,6 +39,7 @@ mod blocks;
 mod fences;
 mod leases;
 mod load;
+mod locks;
 mod ranges;
 mod scrub;
 mod service;

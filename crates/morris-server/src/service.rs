@@ -32,6 +32,7 @@ mod cache;
 mod cache_units;
 mod conflicts;
 mod fencing;
+mod locking;
 mod orphans;
 mod peer;
 mod peer_calls;
@@ -44,7 +45,7 @@ mod stats;
 const LIST_PAGE_WAIT: Duration = Duration::from_secs(2);
 
 /// Every request name, in a fixed order, for the per-request counters.
-const OPS: [&str; 51] = [
+const OPS: [&str; 53] = [
     "Hello",
     "Format",
     "Status",
@@ -96,6 +97,8 @@ const OPS: [&str; 51] = [
     "ForgetBinding",
     "GetXattrs",
     "SetXattr",
+    "Lock",
+    "TestLock",
 ];
 
 /// Who is on the other end of a connection, after its `Hello`.
@@ -189,6 +192,10 @@ pub(crate) struct Server {
     pub(crate) unrepairable: AtomicU64,
     /// The newest write grant seen per file (`fences.rs`).
     pub(crate) fences: crate::fences::Fences,
+    /// Byte-range locks of the files this server owns (`locks.rs`).
+    locks: Mutex<crate::locks::LockTable>,
+    /// Woken whenever a lock goes (`locking.rs`).
+    lock_changed: tokio::sync::Notify,
     /// Files whose copies may differ after a revoked writer (`fencing.rs`).
     diverged: Mutex<Vec<(FileId, u64, u64)>>,
     /// The wall clock, in microseconds, at `started`: write grants are
@@ -258,6 +265,8 @@ fn takes_lease(req: &Request) -> bool {
             | Request::SetAttr { .. }
             | Request::GetXattrs { .. }
             | Request::SetXattr { .. }
+            | Request::Lock { .. }
+            | Request::TestLock { .. }
             | Request::MarkStale { .. }
             | Request::DeleteInode { .. }
             | Request::Lookup { .. }
@@ -289,6 +298,8 @@ fn subject(req: &Request) -> Option<FileId> {
         | Request::SetAttr { ino, .. }
         | Request::GetXattrs { ino }
         | Request::SetXattr { ino, .. }
+        | Request::Lock { ino, .. }
+        | Request::TestLock { ino, .. }
         | Request::MarkStale { ino, .. }
         | Request::DeleteInode { ino, .. }
         | Request::DropLink { ino, .. }
@@ -393,6 +404,8 @@ impl Server {
             scrubber,
             repairs: AtomicU64::new(0),
             unrepairable: AtomicU64::new(0),
+            locks: Mutex::new(crate::locks::LockTable::default()),
+            lock_changed: tokio::sync::Notify::new(),
             fences: Default::default(),
             diverged: Mutex::new(Vec::new()),
             fence_base,
@@ -693,6 +706,7 @@ impl Server {
     /// Expires silent clients and overdue recalls; run periodically.
     pub(crate) fn tick(&self) {
         self.check_ownership();
+        self.expire_locks();
         let recalls = {
             let mut st = self.leases.lock();
             let mut fx = Effects::default();
@@ -1166,6 +1180,8 @@ impl Server {
             | Request::SetAttr { .. }
             | Request::GetXattrs { .. }
             | Request::SetXattr { .. }
+            | Request::Lock { .. }
+            | Request::TestLock { .. }
             | Request::MarkStale { .. }
             | Request::NoteLeftover { .. }
             | Request::ResyncAdvance { .. }
@@ -1376,6 +1392,29 @@ impl Server {
                 })
                 .await
                 .map(Reply::Inode)
+            }
+            Request::Lock {
+                ino,
+                owner,
+                pid,
+                start,
+                end,
+                kind,
+                wait,
+            } => {
+                Self::check_owner(vol, ino.id)?;
+                self.lock(&store, client, ino, (owner, pid), (start, end), kind, wait)
+                    .await
+            }
+            Request::TestLock {
+                ino,
+                owner,
+                start,
+                end,
+                write,
+            } => {
+                Self::check_owner(vol, ino.id)?;
+                self.test_lock(&store, client, ino, owner, (start, end), write)
             }
             Request::GetXattrs { ino } => {
                 Self::check_owner(vol, ino.id)?;

@@ -1,0 +1,180 @@
+//! Byte-range locks (`fcntl`, OFD and `flock` locks, one domain, as Linux
+//! NFS clients have them), kept by each file's owner server
+//! (`morris-server/src/locks.rs`). A lock owner is the kernel's (a process's
+//! file table, or an open file description); the server keys it with this
+//! client's id. A waiting lock asks again each time the owner answers
+//! `LockPending`. Locks go when their owner's file is closed: POSIX locks
+//! at every close (`flush_locks`), OFD and flock locks at the last close of
+//! the open file (`Client::do_release`); and all of a client's locks when
+//! its servers stop hearing from it for a lease time.
+
+use std::collections::HashMap;
+
+use morris_proto::{ErrorCode, LockInfo, LockKind, Reply, Request};
+
+use crate::io::OpenFile;
+use crate::pool::unexpected;
+use crate::{Client, Error, Result};
+
+/// The lock owners that used one open file: owner → (it may hold locks
+/// through it, how many times its locks were given up at a close).
+#[derive(Debug, Default)]
+pub(crate) struct Lockers(HashMap<u64, (bool, u64)>);
+
+impl Client {
+    /// Locks (`Read`, `Write`) or unlocks bytes `start..=end` (`u64::MAX`:
+    /// to the end of the file) of open file `fh` for lock owner `owner`.
+    /// A conflicting lock of another owner, on any mount, is `WouldBlock`,
+    /// or with `wait`, waited for (`Deadlock` if the wait would close a
+    /// cycle the owner can see). A wait ends with `WouldBlock` if the
+    /// owner's locks are given up meanwhile (its file was closed), and
+    /// with `Interrupted` if `interrupted()` says so between two asks (at
+    /// most a second apart), the owner's locks then as they were.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn lock(
+        &self,
+        fh: u64,
+        owner: u64,
+        pid: u32,
+        (start, end): (u64, u64),
+        kind: LockKind,
+        wait: bool,
+        interrupted: impl Fn() -> bool,
+    ) -> Result<()> {
+        let f = self.open_file(fh)?;
+        let closes = {
+            let mut l = f.lockers.lock();
+            let e = l.0.entry(owner).or_insert((false, 0));
+            if kind != LockKind::Unlock {
+                e.0 = true;
+            }
+            e.1
+        };
+        let req = Request::Lock {
+            ino: f.h,
+            owner,
+            pid,
+            start,
+            end,
+            kind,
+            wait,
+        };
+        loop {
+            let reply = self.call_owner(f.id, req.clone()).await?;
+            let closed = f.lockers.lock().0.get(&owner).map(|e| e.1) != Some(closes);
+            match reply {
+                Reply::Ok if closed && kind != LockKind::Unlock => {
+                    // Granted after the owner's file was closed: nobody
+                    // will ever unlock it; give it back now.
+                    self.send_unlock(&f, owner).await?;
+                    return Err(Error::new(
+                        ErrorCode::WouldBlock,
+                        "the file was closed while the lock was waited for",
+                    ));
+                }
+                Reply::Ok => return Ok(()),
+                Reply::LockPending if closed => {
+                    return Err(Error::new(
+                        ErrorCode::WouldBlock,
+                        "the file was closed while the lock was waited for",
+                    ))
+                }
+                Reply::LockPending if interrupted() => {
+                    return Err(Error::new(
+                        ErrorCode::Interrupted,
+                        "interrupted while waiting for a lock",
+                    ))
+                }
+                Reply::LockPending => continue,
+                other => return Err(unexpected(&other)),
+            }
+        }
+    }
+
+    /// The first lock of another owner that a `write` (or read) lock of
+    /// `owner` on `start..=end` of open file `fh` would conflict with.
+    pub async fn test_lock(
+        &self,
+        fh: u64,
+        owner: u64,
+        (start, end): (u64, u64),
+        write: bool,
+    ) -> Result<Option<LockInfo>> {
+        let f = self.open_file(fh)?;
+        let req = Request::TestLock {
+            ino: f.h,
+            owner,
+            start,
+            end,
+            write,
+        };
+        match self.call_owner(f.id, req).await? {
+            Reply::LockTest(found) => Ok(found),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// A descriptor of open file `fh` was closed by lock owner `owner` (a
+    /// process): its POSIX locks on the file go. Nothing is sent unless it
+    /// locked through this open file.
+    pub async fn flush_locks(&self, fh: u64, owner: u64) -> Result<()> {
+        let Ok(f) = self.open_file(fh) else {
+            return Ok(());
+        };
+        self.unlock_owner(&f, owner).await
+    }
+
+    /// Every lock taken through open file `f` goes (its last close).
+    pub(crate) async fn unlock_all_through(&self, f: &OpenFile) -> Result<()> {
+        let owners: Vec<u64> = f
+            .lockers
+            .lock()
+            .0
+            .iter()
+            .filter(|(_, e)| e.0)
+            .map(|(o, _)| *o)
+            .collect();
+        let mut out = Ok(());
+        for owner in owners {
+            if let Err(e) = self.unlock_owner(f, owner).await {
+                out = Err(e);
+            }
+        }
+        out
+    }
+
+    /// Gives up `owner`'s locks of `f`'s file, if it may hold any, and
+    /// ends its waits there.
+    async fn unlock_owner(&self, f: &OpenFile, owner: u64) -> Result<()> {
+        {
+            let mut l = f.lockers.lock();
+            match l.0.get_mut(&owner) {
+                Some(e) => {
+                    e.1 += 1;
+                    if !std::mem::replace(&mut e.0, false) {
+                        return Ok(());
+                    }
+                }
+                None => return Ok(()),
+            }
+        }
+        self.send_unlock(f, owner).await
+    }
+
+    /// Unlocks the whole of `f`'s file for `owner`.
+    async fn send_unlock(&self, f: &OpenFile, owner: u64) -> Result<()> {
+        let req = Request::Lock {
+            ino: f.h,
+            owner,
+            pid: 0,
+            start: 0,
+            end: u64::MAX,
+            kind: LockKind::Unlock,
+            wait: false,
+        };
+        match self.call_owner(f.id, req).await? {
+            Reply::Ok => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
