@@ -326,3 +326,64 @@ fn two_mounts_waiting_for_each_other_get_edeadlk() {
     let (r, _fa) = waiter.join().unwrap();
     r.expect("A's wait");
 }
+
+#[test]
+fn a_lock_outlives_a_restart_of_its_files_owner() {
+    use std::os::unix::fs::MetadataExt;
+    let mut c = Cluster::start(3, ClusterOpts::default());
+    let a = c.mount();
+    let b = c.mount();
+    let p = a.path.join("f");
+    fs::write(&p, b"x").unwrap();
+    let owner = (fs::metadata(&p).unwrap().ino() % 3) as usize;
+    let fa = open_rw(&p);
+    setlk(&fa, libc::F_WRLCK, 0, 0, false).unwrap();
+    let fb = open_rw(&b.path.join("f"));
+    would_block(setlk(&fb, libc::F_WRLCK, 0, 0, false), "before the restart");
+    // The server keeping the lock restarts and forgets it; mount A asks
+    // for it again during the grace period, before B may have it.
+    c.kill9(owner);
+    c.restart(owner);
+    let t = Instant::now();
+    would_block(setlk(&fb, libc::F_WRLCK, 0, 0, false), "after the restart");
+    eprintln!("B refused {:?} after the restart", t.elapsed());
+    // A still holds it, and can give it up.
+    setlk(&fa, libc::F_UNLCK, 0, 0, false).unwrap();
+    setlk(&fb, libc::F_WRLCK, 0, 0, false).unwrap();
+}
+
+#[test]
+fn a_lock_outlives_the_takeover_of_its_files_range_on_a_mirrored_volume() {
+    use std::os::unix::fs::MetadataExt;
+    let mut c = Cluster::start_mirrored(3);
+    let a = c.mount();
+    let b = c.mount();
+    let p = a.path.join("f");
+    fs::write(&p, b"x").unwrap();
+    let owner = (fs::metadata(&p).unwrap().ino() % 3) as usize;
+    let fa = open_rw(&p);
+    setlk(&fa, libc::F_WRLCK, 0, 0, false).unwrap();
+    let fb = open_rw(&b.path.join("f"));
+    would_block(
+        setlk(&fb, libc::F_WRLCK, 0, 0, false),
+        "before the owner died",
+    );
+    // The owner dies for good; its copy takes the range over and A asks
+    // it for the lock during its grace period.
+    c.kill9(owner);
+    let t = Instant::now();
+    // B's attempts fail while the range is unserved (EIO after the
+    // client's retries) or the lock is held (EAGAIN); never granted.
+    let refused = wait_for(
+        Duration::from_secs(60),
+        "the range to be served again",
+        || match setlk(&fb, libc::F_WRLCK, 0, 0, false) {
+            Ok(()) => Ok(Err("B was granted a lock A holds".to_string())),
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(Ok(())),
+            Err(e) => Err(e.to_string()),
+        },
+    );
+    refused.unwrap_or_else(|e| panic!("{e} ({:?} after the kill)", t.elapsed()));
+    setlk(&fa, libc::F_UNLCK, 0, 0, false).unwrap();
+    setlk(&fb, libc::F_WRLCK, 0, 0, false).unwrap();
+}

@@ -242,6 +242,9 @@ pub struct Client {
     pub(crate) next_server: AtomicU32,
     /// Per-server data load seen by this client (choice among copies).
     pub(crate) loads: Arc<replicas::Loads>,
+    /// The locks this client holds, as granted (`locks.rs`): asked for
+    /// again when their server loses its lease table.
+    pub(crate) held_locks: Mutex<morris_proto::locks::LockTable>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
@@ -272,10 +275,12 @@ impl Client {
             config.max_cached_leases,
         );
         let weak = Arc::downgrade(&leases);
+        let (lost_tx, mut lost_rx) = mpsc::unbounded_channel::<u32>();
         pool.set_epoch_hook(Box::new(move |i| {
             if let Some(l) = weak.upgrade() {
                 l.drop_server(i);
             }
+            let _ = lost_tx.send(i);
         }));
         let client = Arc::new(Client {
             pool: pool.clone(),
@@ -296,6 +301,11 @@ impl Client {
             appending: (0..64).map(|_| tokio::sync::Mutex::new(())).collect(),
             next_server: AtomicU32::new(rand::random::<u32>()),
             loads: Arc::new(replicas::Loads::new(layout.servers)),
+            held_locks: Mutex::new(morris_proto::locks::LockTable::with_caps(
+                usize::MAX,
+                usize::MAX,
+                usize::MAX,
+            )),
             tasks: Mutex::new(Vec::new()),
         });
         let _ = client.me.set(Arc::downgrade(&client));
@@ -321,7 +331,17 @@ impl Client {
                 }
             }
         });
-        client.tasks.lock().extend([pushes, renew]);
+        // A server that lost its lease table lost its locks too: ask again.
+        let weak_client = Arc::downgrade(&client);
+        let reclaims = tokio::spawn(async move {
+            while let Some(i) = lost_rx.recv().await {
+                let Some(c) = weak_client.upgrade() else {
+                    break;
+                };
+                tokio::spawn(async move { c.reclaim_locks(i).await });
+            }
+        });
+        client.tasks.lock().extend([pushes, renew, reclaims]);
         pool.warm_up();
         // The root's generation, so that every later call can name it.
         let root = client

@@ -10,7 +10,8 @@
 
 use std::collections::HashMap;
 
-use morris_proto::{ErrorCode, LockInfo, LockKind, Reply, Request};
+use morris_proto::{ErrorCode, FileId, LockInfo, LockKind, Reply, Request};
+use tracing::{info, warn};
 
 use crate::io::OpenFile;
 use crate::pool::unexpected;
@@ -58,6 +59,7 @@ impl Client {
             end,
             kind,
             wait,
+            reclaim: false,
         };
         loop {
             let reply = self.call_owner(f.id, req.clone()).await?;
@@ -72,7 +74,10 @@ impl Client {
                         "the file was closed while the lock was waited for",
                     ));
                 }
-                Reply::Ok => return Ok(()),
+                Reply::Ok => {
+                    self.note_lock(f.id, owner, pid, (start, end), kind);
+                    return Ok(());
+                }
                 Reply::LockPending if closed => {
                     return Err(Error::new(
                         ErrorCode::WouldBlock,
@@ -171,10 +176,86 @@ impl Client {
             end: u64::MAX,
             kind: LockKind::Unlock,
             wait: false,
+            reclaim: false,
         };
         match self.call_owner(f.id, req).await? {
-            Reply::Ok => Ok(()),
+            Reply::Ok => {
+                self.note_lock(f.id, owner, 0, (0, u64::MAX), LockKind::Unlock);
+                Ok(())
+            }
             other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Keeps this client's copy of the locks it holds (what it asks for
+    /// again after a restart) in step with a granted change.
+    fn note_lock(&self, id: FileId, owner: u64, pid: u32, range: (u64, u64), kind: LockKind) {
+        let mut held = self.held_locks.lock();
+        match kind {
+            LockKind::Unlock => {
+                held.unlock(id, (0, owner), range);
+            }
+            LockKind::Read | LockKind::Write => {
+                // Granted by the owner, so no conflict here; a full table
+                // only means a later reclaim may miss this lock.
+                let _ = held.lock(id, (0, owner), pid, range, kind == LockKind::Write);
+            }
+        }
+    }
+
+    /// Server `server` lost its lease table (it restarted, or did not
+    /// answer for a lease time and may have been replaced by its copy):
+    /// asks again, as reclaims, for every lock this client holds on files
+    /// whose metadata range it serves or may have served. A lock someone
+    /// else took meanwhile is lost, and logged.
+    pub(crate) async fn reclaim_locks(&self, server: u32) {
+        let k = self.layout.servers;
+        let copies = self.layout.meta_copies();
+        let mine: Vec<_> = self
+            .held_locks
+            .lock()
+            .all()
+            .into_iter()
+            .filter(|(id, _)| {
+                let range = self.layout.inode_server(*id);
+                (server + k - range) % k < copies
+            })
+            .collect();
+        if mine.is_empty() {
+            return;
+        }
+        info!(
+            server,
+            locks = mine.len(),
+            "asking again for the locks held on files it serves"
+        );
+        for (id, h) in mine {
+            let Ok(ino) = self.leases.handle(id) else {
+                continue;
+            };
+            let req = Request::Lock {
+                ino,
+                owner: h.owner.1,
+                pid: h.pid,
+                start: h.start,
+                end: h.end,
+                kind: if h.write {
+                    LockKind::Write
+                } else {
+                    LockKind::Read
+                },
+                wait: false,
+                reclaim: true,
+            };
+            match self.call_owner(id, req).await {
+                Ok(Reply::Ok) => {}
+                Ok(other) => warn!(id, reply = ?other, "unexpected answer to a reclaimed lock"),
+                Err(e) => {
+                    warn!(id, owner = h.owner.1, start = h.start, end = h.end, error = %e,
+                        "a lock held here was lost (taken by another owner, or its server refused it)");
+                    self.held_locks.lock().unlock(id, h.owner, (h.start, h.end));
+                }
+            }
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod error;
 pub mod frame;
 pub mod home;
 pub mod layout;
+pub mod locks;
 pub mod messages;
 pub mod net;
 pub mod tls;

@@ -815,6 +815,10 @@ pub enum Request {
         kind: LockKind,
         /// Wait for a conflicting lock to go.
         wait: bool,
+        /// A lock this client held before the file's owner restarted or
+        /// its range moved (it asks for it again): allowed during the
+        /// grace period that follows, when other locks are not.
+        reclaim: bool,
     },
     /// The first lock of another owner that would conflict with a `write`
     /// (or read) lock of `owner` on `start..=end`. [`Reply::LockTest`].

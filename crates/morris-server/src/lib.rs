@@ -39,7 +39,6 @@ mod blocks;
 mod fences;
 mod leases;
 mod load;
-mod locks;
 mod ranges;
 mod scrub;
 mod service;

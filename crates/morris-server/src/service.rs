@@ -193,7 +193,7 @@ pub(crate) struct Server {
     /// The newest write grant seen per file (`fences.rs`).
     pub(crate) fences: crate::fences::Fences,
     /// Byte-range locks of the files this server owns (`locks.rs`).
-    locks: Mutex<crate::locks::LockTable>,
+    locks: Mutex<morris_proto::locks::LockTable>,
     /// Woken whenever a lock goes (`locking.rs`).
     lock_changed: tokio::sync::Notify,
     /// Files whose copies may differ after a revoked writer (`fencing.rs`).
@@ -404,7 +404,7 @@ impl Server {
             scrubber,
             repairs: AtomicU64::new(0),
             unrepairable: AtomicU64::new(0),
-            locks: Mutex::new(crate::locks::LockTable::default()),
+            locks: Mutex::new(morris_proto::locks::LockTable::default()),
             lock_changed: tokio::sync::Notify::new(),
             fences: Default::default(),
             diverged: Mutex::new(Vec::new()),
@@ -1248,7 +1248,10 @@ impl Server {
                 .metadata_inner(vol, self.store.clone(), client, conn_id, req, payload)
                 .await;
         };
-        if takes_lease(&req) {
+        // Locks held before a restart or takeover are asked for again
+        // during the grace period, before anyone else's.
+        let reclaim = matches!(req, Request::Lock { reclaim: true, .. });
+        if takes_lease(&req) && !reclaim {
             if let Some(left) = range.grace_left(now) {
                 return Err(err(
                     ErrorCode::Grace,
@@ -1401,8 +1404,11 @@ impl Server {
                 end,
                 kind,
                 wait,
+                reclaim,
             } => {
                 Self::check_owner(vol, ino.id)?;
+                // A reclaim does not wait: the lock is there to be had, or lost.
+                let wait = wait && !reclaim;
                 self.lock(&store, client, ino, (owner, pid), (start, end), kind, wait)
                     .await
             }

@@ -14,8 +14,8 @@ use tracing::debug;
 
 use super::{err, Server};
 use crate::leases::ClientId;
-use crate::locks::{Owner, Refused};
 use crate::store::Store;
+use morris_proto::locks::{Owner, Refused};
 
 /// Longest a waiting `Lock` is held before `LockPending` (the client
 /// checks between two asks whether its caller was interrupted).

@@ -1,17 +1,20 @@
-//! Byte-range locks, kept in memory by the inode's owner: POSIX (`fcntl`),
+//! Byte-range locks as a table (the server's, and each client's copy of
+//! what it holds, for reclaims), kept in memory: POSIX (`fcntl`),
 //! OFD and `flock` locks in one domain, as Linux NFS clients have them
 //! (`flock` is a write or read lock of the whole file owned by the open
 //! file description). An owner is a client plus the kernel's lock owner
 //! (a process's file table for POSIX locks, a file description for OFD and
 //! `flock` locks); its locks on one file never overlap each other (a new
 //! lock replaces what it covers, adjacent ones of the same kind merge).
-//! Pure state: the service answers, waits and wakes (`service/locking.rs`).
+//! Pure state: the server answers, waits and wakes
+//! (`morris-server/src/service/locking.rs`).
 
 use std::collections::HashMap;
 
-use morris_proto::FileId;
+use crate::FileId;
 
-use crate::leases::ClientId;
+/// A client, as the server numbers its sessions.
+pub type ClientId = u64;
 
 /// Who holds a lock: the client and the kernel's lock owner there.
 pub type Owner = (ClientId, u64);
@@ -172,6 +175,14 @@ impl LockTable {
         changed
     }
 
+    /// Every lock kept, by file.
+    pub fn all(&self) -> Vec<(FileId, Held)> {
+        self.files
+            .iter()
+            .flat_map(|(&id, l)| l.iter().map(move |h| (id, *h)))
+            .collect()
+    }
+
     /// The clients holding locks here.
     pub fn clients(&self) -> Vec<ClientId> {
         self.per_client.keys().copied().collect()
@@ -179,7 +190,7 @@ impl LockTable {
 
     /// How many locks are kept.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.total
     }
 
