@@ -61,6 +61,18 @@ pub struct MountTuning {
     /// Most leases (locks) kept cached before the least recently used are given back.
     #[arg(long, value_name = "N")]
     pub max_leases: Option<usize>,
+    /// Mount read-only: every change is refused (EROFS) by the kernel.
+    /// `mount -o remount,rw` (or `,ro`) changes it later.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Honour set-user-ID and set-group-ID bits of programs run from the
+    /// mount (default: ignored, `nosuid`). Only root may mount so.
+    #[arg(long)]
+    pub suid: bool,
+    /// Let device nodes on the mount be opened as devices (default: not,
+    /// `nodev`). Only root may mount so.
+    #[arg(long)]
+    pub dev: bool,
 }
 
 impl MountTuning {
@@ -94,13 +106,20 @@ impl MountTuning {
             o.attr_ttl = Some(Duration::from_millis(ms));
         }
         o.allow_other = !self.no_allow_other;
+        o.read_only = self.read_only;
+        o.suid = self.suid;
+        o.dev = self.dev;
         o
     }
 
     /// Fails early, with the fix, when `allow_other` cannot work for this user.
     pub fn check_permissions(&self) -> Result<()> {
         // SAFETY: geteuid has no preconditions and cannot fail.
-        if self.no_allow_other || unsafe { libc::geteuid() } == 0 {
+        let root = unsafe { libc::geteuid() } == 0;
+        if (self.suid || self.dev) && !root {
+            bail!("--suid and --dev need root (the fusermount3 helper always mounts nosuid,nodev)");
+        }
+        if self.no_allow_other || root {
             return Ok(());
         }
         let conf = std::fs::read_to_string("/etc/fuse.conf").unwrap_or_default();

@@ -843,3 +843,56 @@ fn up_with_tls_serves_its_mount_and_its_servers_refuse_plain_clients() {
     });
     assert!(status.success(), "{}", contents(&out));
 }
+
+#[test]
+fn read_only_dev_and_suid_mounts_do_what_they_say() {
+    let c = Cluster::start(2, ClusterOpts::default());
+    let rw = c.mount();
+    std::fs::write(rw.path.join("f"), b"data").unwrap();
+    // A device node (/dev/null's numbers) and a set-user-ID program.
+    let null = std::ffi::CString::new(rw.path.join("null").to_str().unwrap()).unwrap();
+    let dev = libc::makedev(1, 3);
+    assert_eq!(
+        unsafe { libc::mknod(null.as_ptr(), libc::S_IFCHR | 0o666, dev) },
+        0
+    );
+    // Without --dev, opening it is refused.
+    let e = std::fs::File::open(rw.path.join("null")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EACCES), "{e}");
+
+    let ro = Mount::start(c.addr(0), &["--read-only"]);
+    assert_eq!(std::fs::read(ro.path.join("f")).unwrap(), b"data");
+    for r in [
+        std::fs::write(ro.path.join("f"), b"x"),
+        std::fs::write(ro.path.join("new"), b"x"),
+        std::fs::create_dir(ro.path.join("d")),
+        std::fs::remove_file(ro.path.join("f")),
+    ] {
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EROFS));
+    }
+    // Remounted read-write, it writes.
+    let o = Command::new("mount")
+        .args(["-i", "-o", "remount,rw"])
+        .arg(&ro.path)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "remount,rw: {}", common::both(&o));
+    std::fs::write(ro.path.join("new"), b"x").unwrap();
+
+    let devs = Mount::start(c.addr(1), &["--dev", "--suid"]);
+    let mut buf = Vec::new();
+    std::fs::File::open(devs.path.join("null"))
+        .expect("a device node on a --dev mount opens")
+        .read_to_end(&mut buf)
+        .unwrap();
+    assert!(buf.is_empty());
+    let opts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = opts
+        .lines()
+        .find(|l| l.contains(devs.path.to_str().unwrap()))
+        .expect("the mount in mountinfo");
+    assert!(
+        !line.contains("nosuid") && !line.contains("nodev"),
+        "{line}"
+    );
+}

@@ -43,6 +43,12 @@ pub(crate) struct Request {
     pub(crate) fsname: String,
     /// `allow_other`: every user may use the mount.
     pub(crate) allow_other: bool,
+    /// `ro`.
+    pub(crate) read_only: bool,
+    /// Without `nosuid` (direct mounts only; the helper forces it).
+    pub(crate) suid: bool,
+    /// Without `nodev` (direct mounts only; the helper forces it).
+    pub(crate) dev: bool,
 }
 
 impl Request {
@@ -68,10 +74,26 @@ impl Request {
     /// The helper's `-o` argument.
     pub(crate) fn helper_options(&self) -> String {
         format!(
-            "fsname={},nosuid,nodev,{}",
+            "fsname={},{}nosuid,nodev,{}",
             self.fsname,
+            if self.read_only { "ro," } else { "" },
             self.common_options()
         )
+    }
+
+    /// The `mount(2)` flags.
+    pub(crate) fn flags(&self) -> libc::c_ulong {
+        let mut f = 0;
+        if self.read_only {
+            f |= libc::MS_RDONLY;
+        }
+        if !self.suid {
+            f |= libc::MS_NOSUID;
+        }
+        if !self.dev {
+            f |= libc::MS_NODEV;
+        }
+        f
     }
 }
 
@@ -117,7 +139,7 @@ fn mount_direct(mountpoint: &Path, req: &Request) -> Result<OwnedFd, MountError>
             source.as_ptr(),
             target.as_ptr(),
             fstype.as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV,
+            req.flags(),
             cdata.as_ptr().cast(),
         )
     };
@@ -388,7 +410,11 @@ mod tests {
         let r = Request {
             fsname: "morris@x".into(),
             allow_other: true,
+            read_only: false,
+            suid: false,
+            dev: false,
         };
+        assert_eq!(r.flags(), libc::MS_NOSUID | libc::MS_NODEV);
         let data = r.kernel_data(7, 0o40000);
         assert!(data.starts_with("fd=7,rootmode=40000,user_id="), "{data}");
         assert!(
@@ -402,8 +428,15 @@ mod tests {
         let owner = Request {
             fsname: "m".into(),
             allow_other: false,
+            read_only: true,
+            suid: true,
+            dev: true,
         };
         assert!(!owner.helper_options().contains("allow_other"));
+        assert!(owner
+            .helper_options()
+            .starts_with("fsname=m,ro,nosuid,nodev,"));
+        assert_eq!(owner.flags(), libc::MS_RDONLY);
     }
 
     #[test]

@@ -73,6 +73,13 @@ pub struct MountOptions {
     /// invalidations when leases are recalled, not from a short TTL. Names
     /// are never cached by the kernel (see `fs.rs` `reply_entry`).
     pub attr_ttl: Option<Duration>,
+    /// Mount read-only (`ro`; default `false`).
+    pub read_only: bool,
+    /// Honour set-ID bits (default `false`: `nosuid`). Direct mounts only.
+    pub suid: bool,
+    /// Let device nodes be opened (default `false`: `nodev`). Direct
+    /// mounts only.
+    pub dev: bool,
 }
 
 impl Default for MountOptions {
@@ -82,6 +89,9 @@ impl Default for MountOptions {
             threads: 4,
             fsname: "morris".into(),
             attr_ttl: None,
+            read_only: false,
+            suid: false,
+            dev: false,
         }
     }
 }
@@ -462,6 +472,9 @@ fn start<FS: Filesystem + Send + 'static>(
     let req = kernel::Request {
         fsname: opts.fsname.clone(),
         allow_other: opts.allow_other,
+        read_only: opts.read_only,
+        suid: opts.suid,
+        dev: opts.dev,
     };
     let fd = kernel::mount(&mountpoint, &req, method)?;
     // Ours is the mount on top of the mount point now (our connection is
