@@ -212,7 +212,14 @@ impl Client {
                 format!("server {server} did not answer recently"),
             ));
         }
-        let limit = self.pool.lease() / 2;
+        // A flush to disk may take long on a busy disk (every server's
+        // fsync waits for the same journal) without its server being gone:
+        // it gets two lease times before its copies count as missed.
+        let limit = if matches!(req, Request::Sync { .. }) {
+            self.pool.lease() * 2
+        } else {
+            self.pool.lease() / 2
+        };
         // Two more tries if the connection was closed under the request
         // while the server itself answers (a server that stops trusting its
         // leases closes every session: `lapse_all`); a dead server refuses

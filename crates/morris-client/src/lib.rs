@@ -28,10 +28,12 @@ mod reaper;
 mod replicas;
 mod resync;
 mod slow;
+mod space;
 mod xattrs;
 
 pub use copies::Repair;
 pub use reaper::ORPHAN_AGE;
+pub use space::Fallocate;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

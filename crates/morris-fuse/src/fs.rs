@@ -25,7 +25,9 @@ use fuser::{
     ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
     TimeOrNow, WriteFlags,
 };
-use morris_client::{Caller, Client, Error, ErrorCode, FileId, FileKind, Inode, Timestamp};
+use morris_client::{
+    Caller, Client, Error, ErrorCode, Fallocate, FileId, FileKind, Inode, Timestamp,
+};
 use morris_proto::{LockKind, XattrHow, MAX_NAME_LEN};
 use tokio::runtime::Handle;
 
@@ -965,16 +967,27 @@ impl Filesystem for MorrisFs {
     fn fallocate(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: u64,
-        _length: u64,
-        _mode: i32,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
         reply: ReplyEmpty,
     ) {
-        // The kernel then answers EOPNOTSUPP itself (posix_fallocate falls
-        // back to writing).
-        reply.error(Errno::ENOSYS);
+        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let what = match mode & !libc::FALLOC_FL_KEEP_SIZE {
+            0 => Fallocate::Allocate { keep_size },
+            libc::FALLOC_FL_PUNCH_HOLE if keep_size => Fallocate::PunchHole,
+            libc::FALLOC_FL_ZERO_RANGE => Fallocate::ZeroRange { keep_size },
+            // Collapse, insert, unshare: not with this layout.
+            _ => return reply.error(Errno::EOPNOTSUPP),
+        };
+        self.spawn(move |s| async move {
+            match s.client.fallocate(fh.0, offset, length, what).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(fail("fallocate", ino.0, &e)),
+            }
+        });
     }
 
     fn ioctl(

@@ -820,6 +820,25 @@ pub enum Request {
         /// grace period that follows, when other locks are not.
         reclaim: bool,
     },
+    /// Allocates (`punch: false`: space reserved, reading as zeros where
+    /// nothing was written) or frees (`punch: true`: reading as zeros
+    /// again) bytes `offset..offset + len` of file `id`, in the blocks this
+    /// server keeps (every copy of them here). The file's size is the
+    /// owner's business (`SetAttr`). Carries the write lease's fence
+    /// number, as [`Request::Write`]. `NoSpace` if the space is not there.
+    /// [`Reply::Ok`].
+    Fallocate {
+        /// The file.
+        id: FileId,
+        /// First byte.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+        /// Free them instead of reserving them.
+        punch: bool,
+        /// The write lease's fence number.
+        fence: u64,
+    },
     /// The first lock of another owner that would conflict with a `write`
     /// (or read) lock of `owner` on `start..=end`. [`Reply::LockTest`].
     TestLock {
@@ -1005,6 +1024,7 @@ impl Request {
             Request::GetXattrs { .. } => "GetXattrs",
             Request::SetXattr { .. } => "SetXattr",
             Request::Lock { .. } => "Lock",
+            Request::Fallocate { .. } => "Fallocate",
             Request::TestLock { .. } => "TestLock",
         }
     }

@@ -646,6 +646,46 @@ impl Blocks {
         })
     }
 
+    /// Reserves `len` bytes at `pos` of copy `replica` of `id` (created if
+    /// missing), without changing its length: later writes there cannot
+    /// fail for want of space. What was not written reads as zeros, as a
+    /// hole does, so the checksums stand.
+    pub fn allocate(
+        &self,
+        id: FileId,
+        replica: u8,
+        pos: u64,
+        len: u64,
+        store: &Store,
+    ) -> Result<(), WireError> {
+        let (Ok(off), Ok(n)) = (libc::off_t::try_from(pos), libc::off_t::try_from(len)) else {
+            return Err(WireError::new(
+                ErrorCode::Invalid,
+                "range past the largest offset",
+            ));
+        };
+        if len == 0 {
+            return Ok(());
+        }
+        let (f, _) = self.create(id, replica, store)?;
+        // SAFETY: `f.data` is an open descriptor for the duration of the call.
+        let r = unsafe {
+            libc::fallocate(
+                std::os::fd::AsRawFd::as_raw_fd(&f.data),
+                libc::FALLOC_FL_KEEP_SIZE,
+                off,
+                n,
+            )
+        };
+        if r != 0 {
+            return Err(io_err(
+                &format!("reserve space for file {id}"),
+                &io::Error::last_os_error(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Removes every extent file of `id` (the volume keeps `copies` copies).
     /// Its record goes later, once the removal is durable
     /// ([`Blocks::settle_deletes`]): a power loss in between leaves a

@@ -38,6 +38,7 @@ mod peer;
 mod peer_calls;
 mod push_names;
 mod pusher;
+mod space;
 mod stats;
 
 /// Longest a `ReadDir` waits for names of a directory being listed from
@@ -45,7 +46,7 @@ mod stats;
 const LIST_PAGE_WAIT: Duration = Duration::from_secs(2);
 
 /// Every request name, in a fixed order, for the per-request counters.
-const OPS: [&str; 53] = [
+const OPS: [&str; 54] = [
     "Hello",
     "Format",
     "Status",
@@ -99,6 +100,7 @@ const OPS: [&str; 53] = [
     "SetXattr",
     "Lock",
     "TestLock",
+    "Fallocate",
 ];
 
 /// Who is on the other end of a connection, after its `Hello`.
@@ -325,6 +327,7 @@ fn subject(req: &Request) -> Option<FileId> {
         | Request::Rename { dir, .. } => Some(dir.id),
         Request::Read { id, .. }
         | Request::Write { id, .. }
+        | Request::Fallocate { id, .. }
         | Request::Truncate { id, .. }
         | Request::DeleteData { id } => Some(*id),
         Request::Sync { id } => *id,
@@ -854,6 +857,22 @@ impl Server {
             Request::Truncate { id, size, fence } => {
                 Some((*id, *fence, (vol.layout.block_of(*size).0, u64::MAX)))
             }
+            Request::Fallocate {
+                id,
+                offset,
+                len,
+                fence,
+                ..
+            } => Some((
+                *id,
+                *fence,
+                (
+                    vol.layout.block_of(*offset).0,
+                    vol.layout
+                        .block_of(offset.saturating_add(len.saturating_sub(1)))
+                        .0,
+                ),
+            )),
             _ => None,
         };
         let _admitted = match touched {
@@ -1580,6 +1599,16 @@ impl Server {
                 let _busy = self.load.begin(IoKind::Write);
                 blocking(move || blocks.write(id, replica, pos, &payload, sync, &store)).await?;
                 Ok(Reply::Ok)
+            }
+            Request::Fallocate {
+                id,
+                offset,
+                len,
+                punch,
+                ..
+            } => {
+                self.fallocate_here(vol, &store, id, (offset, len), punch)
+                    .await
             }
             Request::Truncate { id, size, .. } => {
                 if size > MAX_FILE_SIZE {

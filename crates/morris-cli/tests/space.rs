@@ -1,0 +1,147 @@
+//! `fallocate` through a real mount: reserving space, punching holes and
+//! zeroing ranges across stripe units, on plain and mirrored volumes.
+
+mod common;
+
+use std::fs::{self, OpenOptions};
+use std::os::unix::io::AsRawFd;
+
+use common::{pattern, Cluster, ClusterOpts};
+
+const UNIT: u64 = 64 * 1024;
+
+fn fallocate(f: &fs::File, mode: i32, offset: u64, len: u64) -> std::io::Result<()> {
+    let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, offset as i64, len as i64) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn check(got: &[u8], want: &[u8], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(at) = got.iter().zip(want).position(|(a, b)| a != b) {
+        panic!(
+            "{what}: first difference at byte {at} (unit {}, +{})",
+            at as u64 / UNIT,
+            at as u64 % UNIT
+        );
+    }
+}
+
+fn punch_and_zero(c: &Cluster) {
+    let m = c.mount();
+    let p = m.path.join("f");
+    let mut want = pattern(3, 0, (10 * UNIT) as usize);
+    fs::write(&p, &want).unwrap();
+    let f = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    // A hole across three units, starting and ending inside units.
+    let (a, n) = (UNIT + 1000, 2 * UNIT + 5000);
+    fallocate(
+        &f,
+        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        a,
+        n,
+    )
+    .unwrap();
+    want[a as usize..(a + n) as usize].fill(0);
+    check(&fs::read(&p).unwrap(), &want, "after the punch");
+    // Zeroing a range that ends past the end grows the file.
+    let (z, zn) = (9 * UNIT + 7, 2 * UNIT);
+    fallocate(&f, libc::FALLOC_FL_ZERO_RANGE, z, zn).unwrap();
+    want.truncate(z as usize);
+    want.resize((z + zn) as usize, 0);
+    check(&fs::read(&p).unwrap(), &want, "after the zeroed range");
+    // ...unless told to keep the size.
+    fallocate(
+        &f,
+        libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+        0,
+        20 * UNIT,
+    )
+    .unwrap();
+    want.fill(0);
+    check(&fs::read(&p).unwrap(), &want, "after zeroing everything");
+    drop(f);
+}
+
+#[test]
+fn holes_and_zeroed_ranges_read_as_zeros_and_the_rest_is_kept() {
+    let c = Cluster::start(4, ClusterOpts::default());
+    punch_and_zero(&c);
+}
+
+#[test]
+fn allocation_grows_the_file_or_keeps_its_size_and_too_much_is_enospc() {
+    let c = Cluster::start(4, ClusterOpts::default());
+    let m = c.mount();
+    let p = m.path.join("big");
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&p)
+        .unwrap();
+    fallocate(&f, 0, 0, 5 * UNIT + 3).unwrap();
+    assert_eq!(fs::metadata(&p).unwrap().len(), 5 * UNIT + 3);
+    check(
+        &fs::read(&p).unwrap(),
+        &vec![0u8; (5 * UNIT + 3) as usize],
+        "allocated",
+    );
+    fallocate(&f, libc::FALLOC_FL_KEEP_SIZE, 0, 50 * UNIT).unwrap();
+    assert_eq!(fs::metadata(&p).unwrap().len(), 5 * UNIT + 3, "KEEP_SIZE");
+    // The servers reserved it: their data directories grew.
+    let used: u64 = (0..4)
+        .map(|i| {
+            let out = std::process::Command::new("du")
+                .args(["-s", "-B1"])
+                .arg(c.servers[i].data.join("blocks"))
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+        .sum();
+    assert!(
+        used >= 50 * UNIT,
+        "{used} bytes used on the servers after reserving {}",
+        50 * UNIT
+    );
+    // More than the disks hold: ENOSPC, and the size is unchanged.
+    let e = fallocate(&f, 0, 0, 10 << 40).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+    assert_eq!(fs::metadata(&p).unwrap().len(), 5 * UNIT + 3);
+    // Modes this layout cannot do are refused.
+    let e = fallocate(&f, libc::FALLOC_FL_COLLAPSE_RANGE, 0, UNIT).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EOPNOTSUPP), "{e}");
+    // Writes into the reserved range land as usual.
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(b"hello", 3 * UNIT - 2).unwrap();
+    let got = fs::read(&p).unwrap();
+    assert_eq!(
+        &got[(3 * UNIT - 2) as usize..(3 * UNIT + 3) as usize],
+        b"hello"
+    );
+}
+
+#[test]
+fn a_punched_hole_is_in_both_copies_of_a_mirrored_volume() {
+    let mut c = Cluster::start_mirrored(3);
+    punch_and_zero(&c);
+    // A server gone (one that does not serve the root's metadata, so a
+    // mount comes up at once): the other copies read zeros too.
+    for gone in [0, 2] {
+        c.kill9(gone);
+        let m = common::Mount::start(c.addr(1), &[]);
+        let got = fs::read(m.path.join("f")).unwrap();
+        assert!(got.iter().all(|b| *b == 0), "with server {gone} down");
+        drop(m);
+        c.restart(gone);
+    }
+}

@@ -1,0 +1,76 @@
+//! `Fallocate` at a data server: reserves or frees the bytes of a range
+//! that fall in the blocks this server keeps, every copy of them here.
+
+use std::sync::Arc;
+
+use morris_proto::{ErrorCode, FileId, Reply, WireError, MAX_FILE_SIZE};
+
+use super::{blocking, err, Server};
+use crate::store::{Formatted, Store};
+
+impl Server {
+    /// `Fallocate`: `punch` frees `offset..offset + len`, else reserves it.
+    pub(super) async fn fallocate_here(
+        &self,
+        vol: &Formatted,
+        store: &Arc<Store>,
+        id: FileId,
+        (offset, len): (u64, u64),
+        punch: bool,
+    ) -> Result<Reply, WireError> {
+        let end = offset.checked_add(len).filter(|&e| e <= MAX_FILE_SIZE);
+        let Some(end) = end else {
+            return Err(err(
+                ErrorCode::FileTooBig,
+                format!("range ends past the largest file size {MAX_FILE_SIZE}"),
+            ));
+        };
+        if len == 0 {
+            return Ok(Reply::Ok);
+        }
+        let l = vol.layout;
+        let unit = u64::from(l.unit);
+        let (first, _) = l.block_of(offset);
+        let (last, _) = l.block_of(end - 1);
+        // The part of the range in block `index`, as bytes of it.
+        let within = |index: u64| {
+            let start = l.block_start(index);
+            (offset.max(start) - start, end.min(start + unit) - start)
+        };
+        // For each copy kept here, the blocks of the range it holds lie one
+        // after the other in its extent file: one piece, from the first
+        // such block's part to the last one's.
+        let k = u64::from(l.servers);
+        let mut pieces = Vec::new();
+        for replica in 0..l.replicas {
+            let here = |index: &u64| l.replica_server(id, *index, replica) == vol.index;
+            let lo = (first..=last.min(first + k - 1)).find(here);
+            let hi = (last.saturating_sub(k - 1).max(first)..=last)
+                .rev()
+                .find(here);
+            if let (Some(lo), Some(hi)) = (lo, hi) {
+                let from = l.local_offset(lo) + within(lo).0;
+                let to = l.local_offset(hi) + within(hi).1;
+                pieces.push((replica as u8, from, to - from));
+            }
+        }
+        if !punch {
+            let wanted: u64 = pieces.iter().map(|p| p.2).sum();
+            self.check_reserve(wanted)?;
+        }
+        let blocks = self.blocks.clone();
+        let store = store.clone();
+        blocking(move || {
+            for (r, pos, n) in pieces {
+                if punch {
+                    blocks.punch(id, r, pos, n)?;
+                } else {
+                    blocks.allocate(id, r, pos, n, &store)?;
+                }
+            }
+            Ok(())
+        })
+        .await?;
+        Ok(Reply::Ok)
+    }
+}
