@@ -105,32 +105,39 @@ pub fn check_setattr(inode: &Inode, set: &SetAttr, c: &Caller) -> Result<SetAttr
     Ok(out)
 }
 
+/// An inode of `kind` with these mode bits and owners, for tests.
+#[cfg(test)]
+pub(crate) fn test_inode(kind: morris_proto::FileKind, mode: u32, uid: u32, gid: u32) -> Inode {
+    use morris_proto::{Attr, Timestamp};
+    Inode {
+        id: 9,
+        gen: 1,
+        parent: 0,
+        attr: Attr {
+            kind,
+            mode,
+            uid,
+            gid,
+            nlink: 1,
+            size: 0,
+            atime: Timestamp::default(),
+            mtime: Timestamp::default(),
+            ctime: Timestamp::default(),
+            rdev: 0,
+        },
+        target: None,
+        stale: Vec::new(),
+        home: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use morris_proto::{Attr, FileKind, Timestamp};
+    use morris_proto::FileKind;
 
     fn inode(mode: u32, uid: u32, gid: u32) -> Inode {
-        Inode {
-            id: 9,
-            gen: 1,
-            parent: 0,
-            attr: Attr {
-                kind: FileKind::File,
-                mode,
-                uid,
-                gid,
-                nlink: 1,
-                size: 0,
-                atime: Timestamp::default(),
-                mtime: Timestamp::default(),
-                ctime: Timestamp::default(),
-                rdev: 0,
-            },
-            target: None,
-            stale: Vec::new(),
-            home: None,
-        }
+        test_inode(FileKind::File, mode, uid, gid)
     }
 
     fn user(uid: u32, gid: u32) -> Caller {

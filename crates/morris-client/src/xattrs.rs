@@ -199,29 +199,9 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use morris_proto::{Attr, Timestamp};
 
     fn inode(kind: FileKind, mode: u32, uid: u32) -> Inode {
-        Inode {
-            id: 9,
-            gen: 1,
-            parent: 0,
-            attr: Attr {
-                kind,
-                mode,
-                uid,
-                gid: uid,
-                nlink: 1,
-                size: 0,
-                atime: Timestamp::default(),
-                mtime: Timestamp::default(),
-                ctime: Timestamp::default(),
-                rdev: 0,
-            },
-            target: None,
-            stale: Vec::new(),
-            home: None,
-        }
+        crate::perm::test_inode(kind, mode, uid, uid)
     }
 
     fn user(uid: u32) -> Caller {

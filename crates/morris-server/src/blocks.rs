@@ -592,12 +592,7 @@ impl Blocks {
         let Some(f) = self.existing(id, replica)? else {
             return Ok(());
         };
-        let (Ok(off), Ok(n)) = (libc::off_t::try_from(pos), libc::off_t::try_from(len)) else {
-            return Err(WireError::new(
-                ErrorCode::Invalid,
-                "range past the largest offset",
-            ));
-        };
+        let (off, n) = off_range(pos, len)?;
         if len == 0 {
             return Ok(());
         }
@@ -658,12 +653,7 @@ impl Blocks {
         len: u64,
         store: &Store,
     ) -> Result<(), WireError> {
-        let (Ok(off), Ok(n)) = (libc::off_t::try_from(pos), libc::off_t::try_from(len)) else {
-            return Err(WireError::new(
-                ErrorCode::Invalid,
-                "range past the largest offset",
-            ));
-        };
+        let (off, n) = off_range(pos, len)?;
         if len == 0 {
             return Ok(());
         }
@@ -985,6 +975,17 @@ fn read_upto(f: &File, pos: u64, len: usize) -> io::Result<Bytes> {
         unsafe { buf.set_len(n + r as usize) };
     }
     Ok(buf.freeze())
+}
+
+/// `pos` and `len` as `off_t`s for a system call.
+fn off_range(pos: u64, len: u64) -> Result<(libc::off_t, libc::off_t), WireError> {
+    match (libc::off_t::try_from(pos), libc::off_t::try_from(len)) {
+        (Ok(off), Ok(n)) => Ok((off, n)),
+        _ => Err(WireError::new(
+            ErrorCode::Invalid,
+            "range past the largest offset",
+        )),
+    }
 }
 
 #[cfg(test)]
