@@ -145,3 +145,54 @@ fn a_punched_hole_is_in_both_copies_of_a_mirrored_volume() {
         c.restart(gone);
     }
 }
+
+/// `statvfs` of `p`: (bytes in all, bytes free, bytes available).
+fn space_of(p: &std::path::Path) -> (u64, u64, u64) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+    let mut v = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), v.as_mut_ptr()) }, 0);
+    let v = unsafe { v.assume_init() };
+    (
+        v.f_blocks * v.f_frsize,
+        v.f_bfree * v.f_frsize,
+        v.f_bavail * v.f_frsize,
+    )
+}
+
+#[test]
+fn df_counts_a_shared_disk_once_and_divides_by_the_copies() {
+    for replicas in [1u8, 2] {
+        let c = Cluster::start(
+            4,
+            ClusterOpts {
+                replicas,
+                ..ClusterOpts::default()
+            },
+        );
+        let m = c.mount();
+        // Every server here keeps its data on the same disk.
+        let disk = space_of(&c.servers[0].data);
+        let vol = space_of(&m.path);
+        let r = u64::from(replicas);
+        let near = |a: u64, b: u64| a.abs_diff(b) <= b / 100 + 4 * UNIT;
+        assert!(
+            near(vol.0, disk.0 / r),
+            "size {} for a disk of {} and {r} copies",
+            vol.0,
+            disk.0
+        );
+        assert!(
+            near(vol.1, disk.1 / r),
+            "free {} for {} free and {r} copies",
+            vol.1,
+            disk.1
+        );
+        assert!(
+            near(vol.2, disk.2 / r),
+            "available {} for {} and {r} copies",
+            vol.2,
+            disk.2
+        );
+    }
+}

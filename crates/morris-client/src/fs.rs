@@ -1158,16 +1158,28 @@ impl Client {
         let mut st = FsStat {
             total: 0,
             free: 0,
+            avail: 0,
             files: 0,
             block_size: self.layout.unit,
         };
         let mut answered = 0;
         let mut last_err = None;
+        let mut disks = std::collections::HashSet::new();
         for r in futures::future::join_all(calls).await {
             match r {
-                Ok(Reply::Statfs { total, free, files }) => {
-                    st.total += total;
-                    st.free += free;
+                Ok(Reply::Statfs {
+                    total,
+                    free,
+                    avail,
+                    files,
+                    disk,
+                }) => {
+                    // Servers sharing a disk share its space.
+                    if disks.insert(disk) {
+                        st.total += total;
+                        st.free += free;
+                        st.avail += avail;
+                    }
                     st.files += files;
                     answered += 1;
                 }
@@ -1181,6 +1193,11 @@ impl Client {
         if let Some(e) = last_err {
             tracing::debug!(answered, error = %e, "statfs without every server");
         }
+        // Every byte is kept `replicas` times.
+        let copies = u64::from(self.layout.replicas.max(1));
+        st.total /= copies;
+        st.free /= copies;
+        st.avail /= copies;
         Ok(st)
     }
 }

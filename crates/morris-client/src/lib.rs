@@ -155,10 +155,14 @@ pub struct RenameFlags {
 /// Volume capacity for statfs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FsStat {
-    /// Bytes in all servers' file systems.
+    /// Bytes the volume can hold: its servers' disks, each counted once
+    /// however many servers share it, divided by the copies kept.
     pub total: u64,
-    /// Bytes free in all of them.
+    /// Of those, bytes free.
     pub free: u64,
+    /// Of those, bytes free to unprivileged users (the disks' root
+    /// reserve left out).
+    pub avail: u64,
     /// Inodes in use.
     pub files: u64,
     /// Stripe unit (preferred I/O size).

@@ -251,10 +251,11 @@ fn open_flags(flags: i32) -> FopenFlags {
     }
 }
 
-/// `statfs` numbers: `(blocks, free blocks, files, free files, block size)`.
-/// The volume has no inode table; new inodes are bounded only by free space,
-/// so one free inode per free block is reported.
-fn statfs_numbers(st: &morris_client::FsStat) -> (u64, u64, u64, u64, u32) {
+/// `statfs` numbers: `(blocks, free blocks, available blocks, files, free
+/// files, block size)`. The volume has no inode table; new inodes are
+/// bounded only by free space, so one free inode per available block is
+/// reported.
+fn statfs_numbers(st: &morris_client::FsStat) -> (u64, u64, u64, u64, u64, u32) {
     let bsize = if st.block_size == 0 {
         4096
     } else {
@@ -262,7 +263,15 @@ fn statfs_numbers(st: &morris_client::FsStat) -> (u64, u64, u64, u64, u32) {
     };
     let blocks = st.total / u64::from(bsize);
     let bfree = st.free / u64::from(bsize);
-    (blocks, bfree, st.files.saturating_add(bfree), bfree, bsize)
+    let bavail = st.avail / u64::from(bsize);
+    (
+        blocks,
+        bfree,
+        bavail,
+        st.files.saturating_add(bavail),
+        bavail,
+        bsize,
+    )
 }
 
 /// Negotiates the FUSE connection: capabilities, 1 MiB requests, and how
@@ -813,11 +822,11 @@ impl Filesystem for MorrisFs {
         self.spawn(move |s| async move {
             match s.client.statfs().await {
                 Ok(st) => {
-                    let (blocks, bfree, files, ffree, bsize) = statfs_numbers(&st);
+                    let (blocks, bfree, bavail, files, ffree, bsize) = statfs_numbers(&st);
                     reply.statfs(
                         blocks,
                         bfree,
-                        bfree,
+                        bavail,
                         files,
                         ffree,
                         bsize,
@@ -1083,19 +1092,28 @@ mod tests {
         let st = morris_client::FsStat {
             total: 10 << 30,
             free: (4 << 30) + 100,
+            avail: 3 << 30,
             files: 1234,
             block_size: 1 << 20,
         };
         assert_eq!(
             statfs_numbers(&st),
-            (10 << 10, 4 << 10, 1234 + (4 << 10), 4 << 10, 1 << 20)
+            (
+                10 << 10,
+                4 << 10,
+                3 << 10,
+                1234 + (3 << 10),
+                3 << 10,
+                1 << 20
+            )
         );
         let zero = morris_client::FsStat {
             total: 8192,
             free: 4096,
+            avail: 4096,
             files: 0,
             block_size: 0,
         };
-        assert_eq!(statfs_numbers(&zero), (2, 1, 1, 1, 4096));
+        assert_eq!(statfs_numbers(&zero), (2, 1, 1, 1, 1, 4096));
     }
 }

@@ -1054,8 +1054,15 @@ pub enum Reply {
         total: u64,
         /// Bytes free there.
         free: u64,
+        /// Of those, bytes an unprivileged user may use (not the root
+        /// reserve).
+        avail: u64,
         /// Inodes stored on this server.
         files: u64,
+        /// Names the file system the data directory is on (its `f_fsid`
+        /// and the host's machine id, hashed): servers sharing a disk
+        /// answer the same, and it is counted once.
+        disk: u64,
     },
     /// An inode.
     Inode(Inode),

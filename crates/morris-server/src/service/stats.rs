@@ -9,18 +9,30 @@ use tracing::warn;
 use super::{blocking, Server, OPS};
 
 impl Server {
+    /// Bytes in all and bytes available on the data directory's disk.
     pub(super) fn disk(&self) -> (u64, u64) {
+        let d = self.disk_space();
+        (d.total, d.avail)
+    }
+
+    fn disk_space(&self) -> DiskSpace {
         match statvfs(&self.data_dir) {
             Ok(v) => v,
             Err(e) => {
                 warn!(error = %e, dir = %self.data_dir.display(), "statvfs failed");
-                (0, 0)
+                DiskSpace::default()
             }
         }
     }
 
     pub(super) async fn statfs(&self) -> Result<Reply, WireError> {
-        let (total, free) = self.disk();
+        let DiskSpace {
+            total,
+            free,
+            avail,
+            fsid,
+        } = self.disk_space();
+        let disk = disk_id(fsid);
         let files = match self.ranges() {
             Ok(r) => r
                 .serving(self.now_ms())
@@ -29,7 +41,13 @@ impl Server {
                 .sum(),
             Err(_) => self.store.inode_count(),
         };
-        Ok(Reply::Statfs { total, free, files })
+        Ok(Reply::Statfs {
+            total,
+            free,
+            avail,
+            files,
+            disk,
+        })
     }
 
     pub(super) async fn status(&self) -> Result<ServerStats, WireError> {
@@ -117,7 +135,36 @@ impl Server {
 /// (total, free-for-unprivileged) bytes of the file system holding `path`.
 // The statvfs field types are u32 or u64 depending on the platform.
 #[allow(clippy::useless_conversion)]
-fn statvfs(path: &std::path::Path) -> std::io::Result<(u64, u64)> {
+/// What `statvfs` says of a disk.
+#[derive(Debug, Default, Clone, Copy)]
+struct DiskSpace {
+    total: u64,
+    free: u64,
+    avail: u64,
+    fsid: u64,
+}
+
+/// The disk `fsid` of this host, as one number: the same for every server
+/// of this host on that disk (the host's machine id, or its name, and the
+/// file system id, hashed).
+fn disk_id(fsid: u64) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let host = std::fs::read_to_string("/etc/machine-id")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_default();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (host, fsid).hash(&mut h);
+    h.finish()
+}
+
+fn statvfs(path: &std::path::Path) -> std::io::Result<DiskSpace> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
@@ -130,9 +177,12 @@ fn statvfs(path: &std::path::Path) -> std::io::Result<(u64, u64)> {
     }
     // SAFETY: statvfs returned 0, so the struct is initialized.
     let v = unsafe { v.assume_init() };
-    let frsize = u64::from(v.f_frsize);
-    Ok((
-        u64::from(v.f_blocks).saturating_mul(frsize),
-        u64::from(v.f_bavail).saturating_mul(frsize),
-    ))
+    // 64-bit Linux: every field is a u64 already.
+    let frsize = v.f_frsize;
+    Ok(DiskSpace {
+        total: v.f_blocks.saturating_mul(frsize),
+        free: v.f_bfree.saturating_mul(frsize),
+        avail: v.f_bavail.saturating_mul(frsize),
+        fsid: v.f_fsid,
+    })
 }
