@@ -122,6 +122,13 @@ fn fcntl_locks_of_one_mount_exclude_another_mounts() {
     drop(_held);
     drop(fb);
     setlk(&fa, libc::F_WRLCK, 0, 0, false).unwrap();
+    // ...any descriptor of the file, not only the one they were taken
+    // through (the classic POSIX rule).
+    let fa2 = open_rw(&a.path.join("f"));
+    let fb = open_rw(&b.path.join("f"));
+    would_block(setlk(&fb, libc::F_WRLCK, 0, 1, false), "while A holds it");
+    drop(fa2);
+    setlk(&fb, libc::F_WRLCK, 0, 1, false).expect("A's close of another descriptor freed it");
 }
 
 #[test]

@@ -251,6 +251,8 @@ pub struct Client {
     /// The locks this client holds, as granted (`locks.rs`): asked for
     /// again when their server loses its lease table.
     pub(crate) held_locks: Mutex<morris_proto::locks::LockTable>,
+    /// Which (file, lock owner) may hold locks here (`locks.rs`).
+    pub(crate) lock_users: locks::LockUsers,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
@@ -312,6 +314,7 @@ impl Client {
                 usize::MAX,
                 usize::MAX,
             )),
+            lock_users: locks::LockUsers::default(),
             tasks: Mutex::new(Vec::new()),
         });
         let _ = client.me.set(Arc::downgrade(&client));

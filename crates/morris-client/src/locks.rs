@@ -3,12 +3,14 @@
 //! (`morris-server/src/locks.rs`). A lock owner is the kernel's (a process's
 //! file table, or an open file description); the server keys it with this
 //! client's id. A waiting lock asks again each time the owner answers
-//! `LockPending`. Locks go when their owner's file is closed: POSIX locks
-//! at every close (`flush_locks`), OFD and flock locks at the last close of
-//! the open file (`Client::do_release`); and all of a client's locks when
-//! its servers stop hearing from it for a lease time.
+//! `LockPending`. Locks go when their owner's file is closed: a process's
+//! POSIX locks on a file at its close of any descriptor of that file
+//! (`flush_locks`), OFD and flock locks at the last close of their open
+//! file (`Client::do_release`); and all of a client's locks when its
+//! servers stop hearing from it for a lease time.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use morris_proto::{ErrorCode, FileId, LockInfo, LockKind, Reply, Request};
 use tracing::{info, warn};
@@ -17,10 +19,39 @@ use crate::io::OpenFile;
 use crate::pool::unexpected;
 use crate::{Client, Error, Result};
 
-/// The lock owners that used one open file: owner → (it may hold locks
-/// through it, how many times its locks were given up at a close).
+/// The lock owners that locked through one open file (given up at its
+/// last close).
+pub(crate) type Lockers = HashSet<u64>;
+
+/// Which (file, lock owner) may hold locks here, each with the number its
+/// entry was made with: a wait whose entry went (the owner's locks were
+/// given up at a close) or was made anew stops.
 #[derive(Debug, Default)]
-pub(crate) struct Lockers(HashMap<u64, (bool, u64)>);
+pub(crate) struct LockUsers {
+    users: parking_lot::Mutex<HashMap<(FileId, u64), u64>>,
+    next: AtomicU64,
+}
+
+impl LockUsers {
+    /// The entry of (`id`, `owner`), made if missing.
+    fn enter(&self, id: FileId, owner: u64) -> u64 {
+        *self
+            .users
+            .lock()
+            .entry((id, owner))
+            .or_insert_with(|| self.next.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Whether the entry is still the one numbered `n`.
+    fn still(&self, id: FileId, owner: u64, n: u64) -> bool {
+        self.users.lock().get(&(id, owner)) == Some(&n)
+    }
+
+    /// Removes the entry; true if there was one.
+    fn leave(&self, id: FileId, owner: u64) -> bool {
+        self.users.lock().remove(&(id, owner)).is_some()
+    }
+}
 
 impl Client {
     /// Locks (`Read`, `Write`) or unlocks bytes `start..=end` (`u64::MAX`:
@@ -43,14 +74,10 @@ impl Client {
         interrupted: impl Fn() -> bool,
     ) -> Result<()> {
         let f = self.open_file(fh)?;
-        let closes = {
-            let mut l = f.lockers.lock();
-            let e = l.0.entry(owner).or_insert((false, 0));
-            if kind != LockKind::Unlock {
-                e.0 = true;
-            }
-            e.1
-        };
+        if kind != LockKind::Unlock {
+            f.lockers.lock().insert(owner);
+        }
+        let entry = (kind != LockKind::Unlock).then(|| self.lock_users.enter(f.id, owner));
         let req = Request::Lock {
             ino: f.h,
             owner,
@@ -63,7 +90,7 @@ impl Client {
         };
         loop {
             let reply = self.call_owner(f.id, req.clone()).await?;
-            let closed = f.lockers.lock().0.get(&owner).map(|e| e.1) != Some(closes);
+            let closed = entry.is_some_and(|n| !self.lock_users.still(f.id, owner, n));
             match reply {
                 Reply::Ok if closed && kind != LockKind::Unlock => {
                     // Granted after the owner's file was closed: nobody
@@ -120,8 +147,8 @@ impl Client {
     }
 
     /// A descriptor of open file `fh` was closed by lock owner `owner` (a
-    /// process): its POSIX locks on the file go. Nothing is sent unless it
-    /// locked through this open file.
+    /// process): its POSIX locks on the file go, whichever descriptor they
+    /// were taken through. Nothing is sent unless it locked the file here.
     pub async fn flush_locks(&self, fh: u64, owner: u64) -> Result<()> {
         let Ok(f) = self.open_file(fh) else {
             return Ok(());
@@ -131,14 +158,7 @@ impl Client {
 
     /// Every lock taken through open file `f` goes (its last close).
     pub(crate) async fn unlock_all_through(&self, f: &OpenFile) -> Result<()> {
-        let owners: Vec<u64> = f
-            .lockers
-            .lock()
-            .0
-            .iter()
-            .filter(|(_, e)| e.0)
-            .map(|(o, _)| *o)
-            .collect();
+        let owners: Vec<u64> = f.lockers.lock().iter().copied().collect();
         let mut out = Ok(());
         for owner in owners {
             if let Err(e) = self.unlock_owner(f, owner).await {
@@ -151,17 +171,8 @@ impl Client {
     /// Gives up `owner`'s locks of `f`'s file, if it may hold any, and
     /// ends its waits there.
     async fn unlock_owner(&self, f: &OpenFile, owner: u64) -> Result<()> {
-        {
-            let mut l = f.lockers.lock();
-            match l.0.get_mut(&owner) {
-                Some(e) => {
-                    e.1 += 1;
-                    if !std::mem::replace(&mut e.0, false) {
-                        return Ok(());
-                    }
-                }
-                None => return Ok(()),
-            }
+        if !self.lock_users.leave(f.id, owner) {
+            return Ok(());
         }
         self.send_unlock(f, owner).await
     }
