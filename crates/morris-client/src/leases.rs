@@ -598,10 +598,14 @@ impl Leases {
         let epoch = self.pool.epoch(owner);
         let new_dir = inode.attr.kind == morris_proto::FileKind::Dir;
         let (e, _) = self.install(owner, epoch, mode, inode, fence, false);
+        let mut st = e.state.lock();
         if new_dir {
             // A directory we just created is empty and ours alone.
-            e.state.lock().complete = true;
+            st.complete = true;
         }
+        // A new object has no extended attributes: the kernel's question
+        // before its first write (`security.capability`) needs no request.
+        st.xattrs = Some(std::sync::Arc::new(Vec::new()));
     }
 
     fn install(
