@@ -225,6 +225,7 @@ fn retryable(req: &Request) -> bool {
                 | Request::GetXattrs { .. }
                 | Request::Lock { .. }
                 | Request::TestLock { .. }
+                | Request::Fallocate { .. }
         )
 }
 
