@@ -5,6 +5,7 @@ mod common;
 
 use std::fs::{self, OpenOptions};
 use std::os::unix::io::AsRawFd;
+use std::time::Duration;
 
 use common::{pattern, Cluster, ClusterOpts};
 
@@ -139,10 +140,16 @@ fn a_punched_hole_is_in_both_copies_of_a_mirrored_volume() {
     for gone in [0, 2] {
         c.kill9(gone);
         let m = common::Mount::start(c.addr(1), &[]);
-        let got = fs::read(m.path.join("f")).unwrap();
+        // The file's metadata may be taken over meanwhile: reads fail
+        // (EIO) until the copy serves it.
+        let got = common::wait_for(Duration::from_secs(60), "reading the file", || {
+            fs::read(m.path.join("f")).map_err(|e| e.to_string())
+        });
         assert!(got.iter().all(|b| *b == 0), "with server {gone} down");
         drop(m);
         c.restart(gone);
+        // Caught up (metadata and data) before the next one goes.
+        common::wait_healthy(&c);
     }
 }
 
