@@ -204,7 +204,10 @@ fn redundancy(servers: &mut [ServerReport], mirrored: bool) -> &'static str {
 }
 
 /// True if every metadata range is served by a primary and, on a mirrored
-/// volume, its other copy is current.
+/// volume, its other copies are current: the primary says so and so does
+/// every copy. (Both are asked: a copy that restarted is not current until
+/// its primary has spoken with it again, and a primary learns of the
+/// restart only when it next calls.)
 fn metadata_whole(servers: &[ServerReport], mirrored: bool) -> bool {
     let copies: Vec<&morris_proto::RangeStatus> = servers
         .iter()
@@ -215,6 +218,7 @@ fn metadata_whole(servers: &[ServerReport], mirrored: bool) -> bool {
         copies
             .iter()
             .any(|c| c.range == r && c.primary && c.ready && (!mirrored || c.peer_in_sync))
+            && (!mirrored || copies.iter().all(|c| c.range != r || c.primary || c.ready))
     })
 }
 
@@ -683,6 +687,17 @@ mod tests {
         });
         assert_eq!(redundancy(&mut r.servers, true), "healthy");
         assert_eq!(metadata_cell(&r.servers[0]), "0:primary 1:copy");
+        // Server 0 restarted and server 1 has not called it yet: server 1
+        // still counts the copy current, the copy knows it is not.
+        r.servers[0].stats.as_mut().unwrap().ranges = vec![
+            serving(0, true),
+            morris_proto::RangeStatus {
+                ready: false,
+                ..copy(1)
+            },
+        ];
+        assert_eq!(redundancy(&mut r.servers, true), "degraded");
+        r.servers[0].stats.as_mut().unwrap().ranges = vec![serving(0, true), copy(1)];
         // Server 1 took range 0 over (server 0 lost it): one copy only.
         r.servers[0].stats.as_mut().unwrap().ranges = vec![
             morris_proto::RangeStatus {

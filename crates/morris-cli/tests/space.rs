@@ -132,7 +132,6 @@ fn allocation_grows_the_file_or_keeps_its_size_and_too_much_is_enospc() {
 }
 
 #[test]
-#[ignore = "known bug: in CI runs (not here by hand) reading the file with one of the three servers killed fails with EIO for over a minute after the punch; not understood yet (see docs/architecture.md, Limits)"]
 fn a_punched_hole_is_in_both_copies_of_a_mirrored_volume() {
     let mut c = Cluster::start_mirrored(3);
     punch_and_zero(&c);
