@@ -78,6 +78,7 @@ impl Raw {
             target: None,
             home: None,
             op: 0,
+            xattrs: vec![],
         })
         .await
     }

@@ -176,6 +176,45 @@ fn permissions_follow_the_callers_credentials() {
 }
 
 #[test]
+fn acls_set_on_a_mount_decide_access_through_the_gateway() {
+    let c = Cluster::start(2, ClusterOpts::default());
+    let gw = Gateway::start(c.addr(0), &[]);
+    let m = c.mount();
+    gw.ok(&["mkdir", "/d"]);
+    gw.ok(&["chmod", "/d", "700"]);
+    gw.ok(&["put", "/d/f", "600", "for 1000"]);
+    gw.err_as(1000, 1000, &["get", "/d/f"], libc::EACCES);
+    let setfacl = |args: &str| {
+        let o = Command::new("sh")
+            .arg("-c")
+            .arg(format!("setfacl {args}"))
+            .current_dir(&m.path)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "setfacl {args}: {o:?}");
+    };
+    // Search on the directory and read on the file for uid 1000 only.
+    setfacl("-m u:1000:x d");
+    setfacl("-m u:1000:r d/f");
+    assert_eq!(gw.ok_as(1000, 1000, &["get", "/d/f"]), "for 1000\n");
+    gw.ok_as(1000, 1000, &["access", "/d/f", "4"]);
+    gw.err_as(1000, 1000, &["access", "/d/f", "2"], libc::EACCES);
+    gw.err_as(2000, 2000, &["get", "/d/f"], libc::EACCES);
+    // A group entry; the mask limits it.
+    setfacl("-m g:3000:rw,m::r d/f");
+    setfacl("-m g:3000:x d");
+    gw.ok_as(2000, 3000, &["access", "/d/f", "4"]);
+    gw.err_as(2000, 3000, &["access", "/d/f", "2"], libc::EACCES);
+    // Creating in the directory needs write there: granted by an entry.
+    gw.err_as(1000, 1000, &["put", "/d/new", "644", "no"], libc::EACCES);
+    setfacl("-m u:1000:rwx d");
+    gw.ok_as(1000, 1000, &["put", "/d/new", "644", "yes"]);
+    // Gone again: the mode decides.
+    setfacl("-b d/f");
+    gw.err_as(1000, 1000, &["get", "/d/f"], libc::EACCES);
+}
+
+#[test]
 fn fuse_mount_and_gateway_see_each_others_writes() {
     let c = Cluster::start(2, ClusterOpts::default());
     let gw = Gateway::start(c.addr(0), &[]);

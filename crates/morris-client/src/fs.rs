@@ -18,7 +18,7 @@ use morris_proto::{
 };
 
 use crate::leases::{pick, LeaseGuard, Mode};
-use crate::perm::{check_access, check_delete, check_setattr, W_OK, X_OK};
+use crate::perm::{check_delete, check_setattr, W_OK, X_OK};
 use crate::pool::unexpected;
 use crate::{Caller, Client, Error, FsStat, RenameFlags, Result};
 
@@ -321,7 +321,7 @@ impl Client {
 
     pub(crate) async fn do_access(&self, id: FileId, mask: u32, caller: &Caller) -> Result<()> {
         let i = self.do_getattr(id).await?;
-        check_access(&i, caller, mask)
+        self.permit(&i, caller, mask).await
     }
 
     /// Sends `CreateInode` to the next server in turn. One that cannot be
@@ -421,7 +421,7 @@ impl Client {
         let g = self.dir_guard(dir, Mode::Write).await?;
         let dir_inode = g.inode();
         self.check_change(&dir_inode).await?;
-        check_access(&dir_inode, caller, W_OK | X_OK)?;
+        self.permit(&dir_inode, caller, W_OK | X_OK).await?;
         if let Some(e) = self.entry_in(&g, name).await? {
             if exclusive {
                 return Err(Error::new(ErrorCode::Exists, "name exists"));
@@ -429,7 +429,8 @@ impl Client {
             drop(g);
             return self.do_getattr(e.child.id).await;
         }
-        let attr = attr_of(&dir_inode);
+        let mut attr = attr_of(&dir_inode);
+        let xattrs = self.inherit(&g, &dir_inode, &mut attr, caller).await?;
         let kind = attr.kind;
         let (inode, fence) = self
             .create_inode(Request::CreateInode {
@@ -438,10 +439,11 @@ impl Client {
                 target,
                 home: dir_inode.home.as_ref().map(|l| l.binding),
                 op: self.pool.next_op(),
+                xattrs: xattrs.clone(),
             })
             .await?;
         self.leases
-            .install_granted(Mode::Write, inode.clone(), fence);
+            .install_granted(Mode::Write, inode.clone(), fence, xattrs);
         let linked = self
             .dir_call(
                 &g,
@@ -604,7 +606,7 @@ impl Client {
         if c.attr.nlink >= 65_000 {
             return Err(Error::new(ErrorCode::TooManyLinks, "too many links"));
         }
-        check_access(&d, caller, W_OK | X_OK)?;
+        self.permit(&d, caller, W_OK | X_OK).await?;
         if self.entry_in(dg, new_name).await?.is_some() {
             return Err(Error::new(ErrorCode::Exists, "name exists"));
         }
@@ -668,11 +670,23 @@ impl Client {
             }
             (st.inode.handle(), self.leases.unstored_seq(g.entry.id))
         };
+        let chmod = set.mode.is_some();
         let inode = inode_reply(
             self.call_owner(g.entry.id, Request::SetAttr { ino: h, set })
                 .await?,
         )?;
         self.leases.stored(&g.entry, inode, seq);
+        if chmod {
+            // The owner rewrote the access ACL (if any) to the new mode.
+            let mut st = g.entry.state.lock();
+            let has_acl = st
+                .xattrs
+                .as_ref()
+                .is_some_and(|l| l.iter().any(|x| x.name == morris_proto::acl::ACCESS));
+            if has_acl {
+                st.xattrs = None;
+            }
+        }
         Ok(g.inode())
     }
 
@@ -760,7 +774,8 @@ impl Client {
                 _ => continue,
             }
             self.check_change(&dg.inode()).await?;
-            check_delete(&dg.inode(), &cg.inode(), caller)?;
+            let acl = self.acl_for(&dg.inode(), caller).await?;
+            check_delete(&dg.inode(), acl.as_ref(), &cg.inode(), caller)?;
             if want_dir && !self.is_empty_dir(cg).await? {
                 return Err(Error::new(ErrorCode::NotEmpty, "directory not empty"));
             }
@@ -869,11 +884,13 @@ impl Client {
             let s_inode = self.do_getattr_nolease(s.child).await?;
             let moves_at_home = self.moves_at_home(&s_inode).await?;
             check_move(&s_inode, &dg.inode(), moves_at_home)?;
-            check_delete(&sg.inode(), &s_inode, caller)?;
-            check_access(&dg.inode(), caller, W_OK | X_OK)?;
+            let s_acl = self.acl_for(&sg.inode(), caller).await?;
+            check_delete(&sg.inode(), s_acl.as_ref(), &s_inode, caller)?;
+            let d_acl = self.acl_for(&dg.inode(), caller).await?;
+            crate::perm::check_access_acl(&dg.inode(), d_acl.as_ref(), caller, W_OK | X_OK)?;
             if let Some(d) = &d {
                 let tg = pick(&gs, d.child.id)?;
-                check_delete(&dg.inode(), &tg.inode(), caller)?;
+                check_delete(&dg.inode(), d_acl.as_ref(), &tg.inode(), caller)?;
                 if d.kind == FileKind::Dir && !self.is_empty_dir(tg).await? {
                     return Err(Error::new(
                         ErrorCode::NotEmpty,
@@ -998,7 +1015,8 @@ impl Client {
             // Emptied without fetching home's bytes first, but only by a
             // caller allowed to (checked again under the lease below).
             self.make_local(id, |cur| {
-                size == 0 && check_setattr(cur, &set, caller).is_ok()
+                // (Objects cached from a home have no ACLs.)
+                size == 0 && check_setattr(cur, None, &set, caller).is_ok()
             })
             .await?;
         }
@@ -1006,7 +1024,8 @@ impl Client {
         let g = self.leases.get(h, Mode::Write).await?;
         let cur = self.fresh(&g).await?;
         self.check_change(&cur).await?;
-        let mut set = check_setattr(&cur, &set, caller)?;
+        let acl = self.acl_for(&cur, caller).await?;
+        let mut set = check_setattr(&cur, acl.as_ref(), &set, caller)?;
         if let Some(size) = set.size {
             match cur.attr.kind {
                 FileKind::File => {}

@@ -593,7 +593,13 @@ impl Leases {
 
     /// Records a lease granted by a request other than Acquire* (e.g.
     /// `CreateInode` grants the write lease on the new inode).
-    pub(crate) fn install_granted(&self, mode: Mode, inode: Inode, fence: u64) {
+    pub(crate) fn install_granted(
+        &self,
+        mode: Mode,
+        inode: Inode,
+        fence: u64,
+        xattrs: Vec<morris_proto::Xattr>,
+    ) {
         let owner = self.layout.inode_server(inode.id);
         let epoch = self.pool.epoch(owner);
         let new_dir = inode.attr.kind == morris_proto::FileKind::Dir;
@@ -603,9 +609,13 @@ impl Leases {
             // A directory we just created is empty and ours alone.
             st.complete = true;
         }
-        // A new object has no extended attributes: the kernel's question
-        // before its first write (`security.capability`) needs no request.
-        st.xattrs = Some(std::sync::Arc::new(Vec::new()));
+        // A new object has only the attributes it was made with (the ACLs
+        // it inherited, as the server keeps them): the kernel's questions
+        // before its first write (`security.capability`, its ACL) need no
+        // request.
+        let mut xattrs = xattrs;
+        xattrs.sort_by(|a, b| a.name.cmp(&b.name));
+        st.xattrs = Some(std::sync::Arc::new(xattrs));
     }
 
     fn install(

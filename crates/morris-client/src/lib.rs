@@ -86,6 +86,10 @@ pub struct Caller {
     /// `default_permissions` let the kernel check and pass `false`; the NFS
     /// gateway passes `true`.
     pub check: bool,
+    /// The creator's umask: taken from a new object's mode unless its
+    /// directory has a default ACL (FUSE mounts with POSIX ACLs pass the
+    /// process's; NFS clients apply theirs before asking: 0).
+    pub umask: u32,
 }
 
 impl Caller {
@@ -96,6 +100,7 @@ impl Caller {
             gid: 0,
             groups: vec![],
             check: false,
+            umask: 0,
         }
     }
 }

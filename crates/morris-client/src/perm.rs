@@ -1,6 +1,9 @@
 //! Permission checks for callers the library must check itself (the NFS
-//! gateway). FUSE mounts leave them to the kernel (`default_permissions`).
+//! gateway). FUSE mounts leave them to the kernel (`default_permissions`,
+//! POSIX ACLs included). An object's access ACL, when it has one, decides
+//! for everyone but its owner and root (`Client::acl_for` fetches it).
 
+use morris_proto::acl::Acl;
 use morris_proto::{ErrorCode, Inode, SetAttr};
 
 use crate::{Caller, Error, Result};
@@ -18,6 +21,12 @@ fn in_group(c: &Caller, gid: u32) -> bool {
 
 /// Checks `mask` (`R_OK|W_OK|X_OK`) for `c` on `inode` by its mode bits.
 pub fn check_access(inode: &Inode, c: &Caller, mask: u32) -> Result<()> {
+    check_access_acl(inode, None, c, mask)
+}
+
+/// Checks `mask` for `c` on `inode` by its access ACL `acl` if it has one
+/// (Linux's `posix_acl_permission`), else by its mode bits.
+pub fn check_access_acl(inode: &Inode, acl: Option<&Acl>, c: &Caller, mask: u32) -> Result<()> {
     if !c.check || mask == 0 {
         return Ok(());
     }
@@ -29,6 +38,22 @@ pub fn check_access(inode: &Inode, c: &Caller, mask: u32) -> Result<()> {
             return Err(Error::new(ErrorCode::Access, "no execute bit set"));
         }
         return Ok(());
+    }
+    if let Some(acl) = acl.filter(|_| c.uid != inode.attr.uid) {
+        let want = (mask & 7) as u16;
+        if acl.permits(
+            inode.attr.uid,
+            inode.attr.gid,
+            c.uid,
+            |g| in_group(c, g),
+            want,
+        ) {
+            return Ok(());
+        }
+        return Err(Error::new(
+            ErrorCode::Access,
+            format!("the ACL denies {mask:o} to uid {}", c.uid),
+        ));
     }
     let bits = if c.uid == inode.attr.uid {
         (mode >> 6) & 7
@@ -48,9 +73,10 @@ pub fn check_access(inode: &Inode, c: &Caller, mask: u32) -> Result<()> {
 }
 
 /// Checks that `c` may remove or rename `child` out of `dir` (write+search on
-/// the directory; with the sticky bit, only the owner of the file or directory).
-pub fn check_delete(dir: &Inode, child: &Inode, c: &Caller) -> Result<()> {
-    check_access(dir, c, W_OK | X_OK)?;
+/// the directory, by `dir_acl` if it has one; with the sticky bit, only the
+/// owner of the file or directory).
+pub fn check_delete(dir: &Inode, dir_acl: Option<&Acl>, child: &Inode, c: &Caller) -> Result<()> {
+    check_access_acl(dir, dir_acl, c, W_OK | X_OK)?;
     if c.check
         && c.uid != 0
         && dir.attr.mode & 0o1000 != 0
@@ -62,9 +88,15 @@ pub fn check_delete(dir: &Inode, child: &Inode, c: &Caller) -> Result<()> {
     Ok(())
 }
 
-/// Checks an attribute change by `c` (POSIX chmod/chown/utimes/truncate rules)
-/// and returns the change with setgid cleared where POSIX requires.
-pub fn check_setattr(inode: &Inode, set: &SetAttr, c: &Caller) -> Result<SetAttr> {
+/// Checks an attribute change by `c` (POSIX chmod/chown/utimes/truncate rules;
+/// write access by `acl` if the inode has one) and returns the change with
+/// setgid cleared where POSIX requires.
+pub fn check_setattr(
+    inode: &Inode,
+    acl: Option<&Acl>,
+    set: &SetAttr,
+    c: &Caller,
+) -> Result<SetAttr> {
     let mut out = set.clone();
     if !c.check || c.uid == 0 {
         return Ok(out);
@@ -92,13 +124,13 @@ pub fn check_setattr(inode: &Inode, set: &SetAttr, c: &Caller) -> Result<SetAttr
         }
     }
     if set.size.is_some() {
-        check_access(inode, c, W_OK)?;
+        check_access_acl(inode, acl, c, W_OK)?;
     }
     if set.atime.is_some() || set.mtime.is_some() {
         // Setting explicit times needs ownership; "now" needs write access, but
         // the wire cannot tell them apart, so accept either.
         if !owner {
-            check_access(inode, c, W_OK)
+            check_access_acl(inode, acl, c, W_OK)
                 .map_err(|_| Error::new(ErrorCode::Perm, "not the owner"))?;
         }
     }
@@ -146,6 +178,7 @@ mod tests {
             gid,
             groups: vec![50],
             check: true,
+            umask: 0,
         }
     }
 
@@ -168,18 +201,20 @@ mod tests {
             mode: Some(0o600),
             ..SetAttr::default()
         };
-        assert!(check_setattr(&i, &chmod, &user(10, 1)).is_ok());
+        assert!(check_setattr(&i, None, &chmod, &user(10, 1)).is_ok());
         assert_eq!(
-            check_setattr(&i, &chmod, &user(11, 1)).unwrap_err().code,
+            check_setattr(&i, None, &chmod, &user(11, 1))
+                .unwrap_err()
+                .code,
             ErrorCode::Perm
         );
         let chown = SetAttr {
             uid: Some(11),
             ..SetAttr::default()
         };
-        assert!(check_setattr(&i, &chown, &user(10, 1)).is_err());
+        assert!(check_setattr(&i, None, &chown, &user(10, 1)).is_err());
         let mut root = Caller::root();
         root.check = true;
-        assert!(check_setattr(&i, &chown, &root).is_ok());
+        assert!(check_setattr(&i, None, &chown, &root).is_ok());
     }
 }

@@ -5,29 +5,34 @@
 
 use std::sync::Arc;
 
-use morris_proto::{ErrorCode, FileId, FileKind, Inode, Reply, Request, Xattr, XattrHow};
+use morris_proto::acl::{self, Acl};
+use morris_proto::{Attr, ErrorCode, FileId, FileKind, Inode, Reply, Request, Xattr, XattrHow};
 
 use crate::fs::inode_reply;
-use crate::leases::Mode;
-use crate::perm::{check_access, R_OK, W_OK};
+use crate::leases::{LeaseGuard, Mode};
+use crate::perm::{check_access_acl, R_OK, W_OK};
 use crate::pool::unexpected;
 use crate::{Caller, Client, Error, Result};
 
 /// The namespaces kept; any other name is `NotSupported`, as on ext4.
-/// `system.` (POSIX ACLs) is not among them yet.
 const KEPT: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
 
+fn is_acl(name: &[u8]) -> bool {
+    name == acl::ACCESS || name == acl::DEFAULT
+}
+
 fn namespace_kept(name: &[u8]) -> Result<()> {
-    if KEPT
-        .iter()
-        .any(|p| name.starts_with(p) && name.len() > p.len())
+    if is_acl(name)
+        || KEPT
+            .iter()
+            .any(|p| name.starts_with(p) && name.len() > p.len())
     {
         return Ok(());
     }
     Err(Error::new(
         ErrorCode::NotSupported,
         format!(
-            "extended attribute {:?}: only user., trusted. and security. names are kept",
+            "extended attribute {:?}: only user., trusted., security. names and POSIX ACLs are kept",
             String::from_utf8_lossy(name)
         ),
     ))
@@ -38,7 +43,7 @@ fn namespace_kept(name: &[u8]) -> Result<()> {
 /// `security.` may be changed by root only, `user.` exists on files and
 /// directories only and follows the mode bits (and a sticky directory's
 /// owner rule). Checked only for callers the library checks.
-fn check_xattr(i: &Inode, c: &Caller, name: &[u8], write: bool) -> Result<()> {
+fn check_xattr(i: &Inode, acl: Option<&Acl>, c: &Caller, name: &[u8], write: bool) -> Result<()> {
     if !c.check || c.uid == 0 {
         return Ok(());
     }
@@ -49,6 +54,14 @@ fn check_xattr(i: &Inode, c: &Caller, name: &[u8], write: bool) -> Result<()> {
             Error::new(ErrorCode::NoData, "no such extended attribute")
         }
     };
+    if is_acl(name) {
+        // Anyone may read an ACL; only the owner may set one.
+        return if write && c.uid != i.attr.uid {
+            Err(Error::new(ErrorCode::Perm, "only the owner may set an ACL"))
+        } else {
+            Ok(())
+        };
+    }
     if name.starts_with(b"trusted.") {
         return Err(denied("trusted."));
     }
@@ -67,7 +80,7 @@ fn check_xattr(i: &Inode, c: &Caller, name: &[u8], write: bool) -> Result<()> {
     if write && i.attr.kind == FileKind::Dir && i.attr.mode & 0o1000 != 0 && i.attr.uid != c.uid {
         return Err(Error::new(ErrorCode::Perm, "sticky directory"));
     }
-    check_access(i, c, if write { W_OK } else { R_OK })
+    check_access_acl(i, acl, c, if write { W_OK } else { R_OK })
 }
 
 impl Client {
@@ -92,7 +105,8 @@ impl Client {
         namespace_kept(name)?;
         if caller.check {
             let i = self.do_getattr(id).await?;
-            check_xattr(&i, caller, name, false)?;
+            let acl = self.acl_for(&i, caller).await?;
+            check_xattr(&i, acl.as_ref(), caller, name, false)?;
         }
         let all = self.xattrs_of(id).await?;
         match all.binary_search_by(|x| x.name.as_slice().cmp(name)) {
@@ -123,6 +137,13 @@ impl Client {
     async fn xattrs_of(&self, id: FileId) -> Result<Arc<Vec<Xattr>>> {
         let h = self.leases.handle(id)?;
         let g = self.leases.get(h, Mode::Read).await?;
+        self.xattrs_under(&g).await
+    }
+
+    /// The attribute list of the object `g` holds a lease on.
+    async fn xattrs_under(&self, g: &LeaseGuard) -> Result<Arc<Vec<Xattr>>> {
+        let h = g.entry.state.lock().inode.handle();
+        let id = h.id;
         let version = {
             let st = g.entry.state.lock();
             if let Some(x) = &st.xattrs {
@@ -155,7 +176,8 @@ impl Client {
         let g = self.leases.get(h, Mode::Write).await?;
         let cur = self.fresh(&g).await?;
         self.check_change(&cur).await?;
-        check_xattr(&cur, caller, name, true)?;
+        let acl = self.acl_for(&cur, caller).await?;
+        check_xattr(&cur, acl.as_ref(), caller, name, true)?;
         let _one_at_a_time = self.leases.store_lock(id).await;
         let req = Request::SetXattr {
             ino: h,
@@ -170,6 +192,12 @@ impl Client {
         let mut st = g.entry.state.lock();
         if st.inode.attr.ctime < ctime {
             st.inode.attr.ctime = ctime;
+        }
+        // An ACL may be kept in another form or not at all (the mode says
+        // it): asked again when next wanted.
+        if is_acl(name) {
+            st.xattrs = None;
+            return Ok(());
         }
         // Under the write lease nobody else changes the list: apply the
         // change to the kept copy.
@@ -196,6 +224,101 @@ impl Client {
     }
 }
 
+impl Client {
+    /// The access ACL that decides `caller`'s access to `i`, when the
+    /// library checks it (the NFS gateway) and the caller is neither root
+    /// nor the owner (their access is the mode's); read from the object's
+    /// attributes, kept under a lease.
+    pub async fn acl_for(&self, i: &Inode, caller: &Caller) -> Result<Option<Acl>> {
+        if !caller.check
+            || caller.uid == 0
+            || caller.uid == i.attr.uid
+            || i.home.is_some()
+            || i.attr.kind == FileKind::Symlink
+        {
+            return Ok(None);
+        }
+        let list = self.xattrs_of(i.id).await?;
+        let Ok(at) = list.binary_search_by(|x| x.name.as_slice().cmp(acl::ACCESS)) else {
+            return Ok(None);
+        };
+        match Acl::decode(&list[at].value) {
+            Ok(a) => Ok(a),
+            // The servers keep only ACLs that decode.
+            Err(e) => Err(Error::new(
+                ErrorCode::Io,
+                format!("the access ACL of {} does not decode: {e}", i.id),
+            )),
+        }
+    }
+
+    /// Checks `mask` for `caller` on `i` (its ACL, else its mode) when
+    /// the library checks.
+    pub async fn permit(&self, i: &Inode, caller: &Caller, mask: u32) -> Result<()> {
+        if !caller.check || mask == 0 {
+            return Ok(());
+        }
+        let acl = self.acl_for(i, caller).await?;
+        check_access_acl(i, acl.as_ref(), caller, mask)
+    }
+
+    /// A new object's mode and first attributes in directory `g`: its
+    /// default ACL, if it has one, masked by the asked mode (Linux's
+    /// `posix_acl_create`); else the caller's umask taken away. Returns the
+    /// attributes to create the object with (an access ACL when it says
+    /// more than the mode; a directory's copy of the default).
+    pub(crate) async fn inherit(
+        &self,
+        g: &LeaseGuard,
+        dir: &Inode,
+        attr: &mut Attr,
+        caller: &Caller,
+    ) -> Result<Vec<Xattr>> {
+        let umasked = |attr: &mut Attr| attr.mode &= !(caller.umask & 0o777);
+        if attr.kind == FileKind::Symlink {
+            return Ok(Vec::new());
+        }
+        if dir.home.is_some() {
+            // Cached from a home: no attributes kept here.
+            umasked(attr);
+            return Ok(Vec::new());
+        }
+        let list = self.xattrs_under(g).await?;
+        let found = list
+            .binary_search_by(|x| x.name.as_slice().cmp(acl::DEFAULT))
+            .ok()
+            .map(|at| &list[at].value);
+        let default = match found.map(|v| Acl::decode(v)) {
+            Some(Ok(Some(a))) => a,
+            Some(Err(e)) => {
+                tracing::warn!(dir = dir.id, error = %e, "a directory's default ACL does not decode; not inherited");
+                umasked(attr);
+                return Ok(Vec::new());
+            }
+            _ => {
+                umasked(attr);
+                return Ok(Vec::new());
+            }
+        };
+        let (access, mode) = default.inherit(attr.mode);
+        attr.mode = mode;
+        let mut first = Vec::new();
+        if !access.is_mode_only() {
+            first.push(Xattr {
+                name: acl::ACCESS.to_vec(),
+                value: access.encode(),
+            });
+        }
+        if attr.kind == FileKind::Dir {
+            first.push(Xattr {
+                name: acl::DEFAULT.to_vec(),
+                value: default.encode(),
+            });
+        }
+        Ok(first)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,6 +333,7 @@ mod tests {
             gid: uid,
             groups: vec![],
             check: true,
+            umask: 0,
         }
     }
 
@@ -218,7 +342,7 @@ mod tests {
         for ok in [&b"user.a"[..], b"trusted.x", b"security.selinux"] {
             assert!(namespace_kept(ok).is_ok());
         }
-        for bad in [&b"user."[..], b"system.posix_acl_access", b"os2.x", b"x"] {
+        for bad in [&b"user."[..], b"system.posix_acl_mask", b"os2.x", b"x"] {
             assert_eq!(
                 namespace_kept(bad).unwrap_err().code,
                 ErrorCode::NotSupported
@@ -231,42 +355,44 @@ mod tests {
         let f = inode(FileKind::File, 0o644, 1000);
         let owner = user(1000);
         let other = user(2000);
-        assert!(check_xattr(&f, &owner, b"user.a", true).is_ok());
-        assert!(check_xattr(&f, &other, b"user.a", false).is_ok());
+        assert!(check_xattr(&f, None, &owner, b"user.a", true).is_ok());
+        assert!(check_xattr(&f, None, &other, b"user.a", false).is_ok());
         assert_eq!(
-            check_xattr(&f, &other, b"user.a", true).unwrap_err().code,
+            check_xattr(&f, None, &other, b"user.a", true)
+                .unwrap_err()
+                .code,
             ErrorCode::Access
         );
         assert_eq!(
-            check_xattr(&f, &owner, b"trusted.a", true)
+            check_xattr(&f, None, &owner, b"trusted.a", true)
                 .unwrap_err()
                 .code,
             ErrorCode::Perm
         );
         assert_eq!(
-            check_xattr(&f, &owner, b"trusted.a", false)
+            check_xattr(&f, None, &owner, b"trusted.a", false)
                 .unwrap_err()
                 .code,
             ErrorCode::NoData
         );
-        assert!(check_xattr(&f, &other, b"security.a", false).is_ok());
+        assert!(check_xattr(&f, None, &other, b"security.a", false).is_ok());
         assert_eq!(
-            check_xattr(&f, &owner, b"security.a", true)
+            check_xattr(&f, None, &owner, b"security.a", true)
                 .unwrap_err()
                 .code,
             ErrorCode::Perm
         );
-        assert!(check_xattr(&f, &Caller::root(), b"trusted.a", true).is_ok());
+        assert!(check_xattr(&f, None, &Caller::root(), b"trusted.a", true).is_ok());
         let fifo = inode(FileKind::Fifo, 0o666, 1000);
         assert_eq!(
-            check_xattr(&fifo, &owner, b"user.a", true)
+            check_xattr(&fifo, None, &owner, b"user.a", true)
                 .unwrap_err()
                 .code,
             ErrorCode::Perm
         );
         let sticky = inode(FileKind::Dir, 0o1777, 1000);
         assert_eq!(
-            check_xattr(&sticky, &other, b"user.a", true)
+            check_xattr(&sticky, None, &other, b"user.a", true)
                 .unwrap_err()
                 .code,
             ErrorCode::Perm
@@ -276,6 +402,6 @@ mod tests {
             check: false,
             ..other
         };
-        assert!(check_xattr(&f, &unchecked, b"trusted.a", true).is_ok());
+        assert!(check_xattr(&f, None, &unchecked, b"trusted.a", true).is_ok());
     }
 }

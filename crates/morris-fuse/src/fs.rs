@@ -64,6 +64,11 @@ fn wanted_capabilities() -> InitFlags {
         // Locks are the volume's, not this kernel's: every mount sees them.
         | InitFlags::FUSE_POSIX_LOCKS
         | InitFlags::FUSE_FLOCK_LOCKS
+        // POSIX ACLs: the kernel enforces them (asking for
+        // `system.posix_acl_access` once per inode) and leaves the umask
+        // and inheritance to the library (`Caller::umask`).
+        | InitFlags::FUSE_POSIX_ACL
+        | InitFlags::FUSE_DONT_MASK
 }
 
 /// State shared by the handlers and their tasks.
@@ -181,6 +186,7 @@ fn caller(req: &Request) -> Caller {
         gid: req.gid(),
         groups: vec![],
         check: false,
+        umask: 0,
     }
 }
 
@@ -399,7 +405,7 @@ impl Filesystem for MorrisFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
@@ -408,7 +414,10 @@ impl Filesystem for MorrisFs {
             return;
         };
         let name = bytes(name);
-        let who = caller(req);
+        let who = Caller {
+            umask,
+            ..caller(req)
+        };
         self.spawn(move |s| async move {
             // mknod(2) fails on an existing name: exclusive.
             match s
@@ -428,11 +437,14 @@ impl Filesystem for MorrisFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
         let name = bytes(name);
-        let who = caller(req);
+        let who = Caller {
+            umask,
+            ..caller(req)
+        };
         self.spawn(move |s| async move {
             match s.client.mkdir(parent.0, &name, mode & 0o7777, &who).await {
                 Ok(inode) => s.reply_entry(reply, &inode),
@@ -860,12 +872,15 @@ impl Filesystem for MorrisFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         flags: i32,
         reply: ReplyCreate,
     ) {
         let name = bytes(name);
-        let who = caller(req);
+        let who = Caller {
+            umask,
+            ..caller(req)
+        };
         let exclusive = flags & libc::O_EXCL != 0;
         let truncate = flags & libc::O_TRUNC != 0;
         let write = writes(flags);

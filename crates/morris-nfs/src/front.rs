@@ -336,6 +336,7 @@ pub(crate) fn parse_call(record: &[u8]) -> Option<(Proc, Option<Caller>, usize)>
                     gid: a.gid,
                     groups: a.gids,
                     check: true,
+                    umask: 0,
                 })
         }
         auth_flavor::AUTH_NULL => Some(Caller {
@@ -343,6 +344,7 @@ pub(crate) fn parse_call(record: &[u8]) -> Option<(Proc, Option<Caller>, usize)>
             gid: NOBODY,
             groups: vec![],
             check: true,
+            umask: 0,
         }),
         _ => None,
     };

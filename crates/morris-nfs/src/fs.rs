@@ -116,11 +116,14 @@ impl MorrisNfs {
     /// Checks `mask` for the caller on `i`; the owner may always read and
     /// write a file's data (as NFS servers allow, since permissions were
     /// checked when the client opened it).
-    fn may(&self, i: &Inode, mask: u32) -> Result<(), nfsstat3> {
+    async fn may(&self, i: &Inode, mask: u32) -> Result<(), nfsstat3> {
         if self.caller.uid == i.attr.uid && mask & perm::X_OK == 0 {
             return Ok(());
         }
-        perm::check_access(i, &self.caller, mask).map_err(|e| fail("access", i.id, &e))
+        self.client
+            .permit(i, &self.caller, mask)
+            .await
+            .map_err(|e| fail("access", i.id, &e))
     }
 
     /// The inode a handle names; `NFS3ERR_STALE` if it was deleted.
@@ -401,7 +404,7 @@ impl NfsReadFileSystem for MorrisNfs {
     async fn lookup(&self, dir: &NfsHandle, name: &filename3<'_>) -> Result<NfsHandle, nfsstat3> {
         let d = self.inode("lookup", dir).await?;
         if d.attr.kind == FileKind::Dir {
-            self.may(&d, perm::X_OK)?;
+            self.may(&d, perm::X_OK).await?;
         }
         match self.client.lookup(dir.id(), name.0.as_ref()).await {
             Ok(i) => Ok(NfsHandle::new(i.handle())),
@@ -426,7 +429,7 @@ impl NfsReadFileSystem for MorrisNfs {
             FileKind::Dir => return Err(nfsstat3::NFS3ERR_ISDIR),
             _ => return Err(nfsstat3::NFS3ERR_INVAL),
         }
-        self.may(&i, perm::R_OK)?;
+        self.may(&i, perm::R_OK).await?;
         let fh = self
             .files
             .get(id.id(), false)
@@ -504,7 +507,7 @@ impl MorrisNfs {
         if i.attr.kind != FileKind::Dir {
             return Err(nfsstat3::NFS3ERR_NOTDIR);
         }
-        self.may(&i, perm::R_OK)?;
+        self.may(&i, perm::R_OK).await?;
         let start = cookies::resume(cookie);
         let mut dots = VecDeque::new();
         if start.dot {
@@ -632,7 +635,7 @@ impl NfsFileSystem for MorrisNfs {
             FileKind::Dir => return Err(nfsstat3::NFS3ERR_ISDIR),
             _ => return Err(nfsstat3::NFS3ERR_INVAL),
         }
-        self.may(&i, perm::W_OK)?;
+        self.may(&i, perm::W_OK).await?;
         let fh = self
             .files
             .get(id.id(), true)

@@ -354,7 +354,7 @@ async fn mnt(
         if cur.attr.kind != FileKind::Dir {
             return mountres3::Err(mountstat3::MNT3ERR_NOTDIR);
         }
-        if perm::check_access(&cur, &nfs.caller, X_OK).is_err() {
+        if nfs.client.permit(&cur, &nfs.caller, X_OK).await.is_err() {
             return mountres3::Err(mountstat3::MNT3ERR_ACCES);
         }
         cur = match nfs.client.lookup(cur.id, comp).await {
@@ -386,8 +386,18 @@ async fn mnt(
 }
 
 /// The ACCESS3 bits `caller` holds on `i` among `want` (RFC 1813 §3.3.4).
-pub(crate) fn access_bits(nfs: &MorrisNfs, i: &Inode, want: u32) -> u32 {
-    let ok = |mask| perm::check_access(i, &nfs.caller, mask).is_ok();
+pub(crate) async fn access_bits(nfs: &MorrisNfs, i: &Inode, want: u32) -> u32 {
+    // The ACL (when it decides) is read once; if it cannot be read,
+    // nothing is granted (the mode's group bits are the ACL's mask, which
+    // may grant more than the ACL does).
+    let acl = match nfs.client.acl_for(i, &nfs.caller).await {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(ino = i.id, error = %e, "ACCESS: cannot read the ACL; granting nothing");
+            return 0;
+        }
+    };
+    let ok = |mask| perm::check_access_acl(i, acl.as_ref(), &nfs.caller, mask).is_ok();
     let dir = i.attr.kind == FileKind::Dir;
     let mut got = 0;
     if want & ACCESS3_READ != 0 && ok(R_OK) {
@@ -419,7 +429,7 @@ async fn access(nfs: &MorrisNfs, handles: Handles, a: ACCESS3args) -> ACCESS3res
     match nfs.inode("access", &h).await {
         Ok(i) => ACCESS3res::Ok(ACCESS3resok {
             obj_attributes: Nfs3Option::Some(nfs.fattr(&i)),
-            access: access_bits(nfs, &i, a.access),
+            access: access_bits(nfs, &i, a.access).await,
         }),
         Err(s) => ACCESS3res::Err((s, ACCESS3resfail::default())),
     }

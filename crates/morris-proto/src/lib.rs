@@ -10,9 +10,11 @@
 //! * [`frame`]: the length-framed binary encoding, whose decoder never panics;
 //! * [`net`]: a multiplexed RPC connection on tokio (many requests in flight,
 //!   server pushes on the same socket) and the server-side accept loop;
+//! * [`acl`]: POSIX ACLs in their extended-attribute form, as pure functions;
 //! * [`auth`]: the volume's keys and the handshake that opens every connection;
 //! * [`layout`]: where a block lives (`(file id + index) mod k`), as pure functions.
 
+pub mod acl;
 pub mod auth;
 pub mod error;
 pub mod frame;
@@ -32,4 +34,4 @@ pub use types::*;
 pub const MAX_REPLICAS: u8 = 3;
 
 /// Version of the wire protocol; a `Hello` with another version is refused.
-pub const PROTOCOL_VERSION: u32 = 16;
+pub const PROTOCOL_VERSION: u32 = 17;

@@ -136,6 +136,9 @@ pub enum Request {
         home: Option<FileId>,
         /// Operation id (see "Exactly once" above; 0: none).
         op: u64,
+        /// Its first extended attributes: the POSIX ACLs it inherits from
+        /// its directory's default ACL (the client computes them).
+        xattrs: Vec<Xattr>,
     },
     /// Changes attributes; takes the write lease implicitly. ctime becomes now
     /// unless given. [`Reply::Inode`].

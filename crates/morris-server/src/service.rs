@@ -1395,11 +1395,20 @@ impl Server {
                 target,
                 home,
                 op,
+                xattrs,
             } => {
                 let gen = random_gen();
                 let op = OpKey::new(client, op);
                 let inode = metadata(move || {
-                    store.create_inode(parent, &attr, target.as_deref(), gen, home, op)
+                    store.create_inode_with(
+                        parent,
+                        &attr,
+                        target.as_deref(),
+                        gen,
+                        home,
+                        op,
+                        &xattrs,
+                    )
                 })?;
                 // A fresh id: nobody else can hold or wait for it.
                 let fence = self

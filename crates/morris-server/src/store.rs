@@ -43,7 +43,7 @@ use morris_proto::home::HomeLink;
 use morris_proto::layout::{Layout, FIRST_COUNTER};
 use morris_proto::{
     Attr, DirEntry, ErrorCode, FileId, FileKind, Handle, Inode, SetAttr, Timestamp,
-    VolumeDescriptor, WireError, MAX_FILE_SIZE, MAX_NAME_LEN, MAX_SYMLINK_LEN, ROOT_ID,
+    VolumeDescriptor, WireError, Xattr, MAX_FILE_SIZE, MAX_NAME_LEN, MAX_SYMLINK_LEN, ROOT_ID,
 };
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
@@ -642,6 +642,7 @@ impl Store {
     }
 
     /// Allocates an id, stores a new inode and returns it.
+    #[cfg(test)]
     pub fn create_inode(
         &self,
         parent: FileId,
@@ -651,6 +652,28 @@ impl Store {
         home: Option<FileId>,
         op: Option<OpKey>,
     ) -> Result<Inode, WireError> {
+        self.create_inode_with(parent, attr, target, gen, home, op, &[])
+    }
+
+    /// `create_inode`, with the new object's first extended attributes
+    /// (the ACLs it inherits from its directory).
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_inode_with(
+        &self,
+        parent: FileId,
+        attr: &Attr,
+        target: Option<&[u8]>,
+        gen: u32,
+        home: Option<FileId>,
+        op: Option<OpKey>,
+        first: &[Xattr],
+    ) -> Result<Inode, WireError> {
+        if home.is_some() && !first.is_empty() {
+            return Err(WireError::new(
+                ErrorCode::NotSupported,
+                "extended attributes are not kept for objects cached from a home",
+            ));
+        }
         let (layout, index) = self.layout_and_index()?;
         let mut attr = attr.clone();
         attr.mode &= 0o7777;
@@ -728,6 +751,7 @@ impl Store {
                 params![sql_id(id), i64::from(gen), encode_inode(&inode)?],
             )
             .map_err(db_err)?;
+            xattrs::put_initial(tx, &inode, first)?;
             let mut inode = inode;
             if let Some(binding) = home {
                 // Made in a writable cache: the cache's own object until
@@ -805,6 +829,7 @@ impl Store {
             let a = &mut ino.attr;
             if let Some(m) = set.mode {
                 a.mode = m & 0o7777;
+                xattrs::chmod_acl(tx, ino.id, m)?;
             }
             if let Some(u) = set.uid {
                 a.uid = u;

@@ -305,6 +305,7 @@ async fn a_killed_primarys_range_is_served_by_its_copy_with_every_answered_chang
             target: None,
             home: None,
             op: 0,
+            xattrs: vec![],
         })
         .await
         .expect("create"),
@@ -505,6 +506,7 @@ async fn three_copies() -> (Vol, u32, u32, u32, Handle, Inode) {
                 target: None,
                 home: None,
                 op: 0,
+                xattrs: vec![],
             },
         )
         .await,

@@ -119,6 +119,7 @@ impl Client {
                 target: None,
                 home: None,
                 op: 0,
+                xattrs: vec![],
             })
             .await
         {
@@ -134,6 +135,7 @@ impl Client {
             target: None,
             home: None,
             op: 0,
+            xattrs: vec![],
         })
         .await
     }
@@ -1057,6 +1059,7 @@ async fn restart_keeps_data_and_answers_grace() {
             target: None,
             home: None,
             op: 0,
+            xattrs: vec![],
         })
         .await,
         ErrorCode::Grace
