@@ -305,3 +305,40 @@ fn attributes_outlive_their_owners_kill_on_a_mirrored_volume() {
     set(&g, "user.b", b"after", 0).unwrap();
     assert_eq!(get(&g, "user.b").unwrap(), b"after");
 }
+
+#[test]
+fn morris_layout_says_where_a_file_lives_and_is_read_only() {
+    let c = Cluster::start(3, ClusterOpts::default());
+    let m = c.mount();
+    let f = m.path.join("f");
+    fs::write(&f, b"data").unwrap();
+    let v = String::from_utf8(get(&f, "morris.layout").unwrap()).unwrap();
+    let field = |k: &str| {
+        v.split(' ')
+            .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("no {k} in {v:?}"))
+            .to_string()
+    };
+    assert_eq!(field("servers"), "3", "{v}");
+    let first: u32 = field("first_block_server").parse().unwrap();
+    assert!(first < 3, "{v}");
+    let order = field("stripe_order");
+    assert_eq!(order.split(',').count(), 3, "{v}");
+    assert!(order.starts_with(&first.to_string()), "{v}");
+    // The metadata holder is one of the servers, with its address.
+    let meta = field("metadata");
+    assert!((0..3).any(|i| meta == format!("{i}@{}", c.addr(i))), "{v}");
+    // Directories have one too (no block order); nobody may set it, and
+    // it is not listed.
+    let d = String::from_utf8(get(&m.path, "morris.layout").unwrap()).unwrap();
+    assert!(
+        d.starts_with("stripe_unit=") && !d.contains("stripe_order"),
+        "{d}"
+    );
+    errno(
+        set(&f, "morris.layout", b"x", 0),
+        libc::EPERM,
+        "setting the layout",
+    );
+    assert!(list(&f).unwrap().is_empty());
+}

@@ -17,6 +17,10 @@ use crate::{Caller, Client, Error, Result};
 /// The namespaces kept; any other name is `NotSupported`, as on ext4.
 const KEPT: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
 
+/// The read-only attribute that shows where an object's blocks and
+/// metadata live (as CephFS's `ceph.file.layout`); not listed.
+pub const LAYOUT: &[u8] = b"morris.layout";
+
 fn is_acl(name: &[u8]) -> bool {
     name == acl::ACCESS || name == acl::DEFAULT
 }
@@ -102,6 +106,10 @@ impl Client {
 
     /// The value of extended attribute `name` of `id`; `NoData` if absent.
     pub async fn get_xattr(&self, id: FileId, name: &[u8], caller: &Caller) -> Result<Vec<u8>> {
+        if name == LAYOUT {
+            let i = self.do_getattr(id).await?;
+            return Ok(self.layout_of(&i).into_bytes());
+        }
         namespace_kept(name)?;
         if caller.check {
             let i = self.do_getattr(id).await?;
@@ -171,6 +179,12 @@ impl Client {
         how: XattrHow,
         caller: &Caller,
     ) -> Result<()> {
+        if name == LAYOUT {
+            return Err(Error::new(
+                ErrorCode::Perm,
+                "morris.layout is read-only: the layout is the volume's",
+            ));
+        }
         namespace_kept(name)?;
         let h = self.leases.handle(id)?;
         let g = self.leases.get(h, Mode::Write).await?;
@@ -225,6 +239,39 @@ impl Client {
 }
 
 impl Client {
+    /// `morris.layout` of `i`: the volume's striping, where the object's
+    /// metadata lives (and its copies), and for a file the server of its
+    /// first block and the order its blocks go round the servers.
+    fn layout_of(&self, i: &Inode) -> String {
+        let l = &self.layout;
+        let d = self.descriptor();
+        let addr = |s: u32| d.servers.get(s as usize).map_or("?", String::as_str);
+        let owner = l.inode_server(i.id);
+        let meta: Vec<String> = l
+            .meta_holders(owner)
+            .iter()
+            .map(|s| format!("{s}@{}", addr(*s)))
+            .collect();
+        let mut out = format!(
+            "stripe_unit={} servers={} copies={} metadata={}",
+            l.unit,
+            l.servers,
+            l.replicas,
+            meta.join(",")
+        );
+        if i.attr.kind == FileKind::File {
+            let order: Vec<String> = (1..=u64::from(l.servers))
+                .map(|b| l.block_server(i.id, b).to_string())
+                .collect();
+            out.push_str(&format!(
+                " first_block_server={} stripe_order={}",
+                l.block_server(i.id, 1),
+                order.join(",")
+            ));
+        }
+        out
+    }
+
     /// The access ACL that decides `caller`'s access to `i`, when the
     /// library checks it (the NFS gateway) and the caller is neither root
     /// nor the owner (their access is the mode's); read from the object's
