@@ -203,3 +203,85 @@ fn df_counts_a_shared_disk_once_and_divides_by_the_copies() {
         );
     }
 }
+
+/// `lseek(fd, from, whence)`: the offset, or the errno.
+fn seek(f: &fs::File, from: u64, whence: i32) -> Result<u64, i32> {
+    let r = unsafe { libc::lseek(f.as_raw_fd(), from as libc::off_t, whence) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    } else {
+        Ok(r as u64)
+    }
+}
+
+#[test]
+fn seek_data_and_seek_hole_answer_what_ext4_answers() {
+    use std::os::unix::fs::FileExt;
+    let local_dir = tempfile::Builder::new()
+        .prefix("morris-seek-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    for replicas in [1u8, 2] {
+        let c = Cluster::start(
+            3,
+            ClusterOpts {
+                replicas,
+                ..ClusterOpts::default()
+            },
+        );
+        let m = c.mount();
+        let open = |p: std::path::PathBuf| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(p)
+                .unwrap()
+        };
+        let ours = open(m.path.join("sparse"));
+        let theirs = open(local_dir.path().join(format!("sparse{replicas}")));
+        // Whole 4 KiB pieces (ext4's block), so both keep the same holes:
+        // data in unit 0, across units 3-4, at the end of unit 8, a punched
+        // hole inside unit 12's data, and a hole to the end.
+        let b = 4096u64;
+        let writes = [
+            (0, b),
+            (3 * UNIT + b, UNIT),
+            (9 * UNIT - b, b),
+            (12 * UNIT, UNIT),
+        ];
+        for f in [&ours, &theirs] {
+            f.set_len(20 * UNIT).unwrap();
+            for (at, n) in writes {
+                f.write_all_at(&vec![7u8; n as usize], at).unwrap();
+            }
+            fallocate(
+                f,
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                12 * UNIT + 2 * b,
+                3 * b,
+            )
+            .unwrap();
+        }
+        for from in (0..=20 * UNIT + b).step_by(b as usize / 2) {
+            for (whence, name) in [
+                (libc::SEEK_DATA, "SEEK_DATA"),
+                (libc::SEEK_HOLE, "SEEK_HOLE"),
+            ] {
+                assert_eq!(
+                    seek(&ours, from, whence),
+                    seek(&theirs, from, whence),
+                    "{name} from {from} (unit {}, +{}), {replicas} copies",
+                    from / UNIT,
+                    from % UNIT
+                );
+            }
+        }
+        // The data found reads back as written.
+        let at = seek(&ours, UNIT, libc::SEEK_DATA).unwrap();
+        let mut buf = [0u8; 4];
+        ours.read_exact_at(&mut buf, at).unwrap();
+        assert_eq!(buf, [7; 4]);
+    }
+}

@@ -1,5 +1,6 @@
 //! `fallocate`: reserving space on the data servers, freeing ranges
-//! (punching holes) and zeroing them, under the file's write lease.
+//! (punching holes) and zeroing them, under the file's write lease; and
+//! `SEEK_DATA` / `SEEK_HOLE`, asked of every server at once.
 
 use bytes::Bytes;
 use morris_proto::{ErrorCode, FileKind, Request, SetAttr, Timestamp, MAX_FILE_SIZE};
@@ -95,5 +96,75 @@ impl Client {
             r?;
         }
         Ok(())
+    }
+
+    /// `lseek(SEEK_DATA)` (`hole: false`) or `lseek(SEEK_HOLE)` from byte
+    /// `offset` of open file `fh`: the first byte at or after it that is
+    /// data, or in a hole (the end of the file counts as one). `None`:
+    /// `ENXIO` (at or past the end; or no data after `offset`).
+    ///
+    /// Every server is asked about the blocks it keeps (a copy not known
+    /// stale: a stale copy may lack data written since); a server no
+    /// current copy of whose blocks answers counts as all data, so a
+    /// hole is never reported where data may be.
+    pub async fn seek(&self, fh: u64, offset: u64, hole: bool) -> Result<Option<u64>> {
+        let f = self.open_file(fh)?;
+        let g = self.leases.get(f.h, Mode::Read).await?;
+        let cur = g.inode();
+        drop(g);
+        let size = cur.attr.size;
+        if offset >= size {
+            return Ok(None);
+        }
+        if cur.home.is_some() || cur.attr.kind != FileKind::File {
+            // Cached from a home (blocks may not be here yet): all data.
+            return Ok(Some(if hole { size } else { offset }));
+        }
+        let l = self.layout;
+        let id = cur.id;
+        let asks = (0..l.servers).map(|primary| {
+            let stale = &cur.stale;
+            async move {
+                for r in 0..l.replicas.max(1) {
+                    let s = (primary + r) % l.servers;
+                    if stale.iter().any(|rec| rec.server == s) {
+                        continue;
+                    }
+                    let req = Request::Seek {
+                        id,
+                        replica: r as u8,
+                        from: offset,
+                        hole,
+                    };
+                    match self.call_bounded(s, req, Bytes::new(), None).await {
+                        Ok((morris_proto::Reply::Sought(found), _)) => return Some(found),
+                        Ok((other, _)) => {
+                            tracing::debug!(server = s, reply = ?other, "unexpected answer to Seek")
+                        }
+                        Err(e) => {
+                            tracing::debug!(server = s, error = %e, "Seek: trying another copy")
+                        }
+                    }
+                }
+                // Nobody could say: all data, no hole.
+                Some(if hole {
+                    None
+                } else {
+                    Some(l.global_of_local(id, primary, l.local_start(id, primary, offset)))
+                })
+            }
+        });
+        let found: Vec<u64> = futures::future::join_all(asks)
+            .await
+            .into_iter()
+            .flatten()
+            .flatten()
+            .collect();
+        let first = found.into_iter().filter(|&at| at >= offset).min();
+        Ok(if hole {
+            Some(first.unwrap_or(size).min(size))
+        } else {
+            first.filter(|&at| at < size)
+        })
     }
 }

@@ -988,6 +988,33 @@ impl Filesystem for MorrisFs {
         });
     }
 
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        // The kernel sends only these two; the others it answers itself.
+        let hole = match whence {
+            libc::SEEK_DATA => false,
+            libc::SEEK_HOLE => true,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let Ok(from) = u64::try_from(offset) else {
+            return reply.error(Errno::ENXIO);
+        };
+        self.spawn(move |s| async move {
+            match s.client.seek(fh.0, from, hole).await {
+                Ok(Some(at)) => reply.offset(at as i64),
+                Ok(None) => reply.error(Errno::ENXIO),
+                Err(e) => reply.error(fail("lseek", ino.0, &e)),
+            }
+        });
+    }
+
     fn fallocate(
         &self,
         _req: &Request,
@@ -1029,19 +1056,6 @@ impl Filesystem for MorrisFs {
         // (e.g. the TCGETS of every isatty() on a regular file), quietly:
         // fuser's default logs a warning for each one.
         reply.error(Errno::ENOTTY);
-    }
-
-    fn lseek(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: i64,
-        _whence: i32,
-        reply: ReplyLseek,
-    ) {
-        // The kernel then handles SEEK_DATA/SEEK_HOLE generically (no holes).
-        reply.error(Errno::ENOSYS);
     }
 
     fn copy_file_range(

@@ -107,6 +107,38 @@ impl Layout {
         ((u64::from(self.block_server(id, index)) + u64::from(replica)) % self.k()) as u32
     }
 
+    /// The block index server `primary` keeps (copy 0) in slot `slot` of
+    /// its extent file of file `id` (slot `j` is bytes `j·unit..(j+1)·unit`).
+    fn index_in_slot(&self, id: FileId, primary: u32, slot: u64) -> u64 {
+        let k = self.k();
+        let first = (u64::from(primary) % k + k - (id % k + 1) % k) % k;
+        slot.saturating_mul(k).saturating_add(1 + first)
+    }
+
+    /// Where a search from byte `from` of file `id` starts in the extent
+    /// file of server `primary`'s blocks (its copy 0, or the same slots of
+    /// another copy): at `from` if that server keeps the block holding
+    /// it, else at the start of the next block it keeps.
+    pub fn local_start(&self, id: FileId, primary: u32, from: u64) -> u64 {
+        let u = u64::from(self.unit);
+        let (index, within) = self.block_of(from);
+        let slot = (index - 1) / self.k();
+        let here = self.index_in_slot(id, primary, slot);
+        match here.cmp(&index) {
+            std::cmp::Ordering::Equal => slot * u + u64::from(within),
+            std::cmp::Ordering::Greater => slot * u,
+            std::cmp::Ordering::Less => (slot + 1).saturating_mul(u),
+        }
+    }
+
+    /// The byte of file `id` at byte `local` of server `primary`'s extent
+    /// file (the inverse of [`Layout::local_start`] where it is exact).
+    pub fn global_of_local(&self, id: FileId, primary: u32, local: u64) -> u64 {
+        let u = u64::from(self.unit);
+        let index = self.index_in_slot(id, primary, local / u);
+        self.block_start(index).saturating_add(local % u)
+    }
+
     /// The length server `server`'s extent file of copy `replica` of file
     /// `id` needs for a file of `size` bytes. Copy `r` on server `s` holds
     /// exactly the blocks copy 0 holds on server `s - r`, at the same slots.
@@ -269,5 +301,32 @@ mod tests {
         let l = Layout::new(4, 4096, 2);
         let p = l.placement(5, 3);
         assert_eq!(p, vec![0, 1]);
+    }
+
+    #[test]
+    fn local_and_global_positions_map_both_ways() {
+        for (k, id) in [(1u32, 5u64), (3, 7), (4, 8), (5, 1234)] {
+            let l = Layout::new(k, 4096, 1);
+            for from in (0..40 * 4096u64).step_by(1000) {
+                let (index, _) = l.block_of(from);
+                let owner = l.block_server(id, index);
+                for p in 0..k {
+                    let local = l.local_start(id, p, from);
+                    let g = l.global_of_local(id, p, local);
+                    if p == owner {
+                        assert_eq!(g, from, "k={k} id={id} from={from}");
+                        assert_eq!(local, l.local_offset(index) + from % 4096);
+                    } else {
+                        // The start of the next block this server keeps.
+                        assert!(
+                            g > from && g.is_multiple_of(4096),
+                            "k={k} p={p} from={from} g={g}"
+                        );
+                        assert_eq!(l.block_server(id, g / 4096 + 1), p);
+                        assert!(g - from < u64::from(k) * 4096);
+                    }
+                }
+            }
+        }
     }
 }

@@ -856,6 +856,22 @@ pub enum Request {
         /// A write lock would be asked for; else a read lock.
         write: bool,
     },
+    /// `SEEK_DATA` / `SEEK_HOLE` among the blocks of file `id` whose copy
+    /// `replica` this server keeps: the first byte of the file at or
+    /// after `from` that those blocks hold as data (`hole: false`) or as
+    /// a hole (`hole: true`; past the end of what is kept is a hole).
+    /// Blocks kept elsewhere are the client's to ask about. No lease: the
+    /// answer is as of now. [`Reply::Sought`].
+    Seek {
+        /// The file.
+        id: FileId,
+        /// Which copy's extent file to look in.
+        replica: u8,
+        /// Byte of the file to search from.
+        from: u64,
+        /// Look for a hole; else for data.
+        hole: bool,
+    },
 }
 
 /// A change to one object not yet pushed home (cache mode II), kept by the
@@ -1029,6 +1045,7 @@ impl Request {
             Request::Lock { .. } => "Lock",
             Request::Fallocate { .. } => "Fallocate",
             Request::TestLock { .. } => "TestLock",
+            Request::Seek { .. } => "Seek",
         }
     }
 }
@@ -1180,6 +1197,8 @@ pub enum Reply {
     LockPending,
     /// Answer to [`Request::TestLock`]: the conflicting lock, if any.
     LockTest(Option<LockInfo>),
+    /// Answer to [`Request::Seek`]: the byte of the file found, if any.
+    Sought(Option<u64>),
 }
 
 /// One server's view of one binding (`morris cache status`).

@@ -641,6 +641,43 @@ impl Blocks {
         })
     }
 
+    /// The first byte at or after `pos` of copy `replica` of `id` that is
+    /// data (`hole: false`; `None` if there is none) or a hole (`hole:
+    /// true`; the end of the extent file counts, and a missing file is
+    /// all hole), by the file system's `SEEK_DATA` / `SEEK_HOLE`.
+    pub fn seek(
+        &self,
+        id: FileId,
+        replica: u8,
+        pos: u64,
+        hole: bool,
+    ) -> Result<Option<u64>, WireError> {
+        let Some(f) = self.existing(id, replica)? else {
+            return Ok(if hole { Some(pos) } else { None });
+        };
+        let Ok(at) = libc::off_t::try_from(pos) else {
+            return Ok(if hole { Some(pos) } else { None });
+        };
+        let whence = if hole {
+            libc::SEEK_HOLE
+        } else {
+            libc::SEEK_DATA
+        };
+        // SAFETY: `f.data` is an open descriptor for the duration of the
+        // call; the file's offset is not used by anything else (reads and
+        // writes are positional).
+        let r = unsafe { libc::lseek(std::os::fd::AsRawFd::as_raw_fd(&f.data), at, whence) };
+        if r >= 0 {
+            return Ok(Some(r as u64));
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            // At or past the end: no data, and a hole.
+            Some(libc::ENXIO) => Ok(if hole { Some(pos) } else { None }),
+            _ => Err(io_err(&format!("seek in data of file {id}"), &e)),
+        }
+    }
+
     /// Reserves `len` bytes at `pos` of copy `replica` of `id` (created if
     /// missing), without changing its length: later writes there cannot
     /// fail for want of space. What was not written reads as zeros, as a

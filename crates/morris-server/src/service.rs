@@ -46,7 +46,7 @@ mod stats;
 const LIST_PAGE_WAIT: Duration = Duration::from_secs(2);
 
 /// Every request name, in a fixed order, for the per-request counters.
-const OPS: [&str; 54] = [
+const OPS: [&str; 55] = [
     "Hello",
     "Format",
     "Status",
@@ -101,6 +101,7 @@ const OPS: [&str; 54] = [
     "Lock",
     "TestLock",
     "Fallocate",
+    "Seek",
 ];
 
 /// Who is on the other end of a connection, after its `Hello`.
@@ -328,6 +329,7 @@ fn subject(req: &Request) -> Option<FileId> {
         Request::Read { id, .. }
         | Request::Write { id, .. }
         | Request::Fallocate { id, .. }
+        | Request::Seek { id, .. }
         | Request::Truncate { id, .. }
         | Request::DeleteData { id } => Some(*id),
         Request::Sync { id } => *id,
@@ -1619,6 +1621,12 @@ impl Server {
                 self.fallocate_here(vol, &store, id, (offset, len), punch)
                     .await
             }
+            Request::Seek {
+                id,
+                replica,
+                from,
+                hole,
+            } => self.seek_here(vol, id, replica, from, hole).await,
             Request::Truncate { id, size, .. } => {
                 if size > MAX_FILE_SIZE {
                     return Err(err(

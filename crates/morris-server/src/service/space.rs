@@ -1,5 +1,6 @@
 //! `Fallocate` at a data server: reserves or frees the bytes of a range
-//! that fall in the blocks this server keeps, every copy of them here.
+//! that fall in the blocks this server keeps, every copy of them here;
+//! `Seek`: where data or a hole starts in the blocks of one copy here.
 
 use std::sync::Arc;
 
@@ -72,5 +73,30 @@ impl Server {
         })
         .await?;
         Ok(Reply::Ok)
+    }
+
+    /// `Seek`: the first byte at or after `from` of file `id` that copy
+    /// `replica` kept here holds as data (or as a hole).
+    pub(super) async fn seek_here(
+        &self,
+        vol: &Formatted,
+        id: FileId,
+        replica: u8,
+        from: u64,
+        hole: bool,
+    ) -> Result<Reply, WireError> {
+        let l = vol.layout;
+        if u32::from(replica) >= l.replicas.max(1) || from > MAX_FILE_SIZE {
+            return Err(err(ErrorCode::Invalid, "no such copy or offset"));
+        }
+        let k = l.servers.max(1);
+        // This copy holds the blocks copy 0 holds on server `primary`.
+        let primary = (vol.index % k + k - u32::from(replica) % k) % k;
+        let start = l.local_start(id, primary, from);
+        let blocks = self.blocks.clone();
+        let found = blocking(move || blocks.seek(id, replica, start, hole)).await?;
+        Ok(Reply::Sought(
+            found.map(|local| l.global_of_local(id, primary, local)),
+        ))
     }
 }
