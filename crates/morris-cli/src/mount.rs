@@ -73,6 +73,11 @@ pub struct MountTuning {
     /// `nodev`). Only root may mount so.
     #[arg(long)]
     pub dev: bool,
+    /// Never update access times (default: `relatime`, as Linux: a read
+    /// moves the access time when it is not later than the last change,
+    /// or is a day old).
+    #[arg(long)]
+    pub noatime: bool,
 }
 
 impl MountTuning {
@@ -85,6 +90,7 @@ impl MountTuning {
         if let Some(n) = self.max_leases {
             c.max_cached_leases = n;
         }
+        c.relatime = !self.noatime;
         c.name = name;
         c
     }
@@ -109,6 +115,7 @@ impl MountTuning {
         o.read_only = self.read_only;
         o.suid = self.suid;
         o.dev = self.dev;
+        o.noatime = self.noatime;
         o
     }
 

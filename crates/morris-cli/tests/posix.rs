@@ -1140,3 +1140,51 @@ fn flushes_racing_writes_keep_every_byte() {
         assert_same(&got, &pattern(n, 0, total as usize), &format!("raced-{n}"));
     }
 }
+
+#[test]
+fn reads_move_the_access_time_as_relatime_does_and_noatime_mounts_never() {
+    let c = Cluster::start(2, ClusterOpts::default());
+    let m = c.mount();
+    let p = m.path.join("f");
+    fs::write(&p, b"data").expect("write");
+    // Read before its last change: the next read moves it to now.
+    utimens(&p, (1_000_000_000, 0), (1_500_000_000, 0)).expect("utimensat");
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64;
+    let ctime = fs::metadata(&p).expect("stat").ctime_nsec();
+    fs::read(&p).expect("read");
+    let md = fs::metadata(&p).expect("stat");
+    assert!(md.atime() >= before, "atime {} after a read", md.atime());
+    assert_eq!(md.ctime_nsec(), ctime, "an access time update is no change");
+    // Another mount sees it.
+    let other = c.mount();
+    common::wait_for(Duration::from_secs(10), "the other mount's atime", || {
+        let a = fs::metadata(other.path.join("f"))
+            .map_err(|e| e.to_string())?
+            .atime();
+        if a >= before {
+            Ok(())
+        } else {
+            Err(format!("atime {a}"))
+        }
+    });
+    // Later than the last change (and status change) and less than a day
+    // old: left alone.
+    let was = (md.atime(), md.atime_nsec());
+    std::thread::sleep(Duration::from_millis(20));
+    fs::read(&p).expect("read");
+    let md = fs::metadata(&p).expect("stat");
+    assert_eq!((md.atime(), md.atime_nsec()), was, "a second read");
+    // A day old: moved.
+    utimens(&p, (before - 2 * 86_400, 0), (1_500_000_000, 0)).expect("utimensat");
+    fs::read(&p).expect("read");
+    assert!(fs::metadata(&p).expect("stat").atime() >= before);
+    // `--noatime`: never.
+    let quiet = common::Mount::start(c.addr(0), &["--noatime"]);
+    let q = quiet.path.join("f");
+    utimens(&q, (1_000_000_000, 0), (1_500_000_000, 0)).expect("utimensat");
+    fs::read(&q).expect("read");
+    assert_eq!(fs::metadata(&q).expect("stat").atime(), 1_000_000_000);
+}

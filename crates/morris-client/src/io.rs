@@ -19,7 +19,7 @@ use morris_proto::{ErrorCode, FileId, FileKind, Handle, Reply, Request, Timestam
 /// A block fetch in flight or done; cloneable so a block can serve two reads.
 type Fetch = Shared<BoxFuture<'static, Result<Bytes>>>;
 
-use crate::leases::Mode;
+use crate::leases::{LeaseGuard, Mode};
 use crate::pool::{unexpected, Pool};
 use crate::{Client, Error, Result};
 
@@ -191,6 +191,11 @@ impl Client {
             }
             if write {
                 self.check_change(&g.inode()).await?;
+            } else if g.inode().attr.kind == FileKind::File {
+                // Opened to read: reads the kernel serves from its page
+                // cache never reach this client, so `relatime` counts the
+                // open (as an NFS server counts the uncached READs).
+                self.relatime(&g);
             }
             // Counted while the lease is in use, so a recall of it (another
             // client about to remove the last name) sees this open.
@@ -282,9 +287,43 @@ impl Client {
         }
     }
 
+    /// `relatime`: after a read of the object `g` holds a lease on, its
+    /// access time moves to now if it is not later than its modification
+    /// or change time, or is a day old. Sent in the background without a
+    /// lease (`TouchAtime`: the owner only moves it forward); this client
+    /// sees the new time at once, others when they next fetch the inode.
+    pub(crate) fn relatime(&self, g: &LeaseGuard) {
+        if !self.config.relatime {
+            return;
+        }
+        let now = Timestamp::now();
+        let h = {
+            let mut st = g.entry.state.lock();
+            let a = &st.inode.attr;
+            let stale = a.atime <= a.mtime
+                || a.atime <= a.ctime
+                || now.secs.saturating_sub(a.atime.secs) >= 24 * 3600;
+            if !stale || st.inode.home.is_some() {
+                return;
+            }
+            st.inode.attr.atime = now;
+            st.inode.handle()
+        };
+        let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
+            return;
+        };
+        tokio::spawn(async move {
+            let req = Request::TouchAtime { ino: h, atime: now };
+            if let Err(e) = me.call_owner(h.id, req).await {
+                tracing::debug!(ino = h.id, error = %e, "access time not stored");
+            }
+        });
+    }
+
     pub(crate) async fn do_read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes> {
         let f = self.open_file(fh)?;
         let g = self.leases.get(f.h, Mode::Read).await?;
+        self.relatime(&g);
         let (file_size, mtime, ctime, local_writes, src) = {
             let st = g.entry.state.lock();
             let a = &st.inode.attr;

@@ -134,6 +134,9 @@ pub struct ClientConfig {
     pub readahead_max: u64,
     /// Most leases kept cached before the least recently used are released.
     pub max_cached_leases: usize,
+    /// Update access times on reads as Linux's `relatime` does (default);
+    /// `false`: never (`noatime`).
+    pub relatime: bool,
 }
 
 impl ClientConfig {
@@ -144,6 +147,7 @@ impl ClientConfig {
             name: "morris-client".into(),
             readahead_max: 64 << 20,
             max_cached_leases: 100_000,
+            relatime: true,
         }
     }
 }

@@ -49,6 +49,8 @@ pub(crate) struct Request {
     pub(crate) suid: bool,
     /// Without `nodev` (direct mounts only; the helper forces it).
     pub(crate) dev: bool,
+    /// `noatime` (shown only: access times are the library's business).
+    pub(crate) noatime: bool,
 }
 
 impl Request {
@@ -74,9 +76,10 @@ impl Request {
     /// The helper's `-o` argument.
     pub(crate) fn helper_options(&self) -> String {
         format!(
-            "fsname={},{}nosuid,nodev,{}",
+            "fsname={},{}{}nosuid,nodev,{}",
             self.fsname,
             if self.read_only { "ro," } else { "" },
+            if self.noatime { "noatime," } else { "" },
             self.common_options()
         )
     }
@@ -92,6 +95,9 @@ impl Request {
         }
         if !self.dev {
             f |= libc::MS_NODEV;
+        }
+        if self.noatime {
+            f |= libc::MS_NOATIME;
         }
         f
     }
@@ -413,6 +419,7 @@ mod tests {
             read_only: false,
             suid: false,
             dev: false,
+            noatime: false,
         };
         assert_eq!(r.flags(), libc::MS_NOSUID | libc::MS_NODEV);
         let data = r.kernel_data(7, 0o40000);
@@ -431,12 +438,13 @@ mod tests {
             read_only: true,
             suid: true,
             dev: true,
+            noatime: true,
         };
         assert!(!owner.helper_options().contains("allow_other"));
         assert!(owner
             .helper_options()
-            .starts_with("fsname=m,ro,nosuid,nodev,"));
-        assert_eq!(owner.flags(), libc::MS_RDONLY);
+            .starts_with("fsname=m,ro,noatime,nosuid,nodev,"));
+        assert_eq!(owner.flags(), libc::MS_RDONLY | libc::MS_NOATIME);
     }
 
     #[test]

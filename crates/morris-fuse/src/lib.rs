@@ -80,6 +80,9 @@ pub struct MountOptions {
     /// Let device nodes be opened (default `false`: `nodev`). Direct
     /// mounts only.
     pub dev: bool,
+    /// Show the mount as `noatime` (default `false`: `relatime`); the
+    /// client's `ClientConfig::relatime` is what updates access times.
+    pub noatime: bool,
 }
 
 impl Default for MountOptions {
@@ -92,6 +95,7 @@ impl Default for MountOptions {
             read_only: false,
             suid: false,
             dev: false,
+            noatime: false,
         }
     }
 }
@@ -475,6 +479,7 @@ fn start<FS: Filesystem + Send + 'static>(
         read_only: opts.read_only,
         suid: opts.suid,
         dev: opts.dev,
+        noatime: opts.noatime,
     };
     let fd = kernel::mount(&mountpoint, &req, method)?;
     // Ours is the mount on top of the mount point now (our connection is

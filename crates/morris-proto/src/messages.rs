@@ -57,7 +57,7 @@ use uuid::Uuid;
 use crate::home::{Binding, HomeRef, HomeStamp};
 use crate::types::{
     Attr, DirEntry, FileId, FileKind, Handle, Inode, LockInfo, LockKind, ServerStats, SetAttr,
-    StaleCopy, VolumeDescriptor, Xattr, XattrHow,
+    StaleCopy, Timestamp, VolumeDescriptor, Xattr, XattrHow,
 };
 
 /// The kind of lease a recall wants to make room for.
@@ -856,6 +856,16 @@ pub enum Request {
         /// A write lock would be asked for; else a read lock.
         write: bool,
     },
+    /// Moves the inode's access time forward to `atime` (never back; the
+    /// ctime stays), without a lease: what a read under `relatime` asks
+    /// for. Other clients see it when they next fetch the inode. Objects
+    /// cached from a home are left alone. [`Reply::Ok`].
+    TouchAtime {
+        /// The inode.
+        ino: Handle,
+        /// The time of the read.
+        atime: Timestamp,
+    },
     /// `SEEK_DATA` / `SEEK_HOLE` among the blocks of file `id` whose copy
     /// `replica` this server keeps: the first byte of the file at or
     /// after `from` that those blocks hold as data (`hole: false`) or as
@@ -1046,6 +1056,7 @@ impl Request {
             Request::Fallocate { .. } => "Fallocate",
             Request::TestLock { .. } => "TestLock",
             Request::Seek { .. } => "Seek",
+            Request::TouchAtime { .. } => "TouchAtime",
         }
     }
 }

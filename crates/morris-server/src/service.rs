@@ -46,7 +46,7 @@ mod stats;
 const LIST_PAGE_WAIT: Duration = Duration::from_secs(2);
 
 /// Every request name, in a fixed order, for the per-request counters.
-const OPS: [&str; 55] = [
+const OPS: [&str; 56] = [
     "Hello",
     "Format",
     "Status",
@@ -102,6 +102,7 @@ const OPS: [&str; 55] = [
     "TestLock",
     "Fallocate",
     "Seek",
+    "TouchAtime",
 ];
 
 /// Who is on the other end of a connection, after its `Hello`.
@@ -266,6 +267,7 @@ fn takes_lease(req: &Request) -> bool {
             | Request::AcquireWrite { .. }
             | Request::CreateInode { .. }
             | Request::SetAttr { .. }
+            | Request::TouchAtime { .. }
             | Request::GetXattrs { .. }
             | Request::SetXattr { .. }
             | Request::Lock { .. }
@@ -307,6 +309,7 @@ fn subject(req: &Request) -> Option<FileId> {
         | Request::DeleteInode { ino, .. }
         | Request::DropLink { ino, .. }
         | Request::SetOpen { ino, .. }
+        | Request::TouchAtime { ino, .. }
         | Request::Reap { ino, .. } => Some(ino.id),
         Request::NoteLeftover { id, .. } | Request::ResyncAdvance { id, .. } => Some(*id),
         Request::Bind { dir, .. }
@@ -1239,6 +1242,7 @@ impl Server {
             req,
             Request::CreateInode { .. }
                 | Request::SetAttr { .. }
+                | Request::TouchAtime { .. }
                 | Request::SetXattr { .. }
                 | Request::MarkStale { .. }
                 | Request::NoteLeftover { .. }
@@ -1425,6 +1429,11 @@ impl Server {
                 })
                 .await
                 .map(Reply::Inode)
+            }
+            Request::TouchAtime { ino, atime } => {
+                Self::check_owner(vol, ino.id)?;
+                metadata(move || store.touch_atime(ino, atime))?;
+                Ok(Reply::Ok)
             }
             Request::Lock {
                 ino,

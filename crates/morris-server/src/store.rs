@@ -788,6 +788,25 @@ impl Store {
         Ok(inode)
     }
 
+    /// Moves the access time of the inode `h` names forward to `atime`
+    /// (never back; nothing else changes). Objects cached from a home are
+    /// left alone.
+    pub fn touch_atime(&self, h: Handle, atime: Timestamp) -> Result<(), WireError> {
+        self.write_txn(|tx| {
+            let mut ino = check_handle(h, load_inode(tx, h.id)?)?;
+            if ino.home.is_some() || ino.attr.atime >= atime {
+                return Ok(());
+            }
+            ino.attr.atime = atime;
+            tx.execute(
+                "UPDATE inodes SET data = ?2 WHERE id = ?1",
+                params![sql_id(ino.id), encode_inode(&ino)?],
+            )
+            .map_err(db_err)?;
+            Ok(())
+        })
+    }
+
     /// Changes attributes of the inode `h` names.
     pub fn set_attr(&self, h: Handle, set: &SetAttr) -> Result<Inode, WireError> {
         self.write_txn(|tx| {
