@@ -153,18 +153,32 @@ pub(crate) struct Pool {
 
 /// Asks a server for its descriptor without joining the volume (admin hello).
 pub(crate) async fn probe(addr: &str, key: &Key) -> Result<(VolumeDescriptor, u32)> {
-    let c = RpcClient::connect(addr, key, None).await?;
-    let (reply, _) = c
-        .call(
-            &Request::Hello {
-                volume: None,
-                client_id: rand::random(),
-                client_name: "probe".into(),
-                version: PROTOCOL_VERSION,
-            },
-            Bytes::new(),
-        )
-        .await?;
+    // A connection lost during the handshake or before the answer (a
+    // server busy or restarting) is tried again a few times; a refused
+    // connection or key is not.
+    let mut wait = std::time::Duration::from_millis(200);
+    let mut attempt = 1;
+    let c = loop {
+        let lost = match probe_once(addr, key).await {
+            Ok(c) => break c,
+            Err(e @ morris_proto::net::RpcError::Disconnected(_)) => e,
+            Err(
+                e @ morris_proto::net::RpcError::Auth {
+                    source: morris_proto::auth::HandshakeError::Io(_),
+                    ..
+                },
+            ) => e,
+            Err(e) => return Err(e.into()),
+        };
+        if attempt == 5 {
+            return Err(lost.into());
+        }
+        tracing::debug!(addr, attempt, error = %lost, "probing the volume again");
+        tokio::time::sleep(wait).await;
+        wait *= 2;
+        attempt += 1;
+    };
+    let (reply, _) = c;
     match reply {
         Reply::Hello {
             descriptor: Some(d),
@@ -179,6 +193,24 @@ pub(crate) async fn probe(addr: &str, key: &Key) -> Result<(VolumeDescriptor, u3
         )),
         other => Err(unexpected(&other)),
     }
+}
+
+/// One `Hello` on a fresh connection to `addr`.
+async fn probe_once(
+    addr: &str,
+    key: &Key,
+) -> std::result::Result<(Reply, Bytes), morris_proto::net::RpcError> {
+    let c = RpcClient::connect(addr, key, None).await?;
+    c.call(
+        &Request::Hello {
+            volume: None,
+            client_id: rand::random(),
+            client_name: "probe".into(),
+            version: PROTOCOL_VERSION,
+        },
+        Bytes::new(),
+    )
+    .await
 }
 
 pub(crate) fn unexpected(r: &Reply) -> Error {
