@@ -209,6 +209,11 @@ fn acls_set_on_a_mount_decide_access_through_the_gateway() {
     gw.err_as(1000, 1000, &["put", "/d/new", "644", "no"], libc::EACCES);
     setfacl("-m u:1000:rwx d");
     gw.ok_as(1000, 1000, &["put", "/d/new", "644", "yes"]);
+    // Truncating (SETATTR of the size) needs write: granted by an entry.
+    gw.err_as(1000, 1000, &["truncate", "/d/f", "3"], libc::EACCES);
+    setfacl("-m u:1000:rw,m::rw d/f");
+    gw.ok_as(1000, 1000, &["truncate", "/d/f", "3"]);
+    assert_eq!(gw.ok_as(1000, 1000, &["get", "/d/f"]), "for\n");
     // Gone again: the mode decides.
     setfacl("-b d/f");
     gw.err_as(1000, 1000, &["get", "/d/f"], libc::EACCES);
