@@ -579,6 +579,38 @@ fn rename_semantics() {
     renameat2(&a.join("other"), &a.join("fresh"), libc::RENAME_NOREPLACE)
         .expect("RENAME_NOREPLACE to a free name");
     assert_contents(&a.join("fresh"), b"other", "RENAME_NOREPLACE result");
+
+    // RENAME_EXCHANGE within a directory: a file and a directory swap.
+    fs::create_dir(a.join("xd")).expect("mkdir");
+    fs::write(a.join("xd/inside"), b"in").expect("create");
+    renameat2(&a.join("fresh"), &a.join("xd"), libc::RENAME_EXCHANGE).expect("RENAME_EXCHANGE");
+    assert_contents(
+        &a.join("xd"),
+        b"other",
+        "the file under the directory's name",
+    );
+    assert_contents(
+        &a.join("fresh/inside"),
+        b"in",
+        "the directory under the file's name",
+    );
+    let names: HashSet<String> = fs::read_dir(&a)
+        .expect("list")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.contains("fresh") && names.contains("xd"), "{names:?}");
+    expect_errno(
+        renameat2(&a.join("xd"), &a.join("nothing"), libc::RENAME_EXCHANGE),
+        libc::ENOENT,
+        "RENAME_EXCHANGE with a missing name",
+    );
+    fs::create_dir(a.join("sub")).expect("mkdir");
+    fs::write(a.join("sub/s"), b"s").expect("create");
+    expect_errno(
+        renameat2(&a.join("xd"), &a.join("sub/s"), libc::RENAME_EXCHANGE),
+        libc::EINVAL,
+        "RENAME_EXCHANGE between directories (not supported)",
+    );
 }
 
 #[test]

@@ -812,11 +812,17 @@ impl Client {
         flags: RenameFlags,
         caller: &Caller,
     ) -> Result<()> {
-        if flags.exchange {
-            return Err(Error::new(ErrorCode::NotSupported, "RENAME_EXCHANGE"));
-        }
         check_name(sname)?;
         check_name(dname)?;
+        if flags.exchange {
+            if sdir != ddir {
+                return Err(Error::new(
+                    ErrorCode::NotSupported,
+                    "RENAME_EXCHANGE between two directories",
+                ));
+            }
+            return self.exchange(sdir, sname, dname, caller).await;
+        }
         if sdir == ddir && sname == dname {
             return Ok(());
         }
@@ -974,6 +980,57 @@ impl Client {
             ErrorCode::Unavailable,
             "directories keep changing",
         ))
+    }
+
+    /// `renameat2(RENAME_EXCHANGE)` of names `a` and `b` of `dir`.
+    async fn exchange(&self, dir: FileId, a: &[u8], b: &[u8], caller: &Caller) -> Result<()> {
+        if a == b {
+            return Ok(());
+        }
+        self.ensure_listed(dir).await?;
+        let _changing = self.dir_locks.lock(&[dir]).await;
+        let missing = || Error::new(ErrorCode::NotFound, "no such entry");
+        // Under the directory's write lease its names are this client's.
+        let g = self.dir_guard(dir, Mode::Write).await?;
+        let ea = self.entry_in(&g, a).await?.ok_or_else(missing)?;
+        let eb = self.entry_in(&g, b).await?.ok_or_else(missing)?;
+        if ea.child == eb.child {
+            return Ok(());
+        }
+        self.check_change(&g.inode()).await?;
+        if caller.check {
+            // Each name is removed and made again: write and search here,
+            // and the sticky rule for both objects.
+            let acl = self.acl_for(&g.inode(), caller).await?;
+            for e in [&ea, &eb] {
+                let child = self.do_getattr_nolease(e.child).await?;
+                check_delete(&g.inode(), acl.as_ref(), &child, caller)?;
+            }
+        }
+        let req = Request::Exchange {
+            dir: g.handle(),
+            a: a.to_vec(),
+            b: b.to_vec(),
+            op: 0,
+        };
+        let reply = self.dir_call(&g, req).await?;
+        let swapped = |name: &[u8], to: &DirEntry| DirEntry {
+            name: name.to_vec(),
+            child: to.child,
+            kind: to.kind,
+            cookie: 0,
+        };
+        Self::dir_changed(&g, reply, a, Some(swapped(a, &eb)))?;
+        g.entry
+            .state
+            .lock()
+            .names
+            .insert(b.to_vec(), Some(swapped(b, &ea)));
+        if let Some(inv) = self.leases.invalidator() {
+            inv.entry(dir, a);
+            inv.entry(dir, b);
+        }
+        Ok(())
     }
 
     /// Inode without taking a lease (only for checks that tolerate a race).

@@ -157,7 +157,8 @@ impl ClientConfig {
 pub struct RenameFlags {
     /// Fail with `Exists` if the target exists.
     pub noreplace: bool,
-    /// Swap source and target atomically (not supported: `NotSupported`).
+    /// Swap source and target atomically (within one directory; between
+    /// two: `NotSupported`).
     pub exchange: bool,
 }
 

@@ -856,6 +856,21 @@ pub enum Request {
         /// A write lock would be asked for; else a read lock.
         write: bool,
     },
+    /// Swaps what names `a` and `b` of directory `dir` point at, at once
+    /// (`renameat2(RENAME_EXCHANGE)` within one directory); both must
+    /// exist. Takes the write lease on the directory implicitly. Not in a
+    /// directory cached from a home (`NotSupported`). [`Reply::Removed`]
+    /// (no entry; the directory).
+    Exchange {
+        /// The directory.
+        dir: Handle,
+        /// One name.
+        a: Vec<u8>,
+        /// The other.
+        b: Vec<u8>,
+        /// Operation id (0: none).
+        op: u64,
+    },
     /// Moves the inode's access time forward to `atime` (never back; the
     /// ctime stays), without a lease: what a read under `relatime` asks
     /// for. Other clients see it when they next fetch the inode. Objects
@@ -927,6 +942,7 @@ impl Request {
             | Request::Link { op, .. }
             | Request::Unlink { op, .. }
             | Request::Rename { op, .. }
+            | Request::Exchange { op, .. }
             | Request::DropLink { op, .. }
             | Request::SetOpen { op, .. }
             | Request::SetXattr { op, .. }
@@ -944,6 +960,7 @@ impl Request {
             | Request::Link { op, .. }
             | Request::Unlink { op, .. }
             | Request::Rename { op, .. }
+            | Request::Exchange { op, .. }
             | Request::DropLink { op, .. }
             | Request::SetOpen { op, .. }
             | Request::SetXattr { op, .. }
@@ -1057,6 +1074,7 @@ impl Request {
             Request::TestLock { .. } => "TestLock",
             Request::Seek { .. } => "Seek",
             Request::TouchAtime { .. } => "TouchAtime",
+            Request::Exchange { .. } => "Exchange",
         }
     }
 }

@@ -46,7 +46,7 @@ mod stats;
 const LIST_PAGE_WAIT: Duration = Duration::from_secs(2);
 
 /// Every request name, in a fixed order, for the per-request counters.
-const OPS: [&str; 56] = [
+const OPS: [&str; 57] = [
     "Hello",
     "Format",
     "Status",
@@ -103,6 +103,7 @@ const OPS: [&str; 56] = [
     "Fallocate",
     "Seek",
     "TouchAtime",
+    "Exchange",
 ];
 
 /// Who is on the other end of a connection, after its `Hello`.
@@ -279,6 +280,7 @@ fn takes_lease(req: &Request) -> bool {
             | Request::Link { .. }
             | Request::Unlink { .. }
             | Request::Rename { .. }
+            | Request::Exchange { .. }
             | Request::DropLink { .. }
             // Not a lease, but its judgement of which clients are alive
             // needs them to have renewed since this server (or range) started.
@@ -328,7 +330,8 @@ fn subject(req: &Request) -> Option<FileId> {
         | Request::ReadDir { dir, .. }
         | Request::Link { dir, .. }
         | Request::Unlink { dir, .. }
-        | Request::Rename { dir, .. } => Some(dir.id),
+        | Request::Rename { dir, .. }
+        | Request::Exchange { dir, .. } => Some(dir.id),
         Request::Read { id, .. }
         | Request::Write { id, .. }
         | Request::Fallocate { id, .. }
@@ -1215,6 +1218,7 @@ impl Server {
             | Request::Link { .. }
             | Request::Unlink { .. }
             | Request::Rename { .. }
+            | Request::Exchange { .. }
             | Request::DropLink { .. }
             | Request::SetOpen { .. }
             | Request::Reap { .. }
@@ -1251,6 +1255,7 @@ impl Server {
                 | Request::Link { .. }
                 | Request::Unlink { .. }
                 | Request::Rename { .. }
+                | Request::Exchange { .. }
                 | Request::DropLink { .. }
                 | Request::SetOpen { .. }
                 | Request::Reap { .. }
@@ -1604,6 +1609,15 @@ impl Server {
                 })
                 .await
                 .map(|(entry, dir)| Reply::Removed { entry, dir })
+            }
+            Request::Exchange { dir, a, b, op } => {
+                Self::check_owner(vol, dir.id)?;
+                let op = OpKey::new(client, op);
+                self.leased(client, conn_id, dir, LeaseMode::Write, move || {
+                    store.exchange(dir, &a, &b, op)
+                })
+                .await
+                .map(|dir| Reply::Removed { entry: None, dir })
             }
             Request::Write {
                 id,

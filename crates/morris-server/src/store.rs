@@ -1439,6 +1439,7 @@ mod cached;
 #[cfg(test)]
 mod cached_tests;
 mod cookies;
+mod exchange;
 mod once;
 mod orphans;
 mod replica;
