@@ -153,6 +153,17 @@ fn a_punched_hole_is_in_both_copies_of_a_mirrored_volume() {
     }
 }
 
+/// A volume of `servers` servers keeping `replicas` copies.
+fn with_copies(servers: usize, replicas: u8) -> Cluster {
+    Cluster::start(
+        servers,
+        ClusterOpts {
+            replicas,
+            ..ClusterOpts::default()
+        },
+    )
+}
+
 /// `statvfs` of `p`: (bytes in all, bytes free, bytes available).
 fn space_of(p: &std::path::Path) -> (u64, u64, u64) {
     use std::os::unix::ffi::OsStrExt;
@@ -170,13 +181,7 @@ fn space_of(p: &std::path::Path) -> (u64, u64, u64) {
 #[test]
 fn df_counts_a_shared_disk_once_and_divides_by_the_copies() {
     for replicas in [1u8, 2] {
-        let c = Cluster::start(
-            4,
-            ClusterOpts {
-                replicas,
-                ..ClusterOpts::default()
-            },
-        );
+        let c = with_copies(4, replicas);
         let m = c.mount();
         // Every server here keeps its data on the same disk.
         let disk = space_of(&c.servers[0].data);
@@ -222,13 +227,7 @@ fn seek_data_and_seek_hole_answer_what_ext4_answers() {
         .tempdir_in("/var/tmp")
         .unwrap();
     for replicas in [1u8, 2] {
-        let c = Cluster::start(
-            3,
-            ClusterOpts {
-                replicas,
-                ..ClusterOpts::default()
-            },
-        );
+        let c = with_copies(3, replicas);
         let m = c.mount();
         let open = |p: std::path::PathBuf| {
             OpenOptions::new()

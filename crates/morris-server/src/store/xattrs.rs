@@ -318,6 +318,13 @@ mod tests {
         s
     }
 
+    /// A new file (not linked anywhere) of generation `gen`.
+    fn file(s: &Store, gen: u32) -> Handle {
+        s.create_inode(0, &attr(FileKind::File), None, gen, None, None)
+            .unwrap()
+            .handle()
+    }
+
     fn names(s: &Store, h: Handle) -> Vec<(String, Vec<u8>)> {
         s.get_xattrs(h)
             .unwrap()
@@ -331,10 +338,7 @@ mod tests {
     fn set_replace_create_and_remove_as_setxattr_does() {
         let dir = tempfile::tempdir().unwrap();
         let s = store(dir.path());
-        let f = s
-            .create_inode(0, &attr(FileKind::File), None, 1, None, None)
-            .unwrap()
-            .handle();
+        let f = file(&s, 1);
         assert!(names(&s, f).is_empty());
         let before = s.get_handle(f).unwrap().attr.ctime;
         std::thread::sleep(std::time::Duration::from_millis(2));
@@ -385,10 +389,7 @@ mod tests {
     fn room_is_bounded_per_object_and_replacing_reuses_it() {
         let dir = tempfile::tempdir().unwrap();
         let s = store(dir.path());
-        let f = s
-            .create_inode(0, &attr(FileKind::File), None, 1, None, None)
-            .unwrap()
-            .handle();
+        let f = file(&s, 1);
         let v = vec![1u8; MAX_XATTR_VALUE];
         let mut n = 0;
         let full = loop {
@@ -404,10 +405,7 @@ mod tests {
         s.set_xattr(f, b"user.v0", Some(&v), XattrHow::Replace, None)
             .unwrap();
         // Names alone are bounded too (what one listxattr can return).
-        let g = s
-            .create_inode(0, &attr(FileKind::File), None, 2, None, None)
-            .unwrap()
-            .handle();
+        let g = file(&s, 2);
         let long = |i: usize| format!("user.{i:0>250}");
         let mut i = 0;
         let e = loop {
@@ -424,10 +422,7 @@ mod tests {
     fn attributes_go_with_their_inode_and_a_repeat_is_answered_once() {
         let dir = tempfile::tempdir().unwrap();
         let s = store(dir.path());
-        let f = s
-            .create_inode(0, &attr(FileKind::File), None, 1, None, None)
-            .unwrap()
-            .handle();
+        let f = file(&s, 1);
         let op = |n| OpKey::new(5, n);
         s.set_xattr(f, b"user.a", Some(b"1"), XattrHow::Create, op(1))
             .unwrap();
@@ -466,10 +461,7 @@ mod tests {
     fn an_access_acl_and_the_mode_follow_each_other() {
         let dir = tempfile::tempdir().unwrap();
         let s = store(dir.path());
-        let f = s
-            .create_inode(0, &attr(FileKind::File), None, 1, None, None)
-            .unwrap()
-            .handle();
+        let f = file(&s, 1);
         let mode = |s: &Store| s.get_handle(f).unwrap().attr.mode & 0o7777;
         assert_eq!(mode(&s), 0o644);
         // A named user: kept, and the group bits are the mask.
