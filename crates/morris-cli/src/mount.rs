@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use morris_client::{ClientConfig, Keys};
+use morris_client::{Atime, ClientConfig, Keys};
 use morris_fuse::MountOptions;
 use tracing::info;
 
@@ -76,8 +76,12 @@ pub struct MountTuning {
     /// Never update access times (default: `relatime`, as Linux: a read
     /// moves the access time when it is not later than the last change,
     /// or is a day old).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "strictatime")]
     pub noatime: bool,
+    /// Update access times on every read (at most once a second per file
+    /// and mount; each update is a request to the file's server).
+    #[arg(long)]
+    pub strictatime: bool,
 }
 
 impl MountTuning {
@@ -90,7 +94,13 @@ impl MountTuning {
         if let Some(n) = self.max_leases {
             c.max_cached_leases = n;
         }
-        c.relatime = !self.noatime;
+        c.atime = if self.noatime || self.read_only {
+            Atime::Never
+        } else if self.strictatime {
+            Atime::Strict
+        } else {
+            Atime::Relative
+        };
         c.name = name;
         c
     }
@@ -116,6 +126,7 @@ impl MountTuning {
         o.suid = self.suid;
         o.dev = self.dev;
         o.noatime = self.noatime;
+        o.strictatime = self.strictatime;
         o
     }
 

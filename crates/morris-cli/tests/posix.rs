@@ -606,11 +606,10 @@ fn rename_semantics() {
     );
     fs::create_dir(a.join("sub")).expect("mkdir");
     fs::write(a.join("sub/s"), b"s").expect("create");
-    expect_errno(
-        renameat2(&a.join("xd"), &a.join("sub/s"), libc::RENAME_EXCHANGE),
-        libc::EINVAL,
-        "RENAME_EXCHANGE between directories (not supported)",
-    );
+    renameat2(&a.join("xd"), &a.join("sub/s"), libc::RENAME_EXCHANGE)
+        .expect("RENAME_EXCHANGE between directories");
+    assert_contents(&a.join("xd"), b"s", "exchanged across directories");
+    assert_contents(&a.join("sub/s"), b"other", "exchanged across directories");
 }
 
 #[test]

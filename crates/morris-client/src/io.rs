@@ -21,7 +21,7 @@ type Fetch = Shared<BoxFuture<'static, Result<Bytes>>>;
 
 use crate::leases::{LeaseGuard, Mode};
 use crate::pool::{unexpected, Pool};
-use crate::{Client, Error, Result};
+use crate::{Atime, Client, Error, Result};
 
 /// Where a file's blocks are read from: its stale-copy records, and for a
 /// cached file, what a server fetches a missing unit from.
@@ -287,22 +287,29 @@ impl Client {
         }
     }
 
-    /// `relatime`: after a read of the object `g` holds a lease on, its
-    /// access time moves to now if it is not later than its modification
-    /// or change time, or is a day old. Sent in the background without a
-    /// lease (`TouchAtime`: the owner only moves it forward); this client
-    /// sees the new time at once, others when they next fetch the inode.
+    /// After a read of the object `g` holds a lease on, its access time
+    /// moves to now as the mount's [`Atime`] says (`relatime`: if it is not
+    /// later than its modification or change time, or is a day old). Sent
+    /// in the background without a lease (`TouchAtime`: the owner only
+    /// moves it forward); this client sees the new time at once, others
+    /// when they next fetch the inode.
     pub(crate) fn relatime(&self, g: &LeaseGuard) {
-        if !self.config.relatime {
+        let atime = *self.atime.lock();
+        if atime == Atime::Never {
             return;
         }
         let now = Timestamp::now();
         let h = {
             let mut st = g.entry.state.lock();
             let a = &st.inode.attr;
-            let stale = a.atime <= a.mtime
-                || a.atime <= a.ctime
-                || now.secs.saturating_sub(a.atime.secs) >= 24 * 3600;
+            let stale = match atime {
+                Atime::Strict => now.secs > a.atime.secs,
+                _ => {
+                    a.atime <= a.mtime
+                        || a.atime <= a.ctime
+                        || now.secs.saturating_sub(a.atime.secs) >= 24 * 3600
+                }
+            };
             if !stale || st.inode.home.is_some() {
                 return;
             }

@@ -134,9 +134,23 @@ pub struct ClientConfig {
     pub readahead_max: u64,
     /// Most leases kept cached before the least recently used are released.
     pub max_cached_leases: usize,
-    /// Update access times on reads as Linux's `relatime` does (default);
-    /// `false`: never (`noatime`).
-    pub relatime: bool,
+    /// When reads move access times.
+    pub atime: Atime,
+}
+
+/// When a read moves a file's access time (the mount options of the same
+/// names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Atime {
+    /// `relatime`, Linux's default: when the access time is not later than
+    /// the modification or change time, or is a day old.
+    #[default]
+    Relative,
+    /// `strictatime`: on every read, at most once a second per file and
+    /// mount (each update is a request to the file's owner).
+    Strict,
+    /// `noatime`: never.
+    Never,
 }
 
 impl ClientConfig {
@@ -147,7 +161,7 @@ impl ClientConfig {
             name: "morris-client".into(),
             readahead_max: 64 << 20,
             max_cached_leases: 100_000,
-            relatime: true,
+            atime: Atime::Relative,
         }
     }
 }
@@ -157,9 +171,11 @@ impl ClientConfig {
 pub struct RenameFlags {
     /// Fail with `Exists` if the target exists.
     pub noreplace: bool,
-    /// Swap source and target atomically (within one directory; between
-    /// two: `NotSupported`).
+    /// Swap source and target atomically.
     pub exchange: bool,
+    /// Leave a whiteout (a character device 0:0, as overlayfs wants) at
+    /// the source name.
+    pub whiteout: bool,
 }
 
 /// Volume capacity for statfs.
@@ -263,6 +279,9 @@ pub struct Client {
     pub(crate) held_locks: Mutex<morris_proto::locks::LockTable>,
     /// Which (file, lock owner) may hold locks here (`locks.rs`).
     pub(crate) lock_users: locks::LockUsers,
+    /// When reads move access times now (`ClientConfig::atime`, then
+    /// [`Client::set_atime`]).
+    pub(crate) atime: Mutex<Atime>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
@@ -305,6 +324,7 @@ impl Client {
             leases: leases.clone(),
             layout,
             desc,
+            atime: Mutex::new(config.atime),
             config,
             files: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
@@ -398,12 +418,48 @@ impl Client {
         self.leases.set_invalidator(inv);
     }
 
+    /// Changes when reads move access times from now on (a front end
+    /// whose mount was remounted `ro`, `noatime`, `strictatime`, ...).
+    pub fn set_atime(&self, atime: Atime) {
+        let mut a = self.atime.lock();
+        if *a != atime {
+            tracing::info!(?atime, "access time updates changed");
+            *a = atime;
+        }
+    }
+
     /// Makes a handle handed out earlier nameable by its id again (an NFS file
     /// handle presented after a gateway restart). Nothing is trusted: the
     /// owning server still checks the generation, and a known generation is
     /// never replaced.
     pub fn learn(&self, h: Handle) {
         self.leases.learn_if_unknown(h);
+    }
+
+    /// Attributes of `id` named by its id alone, as a kernel decoding a
+    /// file handle presents it after a remount (`open_by_handle_at`, an
+    /// NFS re-export): a generation this client has not seen comes from the
+    /// id's owner, and the caller compares it with the one in its handle.
+    /// A file with no name left is `Stale` unless open here (a handle is
+    /// not a name: unlike [`Client::getattr`], a name this client removed
+    /// a moment ago does not keep it reachable).
+    pub async fn getattr_by_id(&self, id: FileId) -> Result<Inode> {
+        if self.leases.handle(id).is_err() {
+            let i = fs::inode_reply(
+                self.call_owner(id, morris_proto::Request::GetInode { ino: id })
+                    .await?,
+            )?;
+            self.leases.learn_if_unknown(i.handle());
+        }
+        let i = self.do_getattr(id).await?;
+        let i = self.after_find_by_id(i).await?;
+        if i.attr.nlink == 0 && !self.opens.is_open(id) {
+            return Err(Error::new(
+                ErrorCode::Stale,
+                format!("file {id} has no name left and is not open here"),
+            ));
+        }
+        Ok(i)
     }
 
     /// Attributes of `id` (cached while the read lease is held). A file

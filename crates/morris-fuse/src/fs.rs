@@ -104,7 +104,7 @@ impl Shared {
 
     /// The inode of `dir`'s parent directory (the root is its own parent).
     async fn parent_of(&self, dir: FileId) -> Result<FileId, Error> {
-        let inode = self.client.getattr(dir).await?;
+        let inode = self.client.getattr_by_id(dir).await?;
         if inode.attr.kind != FileKind::Dir {
             return Err(Error::new(
                 ErrorCode::NotDir,
@@ -315,11 +315,13 @@ impl Filesystem for MorrisFs {
         let name = bytes(name);
         self.spawn(move |s| async move {
             // "." and ".." arrive only with FUSE_EXPORT_SUPPORT (NFS export,
-            // open_by_handle_at).
+            // open_by_handle_at), for ids this mount may never have seen
+            // (a handle made before a remount); the kernel checks the
+            // generation in its handle against the one answered.
             let res = match name.as_slice() {
-                b"." => s.client.getattr(parent.0).await,
+                b"." => s.client.getattr_by_id(parent.0).await,
                 b".." => match s.parent_of(parent.0).await {
-                    Ok(p) => s.client.getattr(p).await,
+                    Ok(p) => s.client.getattr_by_id(p).await,
                     Err(e) => Err(e),
                 },
                 _ => s.client.lookup(parent.0, &name).await,
@@ -504,15 +506,17 @@ impl Filesystem for MorrisFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let known = RenameFlags::RENAME_NOREPLACE | RenameFlags::RENAME_EXCHANGE;
+        let known = RenameFlags::RENAME_NOREPLACE
+            | RenameFlags::RENAME_EXCHANGE
+            | RenameFlags::RENAME_WHITEOUT;
         if !(flags - known).is_empty() {
-            // RENAME_WHITEOUT (overlayfs) and unknown flags.
             reply.error(Errno::EINVAL);
             return;
         }
         let flags = morris_client::RenameFlags {
             noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
+            whiteout: flags.contains(RenameFlags::RENAME_WHITEOUT),
         };
         let (name, newname) = (bytes(name), bytes(newname));
         let who = caller(req);
@@ -527,7 +531,8 @@ impl Filesystem for MorrisFs {
                 // EINVAL (an ENOSYS would make the kernel refuse every flagged
                 // rename, RENAME_NOREPLACE included, for the rest of the mount).
                 Err(e)
-                    if e.code == ErrorCode::NotSupported && (flags.exchange || flags.noreplace) =>
+                    if e.code == ErrorCode::NotSupported
+                        && (flags.exchange || flags.noreplace || flags.whiteout) =>
                 {
                     fail("rename", parent.0, &e);
                     reply.error(Errno::EINVAL);

@@ -51,6 +51,8 @@ pub(crate) struct Request {
     pub(crate) dev: bool,
     /// `noatime` (shown only: access times are the library's business).
     pub(crate) noatime: bool,
+    /// `strictatime` (shown only, likewise).
+    pub(crate) strictatime: bool,
 }
 
 impl Request {
@@ -76,10 +78,11 @@ impl Request {
     /// The helper's `-o` argument.
     pub(crate) fn helper_options(&self) -> String {
         format!(
-            "fsname={},{}{}nosuid,nodev,{}",
+            "fsname={},{}{}{}nosuid,nodev,{}",
             self.fsname,
             if self.read_only { "ro," } else { "" },
             if self.noatime { "noatime," } else { "" },
+            if self.strictatime { "strictatime," } else { "" },
             self.common_options()
         )
     }
@@ -98,6 +101,9 @@ impl Request {
         }
         if self.noatime {
             f |= libc::MS_NOATIME;
+        }
+        if self.strictatime {
+            f |= libc::MS_STRICTATIME;
         }
         f
     }
@@ -420,6 +426,7 @@ mod tests {
             suid: false,
             dev: false,
             noatime: false,
+            strictatime: false,
         };
         assert_eq!(r.flags(), libc::MS_NOSUID | libc::MS_NODEV);
         let data = r.kernel_data(7, 0o40000);
@@ -439,6 +446,7 @@ mod tests {
             suid: true,
             dev: true,
             noatime: true,
+            strictatime: false,
         };
         assert!(!owner.helper_options().contains("allow_other"));
         assert!(owner

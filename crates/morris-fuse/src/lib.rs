@@ -81,8 +81,10 @@ pub struct MountOptions {
     /// mounts only.
     pub dev: bool,
     /// Show the mount as `noatime` (default `false`: `relatime`); the
-    /// client's `ClientConfig::relatime` is what updates access times.
+    /// client's `ClientConfig::atime` is what updates access times.
     pub noatime: bool,
+    /// Show the mount as `strictatime` (likewise only shown).
+    pub strictatime: bool,
 }
 
 impl Default for MountOptions {
@@ -96,6 +98,7 @@ impl Default for MountOptions {
             suid: false,
             dev: false,
             noatime: false,
+            strictatime: false,
         }
     }
 }
@@ -445,9 +448,63 @@ pub fn mount(
     } else {
         Method::Helper
     };
-    start(fs, mountpoint, opts, method, in_flight, |inv| {
+    let guard = start(fs, mountpoint, opts, method, in_flight, |inv| {
         client.set_invalidator(inv)
-    })
+    })?;
+    let (weak, dev, ended) = (Arc::downgrade(&client), guard.dev, guard.ended_rx.clone());
+    let at = guard.mountpoint.clone();
+    let spawned = std::thread::Builder::new()
+        .name("morris-flags".into())
+        .spawn(move || follow_flags(weak, dev, &at, ended));
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "mount flags not followed: remounts keep access-time updates as mounted");
+    }
+    Ok(guard)
+}
+
+/// Keeps `client`'s access-time updates in step with the options of its
+/// mount (device `dev`, at `at`) as `mount -o remount,...` changes them:
+/// reads `/proc/self/mountinfo` whenever the kernel says the table changed
+/// (`POLLPRI`), until the mount ends or the client is gone.
+fn follow_flags(
+    client: std::sync::Weak<Client>,
+    dev: Dev,
+    at: &Path,
+    ended: watch::Receiver<bool>,
+) {
+    let table = std::fs::File::open("/proc/self/mountinfo");
+    loop {
+        if *ended.borrow() {
+            return;
+        }
+        let Some(c) = client.upgrade() else { return };
+        if let Some(text) = mountinfo::read() {
+            let mounts = mountinfo::mounts_of(&text, dev);
+            let ours = mounts
+                .iter()
+                .find(|(m, _)| m.mount_point == at)
+                .or_else(|| mounts.first());
+            if let Some((m, _)) = ours {
+                c.set_atime(m.atime());
+            }
+        }
+        drop(c);
+        match &table {
+            Ok(f) => {
+                let mut pfd = libc::pollfd {
+                    fd: std::os::fd::AsRawFd::as_raw_fd(f),
+                    events: libc::POLLPRI,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd, for the duration of the call.
+                if unsafe { libc::poll(&mut pfd, 1, 1000) } > 0 {
+                    // A burst of changes is read once.
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+            Err(_) => std::thread::sleep(Duration::from_secs(5)),
+        }
+    }
 }
 
 /// Mounts `fs`; `register` receives the invalidator before requests are
@@ -480,6 +537,7 @@ fn start<FS: Filesystem + Send + 'static>(
         suid: opts.suid,
         dev: opts.dev,
         noatime: opts.noatime,
+        strictatime: opts.strictatime,
     };
     let fd = kernel::mount(&mountpoint, &req, method)?;
     // Ours is the mount on top of the mount point now (our connection is

@@ -30,9 +30,25 @@ pub struct MountEntry {
     pub source: String,
     /// The device number, when the field parses.
     pub dev: Option<Dev>,
+    /// The mount's own options (`rw,nosuid,nodev,relatime`, ...).
+    pub options: String,
 }
 
 impl MountEntry {
+    /// When reads should move access times on this mount, from its
+    /// options: never on a read-only or `noatime` mount, `relatime`'s rule
+    /// where the kernel shows it, else (`strictatime`) always.
+    pub fn atime(&self) -> morris_client::Atime {
+        let has = |o: &str| self.options.split(',').any(|x| x == o);
+        if has("ro") || has("noatime") {
+            morris_client::Atime::Never
+        } else if has("relatime") {
+            morris_client::Atime::Relative
+        } else {
+            morris_client::Atime::Strict
+        }
+    }
+
     /// True for FUSE mounts.
     pub fn is_fuse(&self) -> bool {
         self.fs_type == "fuse" || self.fs_type.starts_with("fuse.")
@@ -64,6 +80,7 @@ pub fn parse(text: &str) -> Vec<MountEntry> {
             fs_type: fields[sep + 1].to_string(),
             source: String::from_utf8_lossy(&unescape(fields[sep + 2])).into_owned(),
             dev,
+            options: fields[5].to_string(),
         });
     }
     out
@@ -187,6 +204,33 @@ garbage line
         assert_eq!(top.len(), 1);
         assert!(!top[0].1);
         assert!(mounts_of(SAMPLE, (0, 99)).is_empty());
+    }
+
+    #[test]
+    fn access_time_rule_from_the_mount_options() {
+        use morris_client::Atime;
+        let at = |options: &str| {
+            MountEntry {
+                id: 1,
+                parent: 0,
+                mount_point: "/m".into(),
+                fs_type: "fuse.morris".into(),
+                source: "morris".into(),
+                dev: None,
+                options: options.into(),
+            }
+            .atime()
+        };
+        assert_eq!(at("rw,nosuid,nodev,relatime"), Atime::Relative);
+        assert_eq!(at("rw,nosuid,nodev"), Atime::Strict);
+        assert_eq!(at("rw,noatime"), Atime::Never);
+        assert_eq!(at("ro,nosuid,nodev,relatime"), Atime::Never);
+        assert_eq!(at("ro"), Atime::Never);
+        // Options are whole words: "nodiratime" is not "noatime".
+        assert_eq!(at("rw,nodiratime"), Atime::Strict);
+        let parsed = parse(SAMPLE);
+        assert_eq!(parsed[1].options, "rw,nosuid,nodev,relatime");
+        assert_eq!(parsed[1].atime(), Atime::Relative);
     }
 
     #[test]

@@ -1,0 +1,317 @@
+//! Linux calls beyond POSIX, through real FUSE mounts: `renameat2`'s
+//! `RENAME_EXCHANGE` between two directories and `RENAME_WHITEOUT`, file
+//! handles (`name_to_handle_at` / `open_by_handle_at`, what NFS re-export
+//! and xfstests' generic/426, 467, 477, 756, 777 use) across mounts and
+//! after an unlink, and access-time updates following `mount -o remount`.
+
+mod common;
+
+use std::ffi::CString;
+use std::fs::{self, File};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{expect_errno, fsck_clean, Cluster, ClusterOpts, Mount};
+
+fn cpath(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).expect("no NUL in a test path")
+}
+
+fn renameat2(from: &Path, to: &Path, flags: libc::c_uint) -> std::io::Result<()> {
+    let (f, t) = (cpath(from), cpath(to));
+    // SAFETY: two valid NUL-terminated paths.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            flags,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[test]
+fn rename_exchange_between_directories_swaps_the_objects_and_their_parents() {
+    let c = Cluster::start(4, ClusterOpts::default());
+    let m = c.mount();
+    let (a, b) = (m.path.join("a"), m.path.join("b"));
+    fs::create_dir(&a).expect("mkdir a");
+    fs::create_dir(&b).expect("mkdir b");
+    fs::write(a.join("f"), b"file").expect("write a/f");
+    fs::create_dir(b.join("d")).expect("mkdir b/d");
+    fs::write(b.join("d/inside"), b"in").expect("write b/d/inside");
+    let (f_ino, d_ino) = (
+        fs::metadata(a.join("f")).expect("stat").ino(),
+        fs::metadata(b.join("d")).expect("stat").ino(),
+    );
+    renameat2(&a.join("f"), &b.join("d"), libc::RENAME_EXCHANGE).expect("RENAME_EXCHANGE");
+    // Each name now names the other object; the directory's ".." follows
+    // it, and each directory counts the subdirectory it now holds.
+    let other = c.mount();
+    for root in [&m.path, &other.path] {
+        let md = fs::metadata(root.join("a/f")).expect("stat a/f");
+        assert!(md.is_dir() && md.ino() == d_ino, "a/f is the directory");
+        assert_eq!(fs::read(root.join("a/f/inside")).expect("read"), b"in");
+        assert_eq!(fs::read(root.join("b/d")).expect("read b/d"), b"file");
+        assert_eq!(fs::metadata(root.join("b/d")).expect("stat").ino(), f_ino);
+        assert_eq!(
+            fs::metadata(root.join("a/f/..")).expect("stat ..").ino(),
+            fs::metadata(root.join("a")).expect("stat a").ino(),
+            "the moved directory's parent"
+        );
+        assert_eq!(fs::metadata(root.join("a")).expect("stat").nlink(), 3);
+        assert_eq!(fs::metadata(root.join("b")).expect("stat").nlink(), 2);
+        let names: Vec<_> = fs::read_dir(root.join("b"))
+            .expect("list b")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(
+            names,
+            vec![std::ffi::OsString::from("d")],
+            "no third name left"
+        );
+    }
+    // Two directories, and back again.
+    fs::create_dir(b.join("e")).expect("mkdir b/e");
+    renameat2(&a.join("f"), &b.join("e"), libc::RENAME_EXCHANGE).expect("two directories");
+    assert!(fs::metadata(b.join("e/inside")).is_ok());
+    assert!(fs::read_dir(a.join("f")).expect("list").next().is_none());
+    // A directory may not go below itself; both names must exist; no other
+    // flag goes with it.
+    fs::create_dir(b.join("e/sub")).expect("mkdir");
+    expect_errno(
+        renameat2(&b.join("e"), &b.join("e/sub/x"), libc::RENAME_EXCHANGE),
+        libc::ENOENT,
+        "exchange with a missing name",
+    );
+    fs::write(b.join("e/sub/x"), b"x").expect("write");
+    expect_errno(
+        renameat2(&b.join("e"), &b.join("e/sub/x"), libc::RENAME_EXCHANGE),
+        libc::EINVAL,
+        "a directory exchanged into itself",
+    );
+    expect_errno(
+        renameat2(
+            &a.join("f"),
+            &b.join("d"),
+            libc::RENAME_EXCHANGE | libc::RENAME_NOREPLACE,
+        ),
+        libc::EINVAL,
+        "RENAME_EXCHANGE with RENAME_NOREPLACE",
+    );
+    drop(other);
+    drop(m);
+    fsck_clean(&c);
+}
+
+/// Asserts `p` is a whiteout: a character device 0:0 with no permission bits.
+fn assert_whiteout(p: &Path) {
+    let md = fs::symlink_metadata(p).expect("stat the whiteout");
+    assert!(md.file_type().is_char_device(), "{}: {md:?}", p.display());
+    assert_eq!(md.rdev(), 0, "{}", p.display());
+    assert_eq!(md.mode() & 0o7777, 0, "{}", p.display());
+}
+
+#[test]
+fn rename_whiteout_leaves_a_whiteout_at_the_old_name() {
+    let c = Cluster::start(4, ClusterOpts::default());
+    let m = c.mount();
+    let (a, b) = (m.path.join("a"), m.path.join("b"));
+    fs::create_dir(&a).expect("mkdir a");
+    fs::create_dir(&b).expect("mkdir b");
+    // Within a directory, onto a free name.
+    fs::write(a.join("f"), b"one").expect("write");
+    renameat2(&a.join("f"), &a.join("g"), libc::RENAME_WHITEOUT).expect("whiteout, one dir");
+    assert_whiteout(&a.join("f"));
+    assert_eq!(fs::read(a.join("g")).expect("read"), b"one");
+    // Between directories, replacing a file.
+    fs::write(b.join("old"), b"old").expect("write");
+    renameat2(&a.join("g"), &b.join("old"), libc::RENAME_WHITEOUT).expect("whiteout, across");
+    assert_whiteout(&a.join("g"));
+    assert_eq!(fs::read(b.join("old")).expect("read"), b"one");
+    // A directory moved between directories.
+    fs::create_dir(a.join("dir")).expect("mkdir");
+    renameat2(&a.join("dir"), &b.join("dir"), libc::RENAME_WHITEOUT).expect("whiteout, dir");
+    assert_whiteout(&a.join("dir"));
+    assert_eq!(
+        fs::metadata(&a).expect("stat").nlink(),
+        2,
+        "a lost its subdir"
+    );
+    assert_eq!(fs::metadata(&b).expect("stat").nlink(), 3, "b gained it");
+    // With RENAME_NOREPLACE onto an existing name: nothing changes.
+    fs::write(a.join("h"), b"h").expect("write");
+    expect_errno(
+        renameat2(
+            &a.join("h"),
+            &b.join("old"),
+            libc::RENAME_WHITEOUT | libc::RENAME_NOREPLACE,
+        ),
+        libc::EEXIST,
+        "RENAME_WHITEOUT | RENAME_NOREPLACE onto a name",
+    );
+    assert_eq!(fs::read(a.join("h")).expect("read"), b"h");
+    // Another mount sees them; whiteouts are removed like any file.
+    let other = c.mount();
+    for n in ["f", "g", "dir"] {
+        assert_whiteout(&other.path.join("a").join(n));
+    }
+    fs::remove_file(other.path.join("a/f")).expect("remove a whiteout");
+    drop(other);
+    drop(m);
+    fsck_clean(&c);
+}
+
+/// A file handle of `p` from `name_to_handle_at`.
+fn handle_of(p: &Path) -> Vec<u8> {
+    const MAX: usize = 128;
+    let mut buf = vec![0u8; 8 + MAX];
+    buf[..4].copy_from_slice(&(MAX as u32).to_ne_bytes());
+    let mut mount_id: libc::c_int = 0;
+    let path = cpath(p);
+    // SAFETY: `buf` starts with a `file_handle` header whose size field
+    // says MAX bytes follow, which `buf` has; the path is NUL-terminated.
+    let r = unsafe {
+        libc::name_to_handle_at(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            buf.as_mut_ptr().cast::<libc::file_handle>(),
+            &mut mount_id,
+            0,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "name_to_handle_at({}): {}",
+        p.display(),
+        std::io::Error::last_os_error()
+    );
+    buf
+}
+
+/// Opens handle `h` through the mount that `on` lies in.
+fn open_by_handle(on: &Path, h: &[u8]) -> std::io::Result<File> {
+    let dir = File::open(on).expect("open the mount");
+    let mut h = h.to_vec();
+    // SAFETY: `h` is a `file_handle` as `handle_of` filled it.
+    let fd = unsafe {
+        libc::open_by_handle_at(
+            dir.as_raw_fd(),
+            h.as_mut_ptr().cast::<libc::file_handle>(),
+            libc::O_RDONLY,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just opened and owned by nobody else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+#[test]
+fn file_handles_work_on_another_mount_and_go_stale_with_their_file() {
+    let c = Cluster::start(4, ClusterOpts::default());
+    let m = c.mount();
+    fs::create_dir(m.path.join("d")).expect("mkdir");
+    let mut handles = Vec::new();
+    for i in 0..8 {
+        let p = m.path.join(format!("d/f{i}"));
+        fs::write(&p, format!("file {i}")).expect("write");
+        handles.push(handle_of(&p));
+    }
+    let dir_handle = handle_of(&m.path.join("d"));
+    // The mount that made them is gone: a new one (as after a remount, or
+    // an NFS server restarted) opens them by handle alone.
+    drop(m);
+    let m = c.mount();
+    for (i, h) in handles.iter().enumerate() {
+        let mut f = open_by_handle(&m.path, h).expect("open_by_handle after a remount");
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut f, &mut s).expect("read");
+        assert_eq!(s, format!("file {i}"));
+    }
+    let d = open_by_handle(&m.path, &dir_handle).expect("a directory by handle");
+    assert!(d.metadata().expect("fstat").is_dir());
+    // Removed here (the kernel's caches dropped): its handle is stale at
+    // once, on this mount and on another.
+    fs::remove_file(m.path.join("d/f0")).expect("unlink");
+    fs::write("/proc/sys/vm/drop_caches", "2").expect("drop the kernel's caches");
+    let other = c.mount();
+    for on in [&m.path, &other.path] {
+        expect_errno(
+            open_by_handle(on, &handles[0]).map(drop),
+            libc::ESTALE,
+            "a handle of an unlinked file",
+        );
+    }
+    // A file still open somewhere keeps its handle usable there.
+    let kept = File::open(m.path.join("d/f1")).expect("open f1");
+    fs::remove_file(m.path.join("d/f1")).expect("unlink f1");
+    fs::write("/proc/sys/vm/drop_caches", "2").expect("drop the kernel's caches");
+    let again = open_by_handle(&m.path, &handles[1]).expect("an open unlinked file");
+    assert_eq!(again.metadata().expect("fstat").nlink(), 0);
+    drop((kept, again));
+}
+
+/// The access time of `p` after reading it, a second after the last read.
+fn atime_after_read(p: &Path) -> (i64, i64) {
+    std::thread::sleep(Duration::from_millis(1100));
+    fs::read(p).expect("read");
+    let md = fs::metadata(p).expect("stat");
+    (md.atime(), md.atime_nsec())
+}
+
+fn remount(m: &Mount, opts: &str) {
+    // `-i`: the mount's flags only, as mount(8) does for a type without a
+    // helper.
+    let o = Command::new("mount")
+        .args(["-i", "-o", &format!("remount,{opts}")])
+        .arg(&m.path)
+        .output()
+        .expect("run mount");
+    assert!(o.status.success(), "mount -o remount,{opts}: {o:?}");
+    // The mount notices within its poll of the mount table.
+    std::thread::sleep(Duration::from_millis(500));
+}
+
+#[test]
+fn access_times_follow_strictatime_and_remounts() {
+    let c = Cluster::start(2, ClusterOpts::default());
+    let m = Mount::start(c.addr(0), &["--strictatime"]);
+    let p = m.path.join("f");
+    fs::write(&p, b"data").expect("write");
+    // strictatime: every read (a second apart) moves it.
+    let first = atime_after_read(&p);
+    let second = atime_after_read(&p);
+    assert!(second > first, "strictatime: {first:?} then {second:?}");
+    // Remounted read-only: never.
+    remount(&m, "ro");
+    let ro = atime_after_read(&p);
+    assert_eq!(ro, second, "a read on a read-only mount");
+    // Back to read-write with relatime: a read later than the last change
+    // leaves it.
+    remount(&m, "rw,relatime");
+    assert_eq!(atime_after_read(&p), second, "relatime, after a remount");
+    remount(&m, "strictatime");
+    assert!(atime_after_read(&p) > second, "strictatime again");
+    // A mount made read-only never moves it either.
+    let ro = Mount::start(c.addr(0), &["--read-only", "--strictatime"]);
+    let before = fs::metadata(ro.path.join("f")).expect("stat").atime_nsec();
+    std::thread::sleep(Duration::from_millis(1100));
+    fs::read(ro.path.join("f")).expect("read");
+    assert_eq!(
+        fs::metadata(ro.path.join("f")).expect("stat").atime_nsec(),
+        before
+    );
+}
