@@ -662,7 +662,7 @@ impl Client {
     }
 
     /// SetAttr under a held write lease; merges unsaved local size/mtime.
-    async fn set_inode(&self, g: &LeaseGuard, mut set: SetAttr) -> Result<Inode> {
+    pub(crate) async fn set_inode(&self, g: &LeaseGuard, mut set: SetAttr) -> Result<Inode> {
         let _one_at_a_time = self.leases.store_lock(g.entry.id).await;
         let (h, seq) = {
             let st = g.entry.state.lock();

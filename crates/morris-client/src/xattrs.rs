@@ -6,7 +6,9 @@
 use std::sync::Arc;
 
 use morris_proto::acl::{self, Acl};
-use morris_proto::{Attr, ErrorCode, FileId, FileKind, Inode, Reply, Request, Xattr, XattrHow};
+use morris_proto::{
+    Attr, ErrorCode, FileId, FileKind, Inode, Reply, Request, SetAttr, Xattr, XattrHow,
+};
 
 use crate::fs::inode_reply;
 use crate::leases::{LeaseGuard, Mode};
@@ -202,7 +204,27 @@ impl Client {
         };
         let inode = inode_reply(self.call_owner(id, req).await?)?;
         let ctime = inode.attr.ctime;
+        let a = &inode.attr;
+        // Setting an access ACL clears set-group-ID as chmod does
+        // (`posix_acl_update_mode`): unless the caller is in the file's
+        // group or privileged (root). A second request; Linux does both at
+        // once.
+        let kill_sgid = name == acl::ACCESS
+            && value.is_some()
+            && a.mode & 0o2000 != 0
+            && caller.uid != 0
+            && caller.gid != a.gid
+            && !caller.groups.contains(&a.gid);
+        let mode = a.mode & !0o2000;
         self.leases.refreshed(&g.entry, inode);
+        if kill_sgid {
+            drop(_one_at_a_time);
+            let set = SetAttr {
+                mode: Some(mode),
+                ..SetAttr::default()
+            };
+            self.set_inode(&g, set).await?;
+        }
         let mut st = g.entry.state.lock();
         if st.inode.attr.ctime < ctime {
             st.inode.attr.ctime = ctime;

@@ -190,6 +190,23 @@ fn caller(req: &Request) -> Caller {
     }
 }
 
+/// The supplementary groups of process `pid` (`Groups:` in its
+/// `/proc/PID/status`); none if it cannot be read (the process is gone).
+fn groups_of(pid: u32) -> Vec<u32> {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return Vec::new();
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .map(|g| {
+            g.split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The kernel's "to the end of the file" (`OFFSET_MAX`).
 const OFFSET_MAX: u64 = i64::MAX as u64;
 
@@ -947,7 +964,12 @@ impl Filesystem for MorrisFs {
             libc::XATTR_REPLACE => XattrHow::Replace,
             _ => return reply.error(Errno::EINVAL),
         };
-        let (caller, name, value) = (caller(req), bytes(name), value.to_vec());
+        let (mut caller, name, value) = (caller(req), bytes(name), value.to_vec());
+        if name == morris_proto::acl::ACCESS {
+            // Whether setting it keeps a set-group-ID bit depends on the
+            // caller's groups, which FUSE does not pass.
+            caller.groups = groups_of(req.pid());
+        }
         self.spawn(move |s| async move {
             match s.client.set_xattr(ino.0, &name, &value, how, &caller).await {
                 Ok(()) => reply.ok(),
