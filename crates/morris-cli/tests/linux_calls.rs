@@ -114,6 +114,40 @@ fn rename_exchange_between_directories_swaps_the_objects_and_their_parents() {
     fsck_clean(&c);
 }
 
+/// `(ctime, ctime_nsec)` of `p`.
+fn ctime(p: &Path) -> (i64, i64) {
+    let md = fs::symlink_metadata(p).expect("stat");
+    (md.ctime(), md.ctime_nsec())
+}
+
+#[test]
+fn a_rename_moves_the_status_change_time_of_what_it_renames() {
+    let c = Cluster::start(4, ClusterOpts::default());
+    let m = c.mount();
+    fs::create_dir(m.path.join("d")).expect("mkdir");
+    for n in ["f", "g", "h"] {
+        fs::write(m.path.join(n), n).expect("write");
+    }
+    let before = ctime(&m.path.join("f"));
+    std::thread::sleep(Duration::from_millis(20));
+    fs::rename(m.path.join("f"), m.path.join("f2")).expect("rename in a directory");
+    let after = ctime(&m.path.join("f2"));
+    assert!(after > before, "{before:?} then {after:?}");
+    std::thread::sleep(Duration::from_millis(20));
+    fs::rename(m.path.join("f2"), m.path.join("d/f3")).expect("rename across");
+    let across = ctime(&m.path.join("d/f3"));
+    assert!(across > after, "{after:?} then {across:?}");
+    // Both objects of an exchange.
+    let (g0, h0) = (ctime(&m.path.join("g")), ctime(&m.path.join("h")));
+    std::thread::sleep(Duration::from_millis(20));
+    renameat2(&m.path.join("g"), &m.path.join("h"), libc::RENAME_EXCHANGE).expect("exchange");
+    assert!(ctime(&m.path.join("h")) > g0 && ctime(&m.path.join("g")) > h0);
+    // Another mount reads the same times from the owners.
+    let other = c.mount();
+    assert_eq!(ctime(&other.path.join("d/f3")), across);
+    assert_eq!(ctime(&other.path.join("g")), ctime(&m.path.join("g")));
+}
+
 /// Asserts `p` is a whiteout: a character device 0:0 with no permission bits.
 fn assert_whiteout(p: &Path) {
     let md = fs::symlink_metadata(p).expect("stat the whiteout");

@@ -16,7 +16,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use morris_proto::layout::Layout;
 use morris_proto::messages::LeaseMode;
-use morris_proto::{DirEntry, ErrorCode, FileId, Handle, Inode, Reply, Request, SetAttr};
+use morris_proto::{
+    DirEntry, ErrorCode, FileId, Handle, Inode, Reply, Request, SetAttr, Timestamp,
+};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::{OwnedRwLockReadGuard, RwLock as AsyncRwLock};
 use tracing::{debug, warn};
@@ -328,6 +330,18 @@ impl Leases {
                 ErrorCode::Stale,
                 format!("file id {id} is unknown to this client"),
             )),
+        }
+    }
+
+    /// Moves the cached status change time of `id` forward to `t` (its
+    /// owner did so without a lease: a rename).
+    pub(crate) fn touch_ctime(&self, id: FileId, t: Timestamp) {
+        let Some(e) = self.map.lock().get(&id).cloned() else {
+            return;
+        };
+        let mut st = e.state.lock();
+        if st.inode.attr.ctime < t {
+            st.inode.attr.ctime = t;
         }
     }
 

@@ -897,6 +897,17 @@ pub enum Request {
         /// Look for a hole; else for data.
         hole: bool,
     },
+    /// Moves the inode's status change time forward to `ctime` (never
+    /// back), without a lease: what a rename does to the object it moves
+    /// (the directories' owners commit the names). Other clients see it
+    /// when they next fetch the inode. Objects cached from a home are left
+    /// alone. [`Reply::Ok`].
+    TouchCtime {
+        /// The inode.
+        ino: Handle,
+        /// The time of the rename.
+        ctime: Timestamp,
+    },
 }
 
 /// A change to one object not yet pushed home (cache mode II), kept by the
@@ -1074,6 +1085,7 @@ impl Request {
             Request::TestLock { .. } => "TestLock",
             Request::Seek { .. } => "Seek",
             Request::TouchAtime { .. } => "TouchAtime",
+            Request::TouchCtime { .. } => "TouchCtime",
             Request::Exchange { .. } => "Exchange",
         }
     }

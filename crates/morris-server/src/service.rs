@@ -46,7 +46,7 @@ mod stats;
 const LIST_PAGE_WAIT: Duration = Duration::from_secs(2);
 
 /// Every request name, in a fixed order, for the per-request counters.
-const OPS: [&str; 57] = [
+const OPS: [&str; 58] = [
     "Hello",
     "Format",
     "Status",
@@ -104,6 +104,7 @@ const OPS: [&str; 57] = [
     "Seek",
     "TouchAtime",
     "Exchange",
+    "TouchCtime",
 ];
 
 /// Who is on the other end of a connection, after its `Hello`.
@@ -269,6 +270,7 @@ fn takes_lease(req: &Request) -> bool {
             | Request::CreateInode { .. }
             | Request::SetAttr { .. }
             | Request::TouchAtime { .. }
+            | Request::TouchCtime { .. }
             | Request::GetXattrs { .. }
             | Request::SetXattr { .. }
             | Request::Lock { .. }
@@ -312,6 +314,7 @@ fn subject(req: &Request) -> Option<FileId> {
         | Request::DropLink { ino, .. }
         | Request::SetOpen { ino, .. }
         | Request::TouchAtime { ino, .. }
+        | Request::TouchCtime { ino, .. }
         | Request::Reap { ino, .. } => Some(ino.id),
         Request::NoteLeftover { id, .. } | Request::ResyncAdvance { id, .. } => Some(*id),
         Request::Bind { dir, .. }
@@ -1247,6 +1250,7 @@ impl Server {
             Request::CreateInode { .. }
                 | Request::SetAttr { .. }
                 | Request::TouchAtime { .. }
+                | Request::TouchCtime { .. }
                 | Request::SetXattr { .. }
                 | Request::MarkStale { .. }
                 | Request::NoteLeftover { .. }
@@ -1438,6 +1442,11 @@ impl Server {
             Request::TouchAtime { ino, atime } => {
                 Self::check_owner(vol, ino.id)?;
                 metadata(move || store.touch_atime(ino, atime))?;
+                Ok(Reply::Ok)
+            }
+            Request::TouchCtime { ino, ctime } => {
+                Self::check_owner(vol, ino.id)?;
+                metadata(move || store.touch_ctime(ino, ctime))?;
                 Ok(Reply::Ok)
             }
             Request::Lock {

@@ -807,6 +807,24 @@ impl Store {
         })
     }
 
+    /// Moves the status change time of `h` forward to `ctime` (a rename of
+    /// it); never back, and not for objects cached from a home.
+    pub fn touch_ctime(&self, h: Handle, ctime: Timestamp) -> Result<(), WireError> {
+        self.write_txn(|tx| {
+            let mut ino = check_handle(h, load_inode(tx, h.id)?)?;
+            if ino.home.is_some() || ino.attr.ctime >= ctime {
+                return Ok(());
+            }
+            ino.attr.ctime = ctime;
+            tx.execute(
+                "UPDATE inodes SET data = ?2 WHERE id = ?1",
+                params![sql_id(ino.id), encode_inode(&ino)?],
+            )
+            .map_err(db_err)?;
+            Ok(())
+        })
+    }
+
     /// Changes attributes of the inode `h` names.
     pub fn set_attr(&self, h: Handle, set: &SetAttr) -> Result<Inode, WireError> {
         self.write_txn(|tx| {

@@ -128,18 +128,24 @@ impl Client {
                 true => Some(self.make_whiteout(sg, caller).await?),
                 false => None,
             };
-            let moved_res = self
-                .rename_steps(
-                    sg,
-                    dg,
-                    &gs,
-                    (sname, &s),
-                    d.as_ref(),
-                    dname,
-                    whiteout.as_ref(),
-                    moving_dir,
-                )
-                .await;
+            // The object's status change time moves, as on Linux file
+            // systems (a moved directory's, with its parent, below).
+            let touch = async {
+                if !moving_dir {
+                    self.touch_ctime(s.child, Timestamp::now()).await;
+                }
+            };
+            let steps = self.rename_steps(
+                sg,
+                dg,
+                &gs,
+                (sname, &s),
+                d.as_ref(),
+                dname,
+                whiteout.as_ref(),
+                moving_dir,
+            );
+            let (moved_res, ()) = tokio::join!(steps, touch);
             if let (Err(_), Some(w)) = (&moved_res, &whiteout) {
                 // Nothing names it (its entry is the last step).
                 self.delete_unnamed(w).await;
@@ -282,7 +288,13 @@ impl Client {
             b: b.to_vec(),
             op: 0,
         };
-        let reply = self.dir_call(&g, req).await?;
+        let now = Timestamp::now();
+        let touch = async {
+            self.touch_ctime(ea.child, now).await;
+            self.touch_ctime(eb.child, now).await;
+        };
+        let (reply, ()) = tokio::join!(self.dir_call(&g, req), touch);
+        let reply = reply?;
         let swapped = |name: &[u8], to: &DirEntry| DirEntry {
             name: name.to_vec(),
             child: to.child,
@@ -427,6 +439,8 @@ impl Client {
                         ..SetAttr::default()
                     };
                     self.set_inode(pick(&gs, obj.child.id)?, set).await?;
+                } else {
+                    self.touch_ctime(obj.child, Timestamp::now()).await;
                 }
             }
             if let Some(inv) = self.leases.invalidator() {
@@ -439,6 +453,17 @@ impl Client {
             ErrorCode::Unavailable,
             "directories keep changing",
         ))
+    }
+
+    /// A renamed object's status change time moves to `t`: at its owner,
+    /// without a lease (`TouchCtime`), and in this client's copy. Not
+    /// stored if the owner cannot be reached: the rename goes on.
+    async fn touch_ctime(&self, h: Handle, t: Timestamp) {
+        self.leases.touch_ctime(h.id, t);
+        let req = Request::TouchCtime { ino: h, ctime: t };
+        if let Err(e) = self.call_owner(h.id, req).await {
+            tracing::debug!(ino = h.id, error = %e, "a rename's ctime not stored");
+        }
     }
 
     /// A whiteout for `RENAME_WHITEOUT` (overlayfs): a character device
