@@ -1,5 +1,6 @@
-//! The request handler: sessions, lease bookkeeping, and dispatch of every
-//! [`Request`] to the store, the block files and the lease table.
+//! The request handler: dispatch of every [`Request`] to the store, the
+//! block files and the lease table. Sessions are in `sessions.rs`, lease
+//! grants, recalls and expiry in `leasing.rs`.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -11,33 +12,33 @@ use bytes::Bytes;
 use morris_proto::auth::{Keys, Role as KeyRole};
 use morris_proto::messages::LeaseMode;
 use morris_proto::net::{Conn, ConnLimits, Service, ServiceFuture};
-use morris_proto::{
-    ErrorCode, FileId, Handle, Push, Reply, Request, ResyncStatus, WireError, MAX_FILE_SIZE,
-    PROTOCOL_VERSION,
-};
+use morris_proto::{ErrorCode, FileId, Reply, Request, ResyncStatus, WireError, MAX_FILE_SIZE};
 use parking_lot::{Mutex, RwLock};
-use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
 use crate::arbiter::{Arbiter, Etcd};
 use crate::blocks::Blocks;
 use crate::blocks::MAX_REPLICAS;
-use crate::leases::{Acquired, ClientId, Effects, LeaseTable, Millis, Recall, Ticket};
+use crate::leases::{ClientId, LeaseTable, Millis};
 use crate::load::{IoKind, Load};
 use crate::ranges::{Range, Ranges, Role};
 use crate::scrub::Scrubber;
 use crate::store::{check_name, check_new_name, FormatOutcome, Formatted, OpKey, Store};
+use leasing::{takes_lease, LeaseState};
+use sessions::Sessions;
 
 mod cache;
 mod cache_units;
 mod conflicts;
 mod fencing;
+mod leasing;
 mod locking;
 mod orphans;
 mod peer;
 mod peer_calls;
 mod push_names;
 mod pusher;
+mod sessions;
 mod space;
 mod stats;
 
@@ -106,45 +107,6 @@ const OPS: [&str; 58] = [
     "Exchange",
     "TouchCtime",
 ];
-
-/// Who is on the other end of a connection, after its `Hello`.
-#[derive(Debug, Clone)]
-struct Session {
-    client_id: ClientId,
-    name: String,
-    /// `Hello` named no volume: may not take leases.
-    admin: bool,
-}
-
-#[derive(Default)]
-struct Sessions {
-    by_conn: HashMap<u64, (Session, Weak<Conn>)>,
-    /// Live connections of each (non-admin) client, for pushes.
-    by_client: HashMap<ClientId, Vec<(u64, Weak<Conn>)>>,
-}
-
-struct LeaseState {
-    table: LeaseTable,
-    /// Waiting acquires: ticket → (connection id, wake-up).
-    waiters: HashMap<Ticket, (u64, oneshot::Sender<()>)>,
-    /// Write leases revoked by force whose fence is being raised at every
-    /// server: inode → (revoked fence number, done). A grant of the inode
-    /// is answered only once that is done (`fencing::Granted`).
-    fencing: HashMap<FileId, (u64, tokio::sync::watch::Sender<bool>)>,
-    /// Fences to raise, taken by the caller once the lock is let go.
-    to_fence: Vec<(FileId, u64)>,
-}
-
-impl LeaseState {
-    fn new(table: LeaseTable) -> Self {
-        LeaseState {
-            table,
-            waiters: HashMap::new(),
-            fencing: HashMap::new(),
-            to_fence: Vec::new(),
-        }
-    }
-}
 
 /// The stripe server's state, shared by every connection.
 pub(crate) struct Server {
@@ -242,63 +204,6 @@ fn metadata<T>(f: impl FnOnce() -> Result<T, WireError>) -> Result<T, WireError>
     f()
 }
 
-/// Most leases one client may hold at one server. A mount keeps at most
-/// `max_cached_leases` (100,000 by default) in all, plus those with
-/// changes not yet stored, so only a runaway or hostile client meets this.
-const MAX_LEASES_PER_CLIENT: usize = 1_000_000;
-/// Most leases one server grants in all (a few hundred bytes each).
-const MAX_LEASES: u64 = 4_000_000;
-
-/// Refuses a new lease past the caps (memory a key holder can make a
-/// server spend).
-fn check_lease_caps(table: &LeaseTable, client: ClientId) -> Result<(), WireError> {
-    match table.over_caps(client, MAX_LEASES_PER_CLIENT, MAX_LEASES) {
-        None => Ok(()),
-        Some(why) => {
-            warn!(client, "lease refused: {why}");
-            Err(err(ErrorCode::TooManyLeases, why))
-        }
-    }
-}
-
-/// Whether a request takes a lease (and so waits out the grace period).
-fn takes_lease(req: &Request) -> bool {
-    matches!(
-        req,
-        Request::AcquireRead { .. }
-            | Request::AcquireWrite { .. }
-            | Request::CreateInode { .. }
-            | Request::SetAttr { .. }
-            | Request::TouchAtime { .. }
-            | Request::TouchCtime { .. }
-            | Request::GetXattrs { .. }
-            | Request::SetXattr { .. }
-            | Request::Lock { .. }
-            | Request::TestLock { .. }
-            | Request::MarkStale { .. }
-            | Request::DeleteInode { .. }
-            | Request::Lookup { .. }
-            | Request::ReadDir { .. }
-            | Request::Link { .. }
-            | Request::Unlink { .. }
-            | Request::Rename { .. }
-            | Request::Exchange { .. }
-            | Request::DropLink { .. }
-            // Not a lease, but its judgement of which clients are alive
-            // needs them to have renewed since this server (or range) started.
-            | Request::Reap { .. }
-            // Cache mode: changes found at home recall every lease on the
-            // object, which needs the lease table of a whole lease time.
-            | Request::Bind { .. }
-            | Request::Unbind { .. }
-            | Request::HomeLookup { .. }
-            | Request::CreateCached { .. }
-            | Request::AcquireCached { .. }
-            | Request::Revalidate { .. }
-            | Request::Detach { .. }
-    )
-}
-
 /// The inode or file a request is about, for logs.
 fn subject(req: &Request) -> Option<FileId> {
     match req {
@@ -348,20 +253,6 @@ fn subject(req: &Request) -> Option<FileId> {
         Request::WbClear { marks } => marks.first().map(|m| m.0),
         Request::WbGoneClear { at, .. } => Some(*at),
         _ => None,
-    }
-}
-
-/// Cancels a waiting acquire if its request is abandoned.
-struct WaitGuard<'a> {
-    server: &'a Server,
-    ticket: Option<Ticket>,
-}
-
-impl Drop for WaitGuard<'_> {
-    fn drop(&mut self) {
-        if let Some(t) = self.ticket.take() {
-            self.server.cancel_ticket(t);
-        }
     }
 }
 
@@ -584,156 +475,6 @@ impl Server {
 
     fn now_ms(&self) -> Millis {
         self.started.elapsed().as_millis() as Millis
-    }
-
-    // ---------------------------------------------------------------- leases
-
-    /// Wakes granted waiters; returns the recalls to push once unlocked.
-    fn settle(st: &mut LeaseState, fx: Effects) -> Vec<Recall> {
-        // Before any grant is woken: its answer waits for the fence.
-        for (ino, fence) in fx.fenced {
-            st.fencing
-                .insert(ino, (fence, tokio::sync::watch::channel(false).0));
-            st.to_fence.push((ino, fence));
-        }
-        for t in fx.granted {
-            if let Some((_, tx)) = st.waiters.remove(&t) {
-                // The waiter may be gone; its lease then runs out unused.
-                let _ = tx.send(());
-            }
-        }
-        for (client, ino) in &fx.revoked {
-            debug!(
-                client,
-                ino, "lease revoked (holder silent or recall overdue)"
-            );
-        }
-        fx.recalls
-    }
-
-    fn push_recalls(&self, recalls: Vec<Recall>) {
-        self.raise_fences();
-        if recalls.is_empty() {
-            return;
-        }
-        let sessions = self.sessions.lock();
-        for r in recalls {
-            let msg = Push::Recall {
-                ino: r.ino,
-                want: r.want,
-            };
-            let mut sent = 0;
-            if let Some(conns) = sessions.by_client.get(&r.client) {
-                for (_, c) in conns {
-                    if let Some(c) = c.upgrade() {
-                        if c.push(&msg) {
-                            sent += 1;
-                        }
-                    }
-                }
-            }
-            debug!(client = r.client, ino = r.ino, want = ?r.want, sent, "recall");
-        }
-    }
-
-    fn cancel_ticket(&self, t: Ticket) {
-        let recalls = {
-            let mut st = self.leases.lock();
-            st.waiters.remove(&t);
-            let mut fx = Effects::default();
-            let now = self.now_ms();
-            st.table.cancel(t, now, &mut fx);
-            Self::settle(&mut st, fx)
-        };
-        self.push_recalls(recalls);
-    }
-
-    /// Takes `mode` on `ino` for `client`, waiting for conflicting holders.
-    async fn lease(
-        &self,
-        client: ClientId,
-        conn_id: u64,
-        ino: FileId,
-        mode: LeaseMode,
-    ) -> Result<u64, WireError> {
-        let (wait, recalls) = {
-            let mut st = self.leases.lock();
-            if st.table.holds(client, ino).is_none() {
-                check_lease_caps(&st.table, client)?;
-            }
-            let mut fx = Effects::default();
-            let now = self.now_ms();
-            let wait = match st.table.acquire(client, ino, mode, now, &mut fx) {
-                Acquired::Granted => Err(Self::granted(&st, client, ino)),
-                Acquired::Waiting(t) => {
-                    let (tx, rx) = oneshot::channel();
-                    st.waiters.insert(t, (conn_id, tx));
-                    Ok((t, rx))
-                }
-            };
-            (wait, Self::settle(&mut st, fx))
-        };
-        self.push_recalls(recalls);
-        let (ticket, rx) = match wait {
-            Ok(w) => w,
-            Err(granted) => return Ok(granted.answer().await),
-        };
-        debug!(client, ino, ?mode, ticket, "lease request waits");
-        let mut guard = WaitGuard {
-            server: self,
-            ticket: Some(ticket),
-        };
-        let r = rx.await;
-        guard.ticket = None;
-        match r {
-            Ok(()) => {
-                let granted = Self::granted(&self.leases.lock(), client, ino);
-                Ok(granted.answer().await)
-            }
-            Err(_) => Err(err(
-                ErrorCode::Unavailable,
-                "lease request abandoned (connection closed or server stopping)",
-            )),
-        }
-    }
-
-    /// What a grant of `ino` to `client` answers with: its fence number (0
-    /// for a read lease), once a fence being raised on `ino` is up.
-    fn granted(st: &LeaseState, client: ClientId, ino: FileId) -> fencing::Granted {
-        fencing::Granted {
-            fence: st.table.fence(client, ino).unwrap_or(0),
-            raising: st.fencing.get(&ino).map(|(_, done)| done.subscribe()),
-        }
-    }
-
-    fn release(&self, client: ClientId, ino: FileId) {
-        let recalls = {
-            let mut st = self.leases.lock();
-            let mut fx = Effects::default();
-            let now = self.now_ms();
-            st.table.release(client, ino, now, &mut fx);
-            Self::settle(&mut st, fx)
-        };
-        self.push_recalls(recalls);
-    }
-
-    /// Expires silent clients and overdue recalls; run periodically.
-    pub(crate) fn tick(&self) {
-        self.check_ownership();
-        self.expire_locks();
-        let recalls = {
-            let mut st = self.leases.lock();
-            let mut fx = Effects::default();
-            let now = self.now_ms();
-            st.table.tick(now, &mut fx);
-            if fx.is_empty() {
-                drop(st);
-                self.raise_fences();
-                return;
-            }
-            Self::settle(&mut st, fx)
-        };
-        self.push_recalls(recalls);
     }
 
     /// Refuses every later request and wakes every waiter.
@@ -1020,75 +761,6 @@ impl Server {
             }
             Err(e) => (Err(e), Bytes::new()),
         }
-    }
-
-    fn hello(
-        &self,
-        conn: &Arc<Conn>,
-        volume: Option<uuid::Uuid>,
-        client_id: ClientId,
-        client_name: String,
-        version: u32,
-    ) -> Result<Reply, WireError> {
-        if version != PROTOCOL_VERSION {
-            return Err(err(
-                ErrorCode::Protocol,
-                format!(
-                    "protocol version {version} is not supported (this server speaks {PROTOCOL_VERSION})"
-                ),
-            ));
-        }
-        let formatted = self.store.formatted();
-        if let Some(want) = volume {
-            match &formatted {
-                None => {
-                    return Err(err(
-                        ErrorCode::WrongVolume,
-                        format!("server is not formatted; client expects volume {want}"),
-                    ))
-                }
-                Some(f) if f.descriptor.uuid != want => {
-                    return Err(err(
-                        ErrorCode::WrongVolume,
-                        format!(
-                            "server belongs to volume {}, client expects volume {want}",
-                            f.descriptor.uuid
-                        ),
-                    ))
-                }
-                Some(_) => {}
-            }
-        }
-        let session = Session {
-            client_id,
-            name: client_name.chars().take(256).collect(),
-            admin: volume.is_none(),
-        };
-        info!(peer = %conn.peer, client = client_id, name = %session.name, admin = session.admin, "session opened");
-        {
-            let mut s = self.sessions.lock();
-            if let Some((old, _)) = s.by_conn.remove(&conn.id) {
-                remove_client_conn(&mut s, old.client_id, conn.id);
-            }
-            if !session.admin {
-                s.by_client
-                    .entry(client_id)
-                    .or_default()
-                    .push((conn.id, Arc::downgrade(conn)));
-            }
-            s.by_conn.insert(conn.id, (session, Arc::downgrade(conn)));
-        }
-        if volume.is_some() {
-            let now = self.now_ms();
-            self.leases.lock().table.touch(client_id, now);
-            self.seen.lock().insert(client_id, now);
-        }
-        Ok(Reply::Hello {
-            index: formatted.as_ref().map(|f| f.index),
-            epoch: self.epoch(),
-            descriptor: formatted.map(|f| f.descriptor.clone()),
-            lease_ms: self.lease_ms,
-        })
     }
 
     fn check_owner(vol: &Formatted, id: FileId) -> Result<(), WireError> {
@@ -1876,48 +1548,6 @@ impl Server {
         }
     }
 
-    /// Takes the lease, runs `op` on the blocking pool, and gives a lease on a
-    /// handle found stale back (the file is gone; nobody needs it).
-    async fn leased<T, F>(
-        &self,
-        client: ClientId,
-        conn_id: u64,
-        ino: Handle,
-        mode: LeaseMode,
-        op: F,
-    ) -> Result<T, WireError>
-    where
-        T: Send + 'static,
-        F: FnOnce() -> Result<T, WireError> + Send + 'static,
-    {
-        self.leased_fenced(client, conn_id, ino, mode, op)
-            .await
-            .map(|(t, _)| t)
-    }
-
-    /// [`Server::leased`], with the grant's fence number (0 for a read lease).
-    async fn leased_fenced<T, F>(
-        &self,
-        client: ClientId,
-        conn_id: u64,
-        ino: Handle,
-        mode: LeaseMode,
-        op: F,
-    ) -> Result<(T, u64), WireError>
-    where
-        T: Send + 'static,
-        F: FnOnce() -> Result<T, WireError> + Send + 'static,
-    {
-        let fence = self.lease(client, conn_id, ino.id, mode).await?;
-        let r = metadata(op);
-        if let Err(e) = &r {
-            if e.code == ErrorCode::Stale {
-                self.release(client, ino.id);
-            }
-        }
-        r.map(|t| (t, fence))
-    }
-
     /// Refuses a data write that would eat into the space kept for metadata:
     /// the last 1 % of the disk (at least 1 MiB, at most 1 GiB) stays free so
     /// that a full volume can still commit the unlinks that empty it.
@@ -1936,38 +1566,6 @@ impl Server {
             ));
         }
         Ok(())
-    }
-
-    fn disconnect(&self, conn: &Conn) {
-        let removed = {
-            let mut s = self.sessions.lock();
-            let removed = s.by_conn.remove(&conn.id);
-            if let Some((old, _)) = &removed {
-                remove_client_conn(&mut s, old.client_id, conn.id);
-            }
-            removed
-        };
-        // Abandon this connection's waiting acquires: nobody can be told.
-        let recalls = {
-            let mut st = self.leases.lock();
-            let mine: Vec<Ticket> = st
-                .waiters
-                .iter()
-                .filter(|(_, (c, _))| *c == conn.id)
-                .map(|(&t, _)| t)
-                .collect();
-            let mut fx = Effects::default();
-            let now = self.now_ms();
-            for t in mine {
-                st.waiters.remove(&t);
-                st.table.cancel(t, now, &mut fx);
-            }
-            Self::settle(&mut st, fx)
-        };
-        self.push_recalls(recalls);
-        if let Some((s, _)) = removed {
-            info!(peer = %conn.peer, client = s.client_id, name = %s.name, "session closed");
-        }
     }
 }
 
@@ -2006,15 +1604,6 @@ fn merge_pages<T: serde::Serialize, K: Ord + Copy>(
 
 /// Most bytes of one merged scan reply (below the protocol's header limit).
 const MERGED_BUDGET: usize = 768 << 10;
-
-fn remove_client_conn(s: &mut Sessions, client: ClientId, conn_id: u64) {
-    if let Some(v) = s.by_client.get_mut(&client) {
-        v.retain(|(id, _)| *id != conn_id);
-        if v.is_empty() {
-            s.by_client.remove(&client);
-        }
-    }
-}
 
 /// A random non-zero generation number.
 fn random_gen() -> u32 {

@@ -1,0 +1,303 @@
+//! Leases as the server grants them: the lease table ([`LeaseTable`], pure
+//! logic in `crate::leases`) under one lock with the acquires waiting on
+//! it, grants (`Server::lease`), recalls pushed to their holders,
+//! releases, expiry (`Server::tick`), and requests run under a lease
+//! (`Server::leased`). The caps on how many leases one client, and the
+//! server, may hold.
+
+use std::collections::HashMap;
+
+use morris_proto::messages::LeaseMode;
+use morris_proto::{ErrorCode, FileId, Handle, Push, Request, WireError};
+use tokio::sync::oneshot;
+use tracing::{debug, warn};
+
+use super::{err, fencing, metadata, Server};
+use crate::leases::{Acquired, ClientId, Effects, LeaseTable, Recall, Ticket};
+
+/// The lease table and what waits on it, under one lock (`Server::leases`).
+pub(super) struct LeaseState {
+    pub(super) table: LeaseTable,
+    /// Waiting acquires: ticket → (connection id, wake-up).
+    pub(super) waiters: HashMap<Ticket, (u64, oneshot::Sender<()>)>,
+    /// Write leases revoked by force whose fence is being raised at every
+    /// server: inode → (revoked fence number, done). A grant of the inode
+    /// is answered only once that is done (`fencing::Granted`).
+    pub(super) fencing: HashMap<FileId, (u64, tokio::sync::watch::Sender<bool>)>,
+    /// Fences to raise, taken by the caller once the lock is let go.
+    pub(super) to_fence: Vec<(FileId, u64)>,
+}
+
+impl LeaseState {
+    pub(super) fn new(table: LeaseTable) -> Self {
+        LeaseState {
+            table,
+            waiters: HashMap::new(),
+            fencing: HashMap::new(),
+            to_fence: Vec::new(),
+        }
+    }
+}
+
+/// Most leases one client may hold at one server. A mount keeps at most
+/// `max_cached_leases` (100,000 by default) in all, plus those with
+/// changes not yet stored, so only a runaway or hostile client meets this.
+const MAX_LEASES_PER_CLIENT: usize = 1_000_000;
+/// Most leases one server grants in all (a few hundred bytes each).
+const MAX_LEASES: u64 = 4_000_000;
+
+/// Refuses a new lease past the caps (memory a key holder can make a
+/// server spend).
+pub(super) fn check_lease_caps(table: &LeaseTable, client: ClientId) -> Result<(), WireError> {
+    match table.over_caps(client, MAX_LEASES_PER_CLIENT, MAX_LEASES) {
+        None => Ok(()),
+        Some(why) => {
+            warn!(client, "lease refused: {why}");
+            Err(err(ErrorCode::TooManyLeases, why))
+        }
+    }
+}
+
+/// Whether a request takes a lease (and so waits out the grace period).
+pub(super) fn takes_lease(req: &Request) -> bool {
+    matches!(
+        req,
+        Request::AcquireRead { .. }
+            | Request::AcquireWrite { .. }
+            | Request::CreateInode { .. }
+            | Request::SetAttr { .. }
+            | Request::TouchAtime { .. }
+            | Request::TouchCtime { .. }
+            | Request::GetXattrs { .. }
+            | Request::SetXattr { .. }
+            | Request::Lock { .. }
+            | Request::TestLock { .. }
+            | Request::MarkStale { .. }
+            | Request::DeleteInode { .. }
+            | Request::Lookup { .. }
+            | Request::ReadDir { .. }
+            | Request::Link { .. }
+            | Request::Unlink { .. }
+            | Request::Rename { .. }
+            | Request::Exchange { .. }
+            | Request::DropLink { .. }
+            // Not a lease, but its judgement of which clients are alive
+            // needs them to have renewed since this server (or range) started.
+            | Request::Reap { .. }
+            // Cache mode: changes found at home recall every lease on the
+            // object, which needs the lease table of a whole lease time.
+            | Request::Bind { .. }
+            | Request::Unbind { .. }
+            | Request::HomeLookup { .. }
+            | Request::CreateCached { .. }
+            | Request::AcquireCached { .. }
+            | Request::Revalidate { .. }
+            | Request::Detach { .. }
+    )
+}
+
+impl Server {
+    /// Wakes granted waiters; returns the recalls to push once unlocked.
+    pub(super) fn settle(st: &mut LeaseState, fx: Effects) -> Vec<Recall> {
+        // Before any grant is woken: its answer waits for the fence.
+        for (ino, fence) in fx.fenced {
+            st.fencing
+                .insert(ino, (fence, tokio::sync::watch::channel(false).0));
+            st.to_fence.push((ino, fence));
+        }
+        for t in fx.granted {
+            if let Some((_, tx)) = st.waiters.remove(&t) {
+                // The waiter may be gone; its lease then runs out unused.
+                let _ = tx.send(());
+            }
+        }
+        for (client, ino) in &fx.revoked {
+            debug!(
+                client,
+                ino, "lease revoked (holder silent or recall overdue)"
+            );
+        }
+        fx.recalls
+    }
+
+    pub(super) fn push_recalls(&self, recalls: Vec<Recall>) {
+        self.raise_fences();
+        if recalls.is_empty() {
+            return;
+        }
+        let sessions = self.sessions.lock();
+        for r in recalls {
+            let msg = Push::Recall {
+                ino: r.ino,
+                want: r.want,
+            };
+            let mut sent = 0;
+            if let Some(conns) = sessions.by_client.get(&r.client) {
+                for (_, c) in conns {
+                    if let Some(c) = c.upgrade() {
+                        if c.push(&msg) {
+                            sent += 1;
+                        }
+                    }
+                }
+            }
+            debug!(client = r.client, ino = r.ino, want = ?r.want, sent, "recall");
+        }
+    }
+
+    pub(super) fn cancel_ticket(&self, t: Ticket) {
+        let recalls = {
+            let mut st = self.leases.lock();
+            st.waiters.remove(&t);
+            let mut fx = Effects::default();
+            let now = self.now_ms();
+            st.table.cancel(t, now, &mut fx);
+            Self::settle(&mut st, fx)
+        };
+        self.push_recalls(recalls);
+    }
+
+    /// Takes `mode` on `ino` for `client`, waiting for conflicting holders.
+    pub(super) async fn lease(
+        &self,
+        client: ClientId,
+        conn_id: u64,
+        ino: FileId,
+        mode: LeaseMode,
+    ) -> Result<u64, WireError> {
+        let (wait, recalls) = {
+            let mut st = self.leases.lock();
+            if st.table.holds(client, ino).is_none() {
+                check_lease_caps(&st.table, client)?;
+            }
+            let mut fx = Effects::default();
+            let now = self.now_ms();
+            let wait = match st.table.acquire(client, ino, mode, now, &mut fx) {
+                Acquired::Granted => Err(Self::granted(&st, client, ino)),
+                Acquired::Waiting(t) => {
+                    let (tx, rx) = oneshot::channel();
+                    st.waiters.insert(t, (conn_id, tx));
+                    Ok((t, rx))
+                }
+            };
+            (wait, Self::settle(&mut st, fx))
+        };
+        self.push_recalls(recalls);
+        let (ticket, rx) = match wait {
+            Ok(w) => w,
+            Err(granted) => return Ok(granted.answer().await),
+        };
+        debug!(client, ino, ?mode, ticket, "lease request waits");
+        let mut guard = WaitGuard {
+            server: self,
+            ticket: Some(ticket),
+        };
+        let r = rx.await;
+        guard.ticket = None;
+        match r {
+            Ok(()) => {
+                let granted = Self::granted(&self.leases.lock(), client, ino);
+                Ok(granted.answer().await)
+            }
+            Err(_) => Err(err(
+                ErrorCode::Unavailable,
+                "lease request abandoned (connection closed or server stopping)",
+            )),
+        }
+    }
+
+    /// What a grant of `ino` to `client` answers with: its fence number (0
+    /// for a read lease), once a fence being raised on `ino` is up.
+    pub(super) fn granted(st: &LeaseState, client: ClientId, ino: FileId) -> fencing::Granted {
+        fencing::Granted {
+            fence: st.table.fence(client, ino).unwrap_or(0),
+            raising: st.fencing.get(&ino).map(|(_, done)| done.subscribe()),
+        }
+    }
+
+    pub(super) fn release(&self, client: ClientId, ino: FileId) {
+        let recalls = {
+            let mut st = self.leases.lock();
+            let mut fx = Effects::default();
+            let now = self.now_ms();
+            st.table.release(client, ino, now, &mut fx);
+            Self::settle(&mut st, fx)
+        };
+        self.push_recalls(recalls);
+    }
+
+    /// Expires silent clients and overdue recalls; run periodically.
+    pub(crate) fn tick(&self) {
+        self.check_ownership();
+        self.expire_locks();
+        let recalls = {
+            let mut st = self.leases.lock();
+            let mut fx = Effects::default();
+            let now = self.now_ms();
+            st.table.tick(now, &mut fx);
+            if fx.is_empty() {
+                drop(st);
+                self.raise_fences();
+                return;
+            }
+            Self::settle(&mut st, fx)
+        };
+        self.push_recalls(recalls);
+    }
+
+    /// Takes the lease, runs `op` on the blocking pool, and gives a lease on a
+    /// handle found stale back (the file is gone; nobody needs it).
+    pub(super) async fn leased<T, F>(
+        &self,
+        client: ClientId,
+        conn_id: u64,
+        ino: Handle,
+        mode: LeaseMode,
+        op: F,
+    ) -> Result<T, WireError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Result<T, WireError> + Send + 'static,
+    {
+        self.leased_fenced(client, conn_id, ino, mode, op)
+            .await
+            .map(|(t, _)| t)
+    }
+
+    /// [`Server::leased`], with the grant's fence number (0 for a read lease).
+    pub(super) async fn leased_fenced<T, F>(
+        &self,
+        client: ClientId,
+        conn_id: u64,
+        ino: Handle,
+        mode: LeaseMode,
+        op: F,
+    ) -> Result<(T, u64), WireError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Result<T, WireError> + Send + 'static,
+    {
+        let fence = self.lease(client, conn_id, ino.id, mode).await?;
+        let r = metadata(op);
+        if let Err(e) = &r {
+            if e.code == ErrorCode::Stale {
+                self.release(client, ino.id);
+            }
+        }
+        r.map(|t| (t, fence))
+    }
+}
+
+/// Cancels a waiting acquire if its request is abandoned.
+struct WaitGuard<'a> {
+    server: &'a Server,
+    ticket: Option<Ticket>,
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(t) = self.ticket.take() {
+            self.server.cancel_ticket(t);
+        }
+    }
+}
