@@ -14,6 +14,7 @@
 
 mod cache;
 mod copies;
+mod copy;
 mod dirlock;
 mod dirpages;
 mod fs;
