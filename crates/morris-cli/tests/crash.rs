@@ -1,5 +1,6 @@
-//! Crashes: `kill -9` of servers under load and of all servers at once, and
-//! of a mount holding a write lease. After each, the volume must work again,
+//! Crashes: `kill -9` of servers under load and of all servers at once, of
+//! a mount holding a write lease, and of a mount in the middle of
+//! `RENAME_EXCHANGE`s between two directories. After each, the volume must work again,
 //! `morris fsck` must find no errors (garbage is allowed) and whatever an
 //! application was told is done must still be there.
 
@@ -477,4 +478,103 @@ fn a_close_after_the_inode_server_restarted_stores_the_data_or_fails() {
         ),
     }
     assert_fsck_clean(&c, "after a close across a server restart", "");
+}
+
+/// `renameat2(RENAME_EXCHANGE)` of `a` and `b`.
+fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let cstr = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).expect("no NUL");
+    let (a, b) = (cstr(a), cstr(b));
+    // SAFETY: two valid NUL-terminated paths.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[test]
+fn a_mount_killed_during_exchanges_between_directories_loses_no_object() {
+    let c = Cluster::start(4, ClusterOpts::default());
+    for round in 0..5u64 {
+        // Fresh directories each round: a file `a/x` and a directory `b/y`.
+        let (a, b) = (format!("a{round}"), format!("b{round}"));
+        {
+            let m = c.mount();
+            fs::create_dir(m.path.join(&a)).expect("mkdir a");
+            fs::create_dir(m.path.join(&b)).expect("mkdir b");
+            fs::write(m.path.join(&a).join("x"), b"first").expect("write a/x");
+            fs::create_dir(m.path.join(&b).join("y")).expect("mkdir b/y");
+            fs::write(m.path.join(&b).join("y/inside"), b"second").expect("write");
+        }
+        let mut m = c.mount();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (x, y, st) = (
+            m.path.join(&a).join("x"),
+            m.path.join(&b).join("y"),
+            stop.clone(),
+        );
+        let swapper = std::thread::spawn(move || {
+            let mut done = 0u64;
+            while !st.load(Ordering::Relaxed) && exchange(&x, &y).is_ok() {
+                done += 1;
+            }
+            done
+        });
+        std::thread::sleep(Duration::from_millis(200 + 150 * round));
+        m.kill9();
+        stop.store(true, Ordering::Relaxed);
+        let done = swapper.join().expect("the exchanging thread");
+        // A new mount finds both objects, each under at least one name:
+        // the file's bytes and the directory's content.
+        let m = c.mount();
+        let mut found: Vec<(PathBuf, &str)> = Vec::new();
+        wait_for(RECOVERY, "the killed mount's leases to expire", || {
+            found.clear();
+            for d in [&a, &b] {
+                for e in fs::read_dir(m.path.join(d)).map_err(|e| e.to_string())? {
+                    let p = e.map_err(|e| e.to_string())?.path();
+                    if p.is_dir() {
+                        if fs::read(p.join("inside")).map_err(|e| e.to_string())? == b"second" {
+                            found.push((p, "directory"));
+                        }
+                    } else if fs::read(&p).map_err(|e| e.to_string())? == b"first" {
+                        found.push((p, "file"));
+                    }
+                }
+            }
+            Ok(())
+        });
+        eprintln!("round {round}: killed after {done} exchanges; names: {found:?}");
+        assert!(
+            done > 0,
+            "round {round}: no exchange went through before the kill"
+        );
+        for what in ["file", "directory"] {
+            assert!(
+                found.iter().any(|(_, w)| *w == what),
+                "round {round}, killed after {done} exchanges: no name for the {what}: {found:?}"
+            );
+        }
+    }
+    // What a kill may leave is an extra name (a link count or a
+    // directory's entry count that fsck reports), never an entry naming
+    // nothing or an object nothing names.
+    let (_, out, all) = fsck(c.addr(0));
+    for want in [
+        "0 dangling entries",
+        "0 entries of missing directories",
+        "0 unreachable inodes",
+    ] {
+        assert!(out.contains(want), "fsck after the kills ({want}):\n{all}");
+    }
 }
