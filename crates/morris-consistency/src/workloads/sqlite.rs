@@ -63,9 +63,9 @@ pub fn note(ctx: &CoordCtx) -> String {
         )
     } else {
         format!(
-            "{n} processes, all on {}: POSIX locks are not expected to work across morris FUSE mounts \
-             (no lock support in the FUSE adapter; the kernel keeps fcntl locks per mount); \
-             --sqlite-all-mounts spreads them; the result is still checked through every mount",
+            "{n} processes, all on {}; --sqlite-all-mounts spreads them over every mount \
+             (for file systems whose POSIX locks hold across mounts, as morris's do); \
+             the result is still checked through every mount",
             ctx.labels[0]
         )
     }
