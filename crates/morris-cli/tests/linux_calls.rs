@@ -422,7 +422,34 @@ fn copy_file_range_copies_within_the_volume() {
         std::io::Error::last_os_error().raw_os_error(),
         Some(libc::EINVAL)
     );
-    drop((src, dst, mid, same));
+    // A sparse source: into a new file its holes stay holes; over an
+    // existing file's bytes they are zeros.
+    let sparse = File::create(m.path.join("sparse")).expect("create sparse");
+    std::os::unix::fs::FileExt::write_all_at(&sparse, &data[..100_000], 0).expect("write");
+    std::os::unix::fs::FileExt::write_all_at(&sparse, &data[..100_000], 3_000_000).expect("write");
+    sparse.set_len(4_000_000).expect("truncate up");
+    drop(sparse);
+    let sparse = File::open(m.path.join("sparse")).expect("open sparse");
+    let fresh = File::create(m.path.join("fresh")).expect("create fresh");
+    assert_eq!(copy_range(&sparse, 0, &fresh, 0, 10_000_000), 4_000_000);
+    let mut want_sparse = vec![0u8; 4_000_000];
+    want_sparse[..100_000].copy_from_slice(&data[..100_000]);
+    want_sparse[3_000_000..3_100_000].copy_from_slice(&data[..100_000]);
+    assert_eq!(fs::read(m.path.join("fresh")).expect("read"), want_sparse);
+    // SAFETY: an open descriptor.
+    let hole = unsafe { libc::lseek(fresh.as_raw_fd(), 0, libc::SEEK_HOLE) };
+    assert!(
+        hole > 0 && hole < 3_000_000,
+        "the copy's first hole is at {hole}, not in the source's hole"
+    );
+    fs::write(m.path.join("over"), vec![b'y'; 4_000_000]).expect("write");
+    let over = fs::OpenOptions::new()
+        .write(true)
+        .open(m.path.join("over"))
+        .expect("open over");
+    assert_eq!(copy_range(&sparse, 0, &over, 0, 4_000_000), 4_000_000);
+    assert_eq!(fs::read(m.path.join("over")).expect("read"), want_sparse);
+    drop((src, dst, mid, same, sparse, fresh, over));
     // Read back through another mount.
     let other = c.mount();
     assert_eq!(fs::read(other.path.join("whole")).expect("read"), data);

@@ -6,12 +6,15 @@
 //! client and on to the servers holding the destination (no server-side
 //! copy yet); what is saved is the caller's read/write loop: one request
 //! from the kernel instead of one per 128 KiB buffer each way, and reads of
-//! the next chunk overlapping the writes of the last.
+//! the next chunk overlapping the writes of the last. Into a destination
+//! range past its end, only the source's data is copied (found with
+//! `SEEK_DATA`/`SEEK_HOLE`): holes stay holes.
 
 use bytes::Bytes;
-use morris_proto::ErrorCode;
+use morris_proto::{ErrorCode, SetAttr};
 
-use crate::{Client, Error, Result};
+use crate::leases::Mode;
+use crate::{Caller, Client, Error, Result};
 
 /// Bytes read or written at once: whole stripes of a 4-server, 1 MiB unit
 /// volume, so every server works on each chunk.
@@ -52,6 +55,64 @@ impl Client {
                 "range past the largest offset",
             ));
         }
+        // Where the destination has nothing yet (past its end), the
+        // source's holes are not written: they stay holes, and the size
+        // is set at the end. Elsewhere they must overwrite what is there.
+        let dst_size = self.open_size(fh_out).await?;
+        if off_out < dst_size {
+            return self.copy_dense(fh_in, off_in, fh_out, off_out, len).await;
+        }
+        let end = off_in.saturating_add(len).min(self.open_size(fh_in).await?);
+        let mut pos = off_in;
+        while pos < end {
+            let Some(data) = self.seek(fh_in, pos, false).await? else {
+                break; // a hole to the end
+            };
+            if data >= end {
+                break;
+            }
+            let hole = self.seek(fh_in, data, true).await?.unwrap_or(end).min(end);
+            let n = self
+                .copy_dense(fh_in, data, fh_out, off_out + (data - off_in), hole - data)
+                .await?;
+            if n < hole - data {
+                // The source ended early (truncated meanwhile).
+                return Ok(data - off_in + n);
+            }
+            pos = hole;
+        }
+        let total = end.saturating_sub(off_in);
+        let want = off_out + total;
+        if total > 0 && self.open_size(fh_out).await? < want {
+            let dst = self.open_file(fh_out)?;
+            let set = SetAttr {
+                size: Some(want),
+                ..SetAttr::default()
+            };
+            // The kernel checked the caller may write the file.
+            self.setattr(dst.id, set, &Caller::root()).await?;
+        }
+        Ok(total)
+    }
+
+    /// The size of open file `fh` as this client sees it.
+    async fn open_size(&self, fh: u64) -> Result<u64> {
+        let f = self.open_file(fh)?;
+        let g = self.leases.get(f.h, Mode::Read).await?;
+        let size = g.inode().attr.size;
+        Ok(size)
+    }
+
+    /// Copies `len` bytes as they are, holes as zeros; short only where
+    /// the source ends.
+    async fn copy_dense(
+        &self,
+        fh_in: u64,
+        off_in: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+    ) -> Result<u64> {
         let read = |done: u64| {
             let n = (len - done).min(CHUNK) as u32;
             self.read(fh_in, off_in + done, n)
