@@ -792,30 +792,32 @@ impl Store {
     /// (never back; nothing else changes). Objects cached from a home are
     /// left alone.
     pub fn touch_atime(&self, h: Handle, atime: Timestamp) -> Result<(), WireError> {
-        self.write_txn(|tx| {
-            let mut ino = check_handle(h, load_inode(tx, h.id)?)?;
-            if ino.home.is_some() || ino.attr.atime >= atime {
-                return Ok(());
-            }
-            ino.attr.atime = atime;
-            tx.execute(
-                "UPDATE inodes SET data = ?2 WHERE id = ?1",
-                params![sql_id(ino.id), encode_inode(&ino)?],
-            )
-            .map_err(db_err)?;
-            Ok(())
-        })
+        self.touch_time(h, atime, |a| &mut a.atime)
     }
 
     /// Moves the status change time of `h` forward to `ctime` (a rename of
     /// it); never back, and not for objects cached from a home.
     pub fn touch_ctime(&self, h: Handle, ctime: Timestamp) -> Result<(), WireError> {
+        self.touch_time(h, ctime, |a| &mut a.ctime)
+    }
+
+    /// Moves the time `field` picks out of `h`'s attributes forward to `t`.
+    fn touch_time(
+        &self,
+        h: Handle,
+        t: Timestamp,
+        field: fn(&mut Attr) -> &mut Timestamp,
+    ) -> Result<(), WireError> {
         self.write_txn(|tx| {
             let mut ino = check_handle(h, load_inode(tx, h.id)?)?;
-            if ino.home.is_some() || ino.attr.ctime >= ctime {
+            if ino.home.is_some() {
                 return Ok(());
             }
-            ino.attr.ctime = ctime;
+            let at = field(&mut ino.attr);
+            if *at >= t {
+                return Ok(());
+            }
+            *at = t;
             tx.execute(
                 "UPDATE inodes SET data = ?2 WHERE id = ?1",
                 params![sql_id(ino.id), encode_inode(&ino)?],

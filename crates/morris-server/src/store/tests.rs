@@ -886,3 +886,40 @@ fn a_caller_waiting_for_the_store_does_not_stop_its_async_worker() {
         b.await.unwrap();
     });
 }
+
+#[test]
+fn access_and_change_times_are_touched_forward_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(&dir.path().join("m.sqlite")).unwrap();
+    s.format(&descriptor(1), 0, 77).unwrap();
+    let f = s
+        .create_inode(0, &attr(FileKind::File), None, 1, None, None)
+        .unwrap();
+    let at = |secs: i64| Timestamp { secs, nanos: 0 };
+    let now = |s: &Store| s.get_inode(f.id).unwrap().unwrap().attr;
+    let before = now(&s);
+    s.touch_ctime(f.handle(), at(before.ctime.secs + 100))
+        .unwrap();
+    s.touch_atime(f.handle(), at(before.atime.secs + 50))
+        .unwrap();
+    let a = now(&s);
+    assert_eq!(a.ctime, at(before.ctime.secs + 100));
+    assert_eq!(a.atime, at(before.atime.secs + 50));
+    assert_eq!(
+        (a.mtime, a.size, a.mode),
+        (before.mtime, before.size, before.mode)
+    );
+    // Never back.
+    s.touch_ctime(f.handle(), at(1)).unwrap();
+    s.touch_atime(f.handle(), at(1)).unwrap();
+    assert_eq!(now(&s), a);
+    // A stale handle is refused.
+    let stale = Handle {
+        id: f.id,
+        gen: f.gen.wrapping_add(1),
+    };
+    assert_eq!(
+        s.touch_ctime(stale, at(i64::MAX)).unwrap_err().code,
+        ErrorCode::Stale
+    );
+}
