@@ -64,6 +64,7 @@ impl Client {
         }
         let end = off_in.saturating_add(len).min(self.open_size(fh_in).await?);
         let mut pos = off_in;
+        let mut total = end.saturating_sub(off_in);
         while pos < end {
             let Some(data) = self.seek(fh_in, pos, false).await? else {
                 break; // a hole to the end
@@ -77,11 +78,13 @@ impl Client {
                 .await?;
             if n < hole - data {
                 // The source ended early (truncated meanwhile).
-                return Ok(data - off_in + n);
+                total = data - off_in + n;
+                break;
             }
             pos = hole;
         }
-        let total = end.saturating_sub(off_in);
+        // The destination's size covers what is reported copied, also
+        // when that ends in a hole.
         let want = off_out + total;
         if total > 0 && self.open_size(fh_out).await? < want {
             let dst = self.open_file(fh_out)?;

@@ -473,12 +473,13 @@ fn follow_flags(
     ended: watch::Receiver<bool>,
 ) {
     let table = std::fs::File::open("/proc/self/mountinfo");
+    let mut changed = true;
     loop {
         if *ended.borrow() {
             return;
         }
         let Some(c) = client.upgrade() else { return };
-        if let Some(text) = mountinfo::read() {
+        if let Some(text) = changed.then(mountinfo::read).flatten() {
             let mounts = mountinfo::mounts_of(&text, dev);
             let ours = mounts
                 .iter()
@@ -497,7 +498,8 @@ fn follow_flags(
                     revents: 0,
                 };
                 // SAFETY: one valid pollfd, for the duration of the call.
-                if unsafe { libc::poll(&mut pfd, 1, 1000) } > 0 {
+                changed = unsafe { libc::poll(&mut pfd, 1, 1000) } > 0;
+                if changed {
                     // A burst of changes is read once.
                     std::thread::sleep(Duration::from_millis(100));
                 }
