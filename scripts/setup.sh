@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PACKAGES=(fuse3 libfuse3-dev attr acl pkg-config libnfs-utils libnfs-dev fio rpcbind iproute2 libclang-dev etcd-server protobuf-compiler nfs-ganesha nfs-ganesha-vfs python3)
-MIN_RUST=1.85
+MIN_RUST=1.89
 
 die() {
     echo "setup.sh: error: $*" >&2
