@@ -388,6 +388,101 @@ fn a_writer_stopped_past_its_lease_does_not_land_its_write_over_the_next_writers
     assert!(log.contains("not sent: the lease"), "{log}");
 }
 
+/// libfaketime's preload library (Debian `faketime`).
+const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// Seconds since the epoch of the last timestamped line of a server log
+/// (`2026-11-27T03:57:53.271701Z  INFO ...`), read with GNU `date`.
+fn last_log_time(log: &std::path::Path) -> i64 {
+    let text = common::read_log(log);
+    let stamp = text
+        .lines()
+        .rev()
+        .filter_map(|l| l.split_whitespace().next())
+        .find(|w| w.len() > 20 && w.ends_with('Z') && w.as_bytes()[10] == b'T')
+        .expect("a timestamped line in the server's log")
+        .to_owned();
+    let out = std::process::Command::new("date")
+        .args(["-u", "-d", &stamp, "+%s"])
+        .output()
+        .expect("date");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("date prints seconds")
+}
+
+/// Fence numbers come from the wall clock, but never go back: the
+/// inode's metadata server restarted with its clock an hour behind still
+/// numbers the next write grant above the one the data server saw, so the
+/// next writer's writes go on (before the durable fence reservation, they
+/// failed with EIO until the clock caught up).
+#[test]
+fn a_server_restarted_with_its_clock_set_back_still_numbers_grants_above_the_old_ones() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    const UNIT: usize = 64 << 10;
+    assert!(
+        std::path::Path::new(FAKETIME_LIB).exists(),
+        "{FAKETIME_LIB} missing: install Debian's faketime (scripts/setup.sh does)"
+    );
+    let mut c = Cluster::start(2, Default::default());
+    let (ino, owner) = {
+        let m = c.mount();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(m.path.join("f"))
+            .expect("create");
+        f.write_all_at(&vec![b'a'; 2 * UNIT], 0).expect("write");
+        f.sync_all().expect("fsync");
+        let ino = f.metadata().expect("stat").ino();
+        (ino, (ino % 2) as usize)
+    };
+    // Offset 0 is block index 1, on the other server (`(id + 1) mod 2`),
+    // which keeps the write grant's number. The inode's owner comes back
+    // with its wall clock one hour behind (monotonic clock untouched).
+    c.restart_env(
+        owner,
+        &[],
+        &[
+            ("LD_PRELOAD", FAKETIME_LIB),
+            ("FAKETIME", "-3600"),
+            ("DONT_FAKE_MONOTONIC", "1"),
+        ],
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64;
+    let behind = now - last_log_time(&c.servers[owner].log);
+    assert!(
+        (3000..4200).contains(&behind),
+        "the restarted server's clock is {behind} s behind, not an hour: faketime not in effect"
+    );
+    let m = c.mount();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.path.join("f"))
+        .expect("open after the restart");
+    assert_eq!(f.metadata().expect("stat").ino(), ino);
+    f.write_all_at(&[b'b'; 4096], 0)
+        .and_then(|()| f.sync_all())
+        .expect("a write under a grant of the restarted server must not be fenced");
+    drop(f);
+    let fresh = c.mount();
+    let got = std::fs::read(fresh.path.join("f")).expect("read");
+    assert_eq!(&got[..4096], &[b'b'; 4096][..]);
+    assert!(got[4096..].iter().all(|&x| x == b'a'));
+    let data_log = common::read_log(&c.servers[1 - owner].log);
+    assert!(
+        !data_log.contains("refused a change made under a write lease"),
+        "{data_log}"
+    );
+}
+
 #[test]
 fn a_client_that_stops_reading_holds_a_bounded_amount_of_the_servers_memory() {
     use morris_proto::frame::{encode_frame_head, FrameKind};

@@ -28,6 +28,9 @@
 //!   twice even after power loss (which may lose the counter's last
 //!   updates: a store that opens hands out ids from its reservation on).
 //!   This server's own: not mirrored.
+//! * `fence_reserve`: one row, the number below which the range's write
+//!   grants may have been numbered (`fences.rs`); mirrored, so a server
+//!   that takes the range over numbers above it.
 //!
 //! Entry cookies are a hash of the name (`cookies.rs`), so a name keeps its
 //! place in listings however often it is replaced or re-created.
@@ -101,6 +104,10 @@ CREATE TABLE IF NOT EXISTS replies (
 CREATE INDEX IF NOT EXISTS replies_by_age ON replies (at);
 CREATE TABLE IF NOT EXISTS orphans (ino INTEGER PRIMARY KEY, since INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS id_reserve (
+    one INTEGER PRIMARY KEY CHECK (one = 1),
+    hw INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS fence_reserve (
     one INTEGER PRIMARY KEY CHECK (one = 1),
     hw INTEGER NOT NULL
 );
@@ -355,6 +362,8 @@ pub struct Store {
     reserved: AtomicU64,
     /// The reservation when the store opened: no new id below it.
     first_id: u64,
+    /// The fence reservation known to be durable (`fences.rs`).
+    fence_reserved_upto: AtomicU64,
 }
 
 /// A page of a directory listing ([`Store::read_dir_page`]).
@@ -455,6 +464,7 @@ impl Store {
             ops_stored: AtomicU64::new(0),
             reserved: AtomicU64::new(reserved),
             first_id: reserved,
+            fence_reserved_upto: AtomicU64::new(0),
         })
     }
 
@@ -1460,6 +1470,7 @@ mod cached;
 mod cached_tests;
 mod cookies;
 mod exchange;
+mod fences;
 mod once;
 mod orphans;
 mod replica;

@@ -270,7 +270,14 @@ pub struct Cluster {
     dir: TempDir,
 }
 
-fn spawn_server(data: &Path, log: &Path, addr: &str, lease_ms: u32, extra: &[&str]) -> Child {
+fn spawn_server(
+    data: &Path,
+    log: &Path,
+    addr: &str,
+    lease_ms: u32,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Child {
     let out = File::options()
         .create(true)
         .append(true)
@@ -286,6 +293,7 @@ fn spawn_server(data: &Path, log: &Path, addr: &str, lease_ms: u32, extra: &[&st
         .arg("--lease-ms")
         .arg(lease_ms.to_string())
         .args(extra)
+        .envs(env.iter().copied())
         .env(
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
@@ -366,7 +374,7 @@ impl Cluster {
             for _ in 0..5 {
                 let addr = format!("127.0.0.1:{}", free_port());
                 let extra: Vec<&str> = c.opts.server_args.iter().map(String::as_str).collect();
-                let mut child = spawn_server(&data, &log, &addr, c.opts.lease_ms, &extra);
+                let mut child = spawn_server(&data, &log, &addr, c.opts.lease_ms, &extra, &[]);
                 match wait_listening(&mut child, &addr) {
                     Ok(()) => {
                         started = Some((addr, child));
@@ -459,11 +467,16 @@ impl Cluster {
 
     /// Like [`Cluster::restart`], with extra `morris server` arguments.
     pub fn restart_with(&mut self, i: usize, extra: &[&str]) {
+        self.restart_env(i, extra, &[]);
+    }
+
+    /// Like [`Cluster::restart_with`], with extra environment variables.
+    pub fn restart_env(&mut self, i: usize, extra: &[&str], env: &[(&str, &str)]) {
         self.kill9(i);
         let s = &mut self.servers[i];
         let mut all: Vec<&str> = self.opts.server_args.iter().map(String::as_str).collect();
         all.extend_from_slice(extra);
-        let mut child = spawn_server(&s.data, &s.log, &s.addr, self.opts.lease_ms, &all);
+        let mut child = spawn_server(&s.data, &s.log, &s.addr, self.opts.lease_ms, &all, env);
         if let Err(e) = wait_listening(&mut child, &s.addr) {
             let _ = child.kill();
             let _ = child.wait();

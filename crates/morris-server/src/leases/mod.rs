@@ -201,6 +201,13 @@ impl LeaseTable {
             .map(|s| s.fence)
     }
 
+    /// Numbers every later write grant above `floor` (the durable fence
+    /// reservation of a range this table starts granting for: numbers a
+    /// previous life or another server may have handed out).
+    pub fn raise_fence_floor(&mut self, floor: u64) {
+        self.last_fence = self.last_fence.max(floor);
+    }
+
     fn next_fence(&mut self, now: Millis) -> u64 {
         let clock = self.fence_base.saturating_add(now.saturating_mul(1000));
         self.last_fence = clock.max(self.last_fence + 1);
@@ -858,5 +865,22 @@ mod tests {
         t2.acquire(4, 7, LeaseMode::Write, 3 * L, &mut e);
         assert!(t2.fence(4, 7).unwrap() > t.fence(3, 7).unwrap());
         t.check().unwrap();
+    }
+
+    #[test]
+    fn a_clock_set_back_numbers_above_the_raised_floor() {
+        // The previous life handed out numbers up to (its reservation)
+        // 9,000,000; this one's clock reads 5,000,000.
+        let mut t = LeaseTable::new(L).fenced_from(5_000_000);
+        t.raise_fence_floor(9_000_000);
+        t.raise_fence_floor(1_000); // never lowers it
+        let mut e = fx();
+        t.acquire(1, 7, LeaseMode::Write, 0, &mut e);
+        assert_eq!(t.fence(1, 7), Some(9_000_001));
+        t.acquire(2, 8, LeaseMode::Write, 0, &mut e);
+        assert_eq!(t.fence(2, 8), Some(9_000_002));
+        // Once the clock passes the floor, numbers follow the clock again.
+        t.acquire(3, 9, LeaseMode::Write, 5_000, &mut e);
+        assert_eq!(t.fence(3, 9), Some(10_000_000));
     }
 }

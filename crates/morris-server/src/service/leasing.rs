@@ -6,6 +6,7 @@
 //! server, may hold.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use morris_proto::messages::LeaseMode;
 use morris_proto::{ErrorCode, FileId, Handle, Push, Request, WireError};
@@ -14,6 +15,7 @@ use tracing::{debug, warn};
 
 use super::{err, fencing, metadata, Server};
 use crate::leases::{Acquired, ClientId, Effects, LeaseTable, Recall, Ticket};
+use crate::ranges::Range;
 
 /// The lease table and what waits on it, under one lock (`Server::leases`).
 pub(super) struct LeaseState {
@@ -26,6 +28,9 @@ pub(super) struct LeaseState {
     pub(super) fencing: HashMap<FileId, (u64, tokio::sync::watch::Sender<bool>)>,
     /// Fences to raise, taken by the caller once the lock is let go.
     pub(super) to_fence: Vec<(FileId, u64)>,
+    /// Ranges whose fence reservation this table numbers above: range →
+    /// the range's generation then (a takeover raises it: read again).
+    pub(super) floors: HashMap<u32, u64>,
 }
 
 impl LeaseState {
@@ -35,6 +40,7 @@ impl LeaseState {
             waiters: HashMap::new(),
             fencing: HashMap::new(),
             to_fence: Vec::new(),
+            floors: HashMap::new(),
         }
     }
 }
@@ -157,8 +163,74 @@ impl Server {
         self.push_recalls(recalls);
     }
 
-    /// Takes `mode` on `ino` for `client`, waiting for conflicting holders.
+    /// Takes `mode` on `ino` for `client`, waiting for conflicting holders;
+    /// the grant's fence number (0 for a read lease), within the range's
+    /// durable fence reservation.
     pub(super) async fn lease(
+        &self,
+        client: ClientId,
+        conn_id: u64,
+        ino: FileId,
+        mode: LeaseMode,
+    ) -> Result<u64, WireError> {
+        let range = match mode {
+            LeaseMode::Write => self.fence_range(ino),
+            LeaseMode::Read => None,
+        };
+        if let Some(r) = &range {
+            self.number_above_reservation(r)?;
+        }
+        let fence = self.grant(client, conn_id, ino, mode).await?;
+        if let Some(r) = range.filter(|_| fence != 0) {
+            self.reserve_fence(&r, fence).await?;
+        }
+        Ok(fence)
+    }
+
+    /// The copy of `ino`'s metadata range kept here, if any.
+    fn fence_range(&self, ino: FileId) -> Option<Arc<Range>> {
+        let ranges = self.ranges().ok()?;
+        let r = (ino % u64::from(ranges.k.max(1))) as u32;
+        ranges.of_range(r).cloned()
+    }
+
+    /// The first write grant for range `r` since this lease table began,
+    /// or since the range's generation changed (a takeover), is numbered
+    /// above the range's durable reservation: above every number handed
+    /// out for it before, whatever this server's clock says.
+    fn number_above_reservation(&self, r: &Range) -> Result<(), WireError> {
+        let gen = r.st.lock().gen;
+        if self.leases.lock().floors.get(&r.range) == Some(&gen) {
+            return Ok(());
+        }
+        let floor = metadata(|| r.store.fence_floor())?;
+        let mut st = self.leases.lock();
+        st.table.raise_fence_floor(floor);
+        st.floors.insert(r.range, gen);
+        debug!(
+            range = r.range,
+            gen, floor, "write grants numbered above the range's reservation"
+        );
+        Ok(())
+    }
+
+    /// Makes `fence` durable within range `r`'s reservation before it is
+    /// answered: at most one commit (and fsync, and copy) per
+    /// `FENCE_RESERVE_US` of numbers.
+    async fn reserve_fence(&self, r: &Range, fence: u64) -> Result<(), WireError> {
+        let Some(upto) = metadata(|| r.store.reserve_fence(fence))? else {
+            return Ok(());
+        };
+        if !r.peers.is_empty() {
+            self.wait_replicated(r, r.store.committed_seq()).await?;
+        }
+        r.store.fences_reserved(upto);
+        debug!(range = r.range, upto, "fence numbers reserved");
+        Ok(())
+    }
+
+    /// [`Server::lease`] without the reservation.
+    async fn grant(
         &self,
         client: ClientId,
         conn_id: u64,

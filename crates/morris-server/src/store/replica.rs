@@ -25,7 +25,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::{db_err, Formatted, Store};
 
 /// The tables whose changes are mirrored, with their columns.
-const REPLICATED: [(&str, &str); 13] = [
+const REPLICATED: [(&str, &str); 14] = [
     ("volume", "one, descriptor, own_index, counter"),
     ("inodes", "id, gen, data, next_cookie"),
     ("entries", "dir, name, cookie, child, gen, kind"),
@@ -39,6 +39,7 @@ const REPLICATED: [(&str, &str); 13] = [
     ("wb_homes", "id, binding, dir, name, fileid, handle"),
     ("wb_gone", "dir, name, id, binding, fileid"),
     ("xattrs", "id, name, value"),
+    ("fence_reserve", "one, hw"),
 ];
 
 /// Whether `table` is mirrored.
@@ -328,11 +329,23 @@ fn copy_snapshot(conn: &mut Connection) -> Result<Installed, WireError> {
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(db_err)?;
     for (table, cols) in REPLICATED {
-        tx.execute_batch(&format!(
-            "DELETE FROM main.{table};
-             INSERT INTO main.{table} ({cols}) SELECT {cols} FROM snap.{table};"
-        ))
-        .map_err(db_err)?;
+        tx.execute_batch(&format!("DELETE FROM main.{table};"))
+            .map_err(db_err)?;
+        // A snapshot from a build before the table (same protocol: e.g.
+        // `fence_reserve`) has none of its rows.
+        let present: bool = tx
+            .query_row(
+                "SELECT count(*) > 0 FROM snap.sqlite_master WHERE type = 'table' AND name = ?1",
+                [table],
+                |r| r.get(0),
+            )
+            .map_err(db_err)?;
+        if present {
+            tx.execute_batch(&format!(
+                "INSERT INTO main.{table} ({cols}) SELECT {cols} FROM snap.{table};"
+            ))
+            .map_err(db_err)?;
+        }
     }
     let formatted = read_formatted(&tx)?;
     let inodes = count(&tx, "inodes")?;

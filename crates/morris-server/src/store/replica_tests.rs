@@ -5,11 +5,12 @@ use super::*;
 use rusqlite::types::Value;
 use tokio::sync::mpsc::{error::TryRecvError, unbounded_channel, UnboundedReceiver};
 
-const TABLES: [(&str, &str); 4] = [
+const TABLES: [(&str, &str); 5] = [
     ("volume", "one"),
     ("inodes", "id"),
     ("entries", "dir, name"),
     ("stale_copies", "id, server"),
+    ("fence_reserve", "one"),
 ];
 
 type Rows = Vec<Vec<Value>>;
@@ -122,6 +123,7 @@ fn a_copy_follows_every_change_of_the_replicated_tables() {
     p.mark_stale(f.handle(), 1, 5).unwrap();
     p.resync_advance(f.id, 0, rec.seq, Some(10)).unwrap();
     p.note_leftover(gone.id, 1).unwrap();
+    assert!(p.reserve_fence(1_000).unwrap().is_some());
     let seq = p.committed_seq();
     assert!(seq > base);
     // Server-local and failed transactions send nothing.
@@ -165,6 +167,28 @@ fn a_copy_follows_every_change_of_the_replicated_tables() {
     drop(c);
     let c = Store::open(&dir.path().join("c.sqlite")).unwrap();
     assert_same(&c, &p);
+    // A copy that takes over numbers above the primary's fence reservation.
+    assert_eq!(c.fence_floor().unwrap(), p.fence_floor().unwrap());
+    assert!(c.fence_floor().unwrap() > 1_000);
+}
+
+#[test]
+fn a_snapshot_from_a_build_without_the_fence_reservation_installs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (d, own) = volume();
+    let p = Store::open(&dir.path().join("p.sqlite")).unwrap();
+    p.format(&d, own, 7).unwrap();
+    let snap = dir.path().join("snap.sqlite");
+    p.snapshot_to(&snap).unwrap();
+    rusqlite::Connection::open(&snap)
+        .unwrap()
+        .execute_batch("DROP TABLE fence_reserve")
+        .unwrap();
+    let c = Store::open(&dir.path().join("c.sqlite")).unwrap();
+    c.reserve_fence(5).unwrap();
+    c.install_snapshot(&snap).unwrap();
+    assert_same(&c, &p);
+    assert_eq!(c.fence_floor().unwrap(), 0);
 }
 
 #[test]
