@@ -115,10 +115,11 @@ pub fn run(args: ScrubArgs) -> Result<ExitCode> {
             bar.set_length(sum(|s| s.bytes_total).max(sum(|s| s.bytes_done)));
             bar.set_position(sum(|s| s.bytes_done));
             bar.set_message(format!(
-                "files {}/{}, bad chunks {}",
+                "files {}/{}, bad chunks {}, blocks whose copies differ {}",
                 sum(|s| s.files_done),
                 sum(|s| s.files_total),
-                sum(|s| s.bad_chunks)
+                sum(|s| s.bad_chunks),
+                sum(|s| s.diverged_blocks)
             ));
             if all.iter().all(|s| !s.running) {
                 break all;
@@ -126,16 +127,18 @@ pub fn run(args: ScrubArgs) -> Result<ExitCode> {
             tokio::time::sleep(Duration::from_millis(500)).await;
         };
         bar.finish_and_clear();
-        let mut bad_total = 0;
+        let (mut bad_total, mut diverged_total) = (0, 0);
         let mut failed = Vec::new();
         for (s, (st, &i)) in sessions.iter().zip(last.iter().zip(&targets)) {
             bad_total += st.bad_chunks;
+            diverged_total += st.diverged_blocks;
             println!(
-                "server {i} ({}): {} files, {} checked, {} bad chunks{}",
+                "server {i} ({}): {} files, {} checked, {} bad chunks, {} blocks whose copies differ{}",
                 s.addr,
                 st.files_done,
                 human(st.bytes_done),
                 st.bad_chunks,
+                st.diverged_blocks,
                 st.last_error
                     .as_ref()
                     .map(|e| format!(", stopped: {e}"))
@@ -148,13 +151,20 @@ pub fn run(args: ScrubArgs) -> Result<ExitCode> {
         if !failed.is_empty() {
             bail!("scrub did not finish: {}", failed.join("; "));
         }
+        if diverged_total > 0 {
+            println!(
+                "{diverged_total} block(s) had copies that differ, each intact; resync rewrites them from the first copy under the file's write lease (server log: `scrub: a block's copies differ`)"
+            );
+        }
         if bad_total > 0 {
             println!(
                 "{bad_total} chunk(s) failed their checksums; the servers record the damaged copies stale and resync rewrites them from another copy (see `morris status`)"
             );
+        }
+        if bad_total > 0 || diverged_total > 0 {
             return Ok(ExitCode::from(1));
         }
-        println!("every chunk matched its checksum");
+        println!("every chunk matched its checksum, and every copy the others");
         Ok(ExitCode::SUCCESS)
     })
 }

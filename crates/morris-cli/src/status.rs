@@ -264,6 +264,10 @@ fn checksums_cell(s: &ServerReport) -> String {
     } else {
         String::new()
     };
+    let scrub = match i.scrub.diverged_blocks {
+        0 => scrub,
+        n => format!(", {n} blocks' copies differed{scrub}"),
+    };
     if i.bad_chunks == 0 {
         return format!("ok{scrub}");
     }

@@ -238,25 +238,13 @@ fn a_damaged_unit_of_a_cached_file_is_fetched_from_home_again() {
     assert_eq!(i["unrepairable"].as_u64(), Some(0), "{i}");
 }
 
-/// A writer whose lease is revoked (it stopped, or was cut off) may have
-/// written one copy of a block and not the other: the owner learns which
-/// blocks it changed when it fences it out, and resync makes those
-/// blocks' copies equal, so no two readers see different bytes.
-#[test]
-fn copies_a_revoked_writer_left_different_are_made_equal() {
+/// Writes `A`s over block 1's first copy of file `id` only, as a client
+/// that takes the write lease and then either goes silent for good
+/// (`release: false`) or gives the lease back cleanly (`release: true`,
+/// as if the inode's owner had lost what the grant changed).
+fn write_first_copy_only(c: &Cluster, id: u64, release: bool) {
     use morris_proto::net::RpcClient;
     use morris_proto::{Reply, Request, PROTOCOL_VERSION};
-    let c = Cluster::start(
-        2,
-        common::ClusterOpts {
-            replicas: 2,
-            ..Default::default()
-        },
-    );
-    let m = c.mount();
-    let path = m.path.join("f");
-    std::fs::write(&path, vec![b'x'; 4096]).expect("write");
-    let id = std::fs::metadata(&path).expect("stat").ino();
     let uuid: uuid::Uuid = c.uuid().parse().expect("uuid");
     let key = morris_proto::auth::Keys::load(&common::keys().client)
         .expect("client key")
@@ -295,8 +283,7 @@ fn copies_a_revoked_writer_left_different_are_made_equal() {
             Reply::Leased { fence, .. } => fence,
             r => panic!("unexpected {r:?}"),
         };
-        // Block 1's first copy only, on whichever server holds it; then
-        // this writer goes silent for good.
+        // Block 1's first copy only, on whichever server holds it.
         let write = Request::Write {
             id,
             index: 1,
@@ -316,36 +303,105 @@ fn copies_a_revoked_writer_left_different_are_made_equal() {
             }
         }
         assert_eq!(wrote, 1, "exactly one server holds block 1's first copy");
+        if release {
+            owner
+                .call(&Request::Release { ino: id }, bytes::Bytes::new())
+                .await
+                .expect("release");
+        }
     });
-    drop(rt);
-    let copies = |c: &Cluster| -> Vec<Vec<u8>> {
-        (0..2)
-            .flat_map(|i| extent_files(c, i, id))
-            .map(|(p, _)| {
-                let f = std::fs::File::open(&p).expect("open extent file");
-                let mut b = vec![0u8; 4096];
-                f.read_exact_at(&mut b, 0).expect("read extent file");
-                b
-            })
-            .collect()
-    };
-    let before = copies(&c);
-    assert_eq!(before.len(), 2, "two copies of block 1");
-    assert_ne!(before[0], before[1], "the copies differ before resync");
-    wait_for(
-        Duration::from_secs(60),
-        "resync to make the copies equal",
-        || {
-            let now = copies(&c);
-            if now[0] == now[1] {
-                Ok(())
-            } else {
-                Err("the copies still differ".to_string())
-            }
+}
+
+/// Block 1's first 4 KiB in each of its two copies' extent files.
+fn block_one_copies(c: &Cluster, id: u64) -> Vec<Vec<u8>> {
+    (0..2)
+        .flat_map(|i| extent_files(c, i, id))
+        .map(|(p, _)| {
+            let f = std::fs::File::open(&p).expect("open extent file");
+            let mut b = vec![0u8; 4096];
+            f.read_exact_at(&mut b, 0).expect("read extent file");
+            b
+        })
+        .collect()
+}
+
+/// Waits until block 1's copies are equal (and all `A`s).
+fn wait_copies_equal(c: &Cluster, id: u64, what: &str) {
+    wait_for(Duration::from_secs(60), what, || {
+        let now = block_one_copies(c, id);
+        if now[0] == now[1] {
+            Ok(())
+        } else {
+            Err("the copies still differ".to_string())
+        }
+    });
+    assert!(block_one_copies(c, id)[0].iter().all(|&b| b == b'A'));
+}
+
+/// A writer whose lease is revoked (it stopped, or was cut off) may have
+/// written one copy of a block and not the other: the owner learns which
+/// blocks it changed when it fences it out, and resync makes those
+/// blocks' copies equal, so no two readers see different bytes.
+#[test]
+fn copies_a_revoked_writer_left_different_are_made_equal() {
+    let c = Cluster::start(
+        2,
+        common::ClusterOpts {
+            replicas: 2,
+            ..Default::default()
         },
     );
-    assert!(copies(&c)[0].iter().all(|&b| b == b'A'));
+    let m = c.mount();
+    let path = m.path.join("f");
+    std::fs::write(&path, vec![b'x'; 4096]).expect("write");
+    let id = std::fs::metadata(&path).expect("stat").ino();
+    write_first_copy_only(&c, id, false);
+    let before = block_one_copies(&c, id);
+    assert_eq!(before.len(), 2, "two copies of block 1");
+    assert_ne!(before[0], before[1], "the copies differ before resync");
+    wait_copies_equal(&c, id, "resync to make the copies equal");
     drop(m);
     let fresh = c.mount();
     assert_eq!(read_all(&fresh.path.join("f")), vec![b'A'; 4096]);
+}
+
+/// Copies that differ with nothing on record (the writer gave its lease
+/// back, as if the owner that would have fenced it had died with it) are
+/// found by a scrub comparing the copies' checksums, and made equal from
+/// the first copy.
+#[test]
+fn a_scrub_finds_copies_that_differ_unseen_and_makes_them_equal() {
+    let c = Cluster::start(
+        2,
+        common::ClusterOpts {
+            replicas: 2,
+            ..Default::default()
+        },
+    );
+    let id = {
+        let m = c.mount();
+        let path = m.path.join("f");
+        std::fs::write(&path, vec![b'x'; 4096]).expect("write");
+        std::fs::metadata(&path).expect("stat").ino()
+    };
+    write_first_copy_only(&c, id, true);
+    assert_eq!(block_one_copies(&c, id).len(), 2, "two copies of block 1");
+    // Nothing else notices: after two lease times they still differ.
+    std::thread::sleep(Duration::from_millis(2 * 1500));
+    let before = block_one_copies(&c, id);
+    assert_ne!(before[0], before[1], "the copies differ before the scrub");
+    let o = morris(&["scrub", c.addr(0), "--rate", "512M"]);
+    assert_eq!(o.status.code(), Some(1), "{}", both(&o));
+    assert!(
+        stdout(&o).contains("1 block(s) had copies that differ"),
+        "{}",
+        both(&o)
+    );
+    wait_copies_equal(&c, id, "resync to make the scrubbed copies equal");
+    let fresh = c.mount();
+    assert_eq!(read_all(&fresh.path.join("f")), vec![b'A'; 4096]);
+    // Equal now: a second scrub finds nothing.
+    let o = morris(&["scrub", c.addr(0)]);
+    assert!(o.status.success(), "{}", both(&o));
+    assert!(stdout(&o).contains("every copy the others"), "{}", both(&o));
 }

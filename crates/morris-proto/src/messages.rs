@@ -908,6 +908,20 @@ pub enum Request {
         /// The time of the rename.
         ctime: Timestamp,
     },
+    /// Server to server (a scrub comparing copies): the checksum entries of
+    /// chunks `first..` of copy `replica`'s extent file of file `id` here,
+    /// at most `max` of them, none past the end of that file. Volume key
+    /// only. [`Reply::ChunkSums`].
+    ChunkSums {
+        /// The file.
+        id: FileId,
+        /// Which copy's extent file.
+        replica: u8,
+        /// The first 4 KiB chunk.
+        first: u64,
+        /// Most entries to answer.
+        max: u32,
+    },
 }
 
 /// A change to one object not yet pushed home (cache mode II), kept by the
@@ -1006,6 +1020,7 @@ impl Request {
                 | Request::WbEntries { .. }
                 | Request::Scrub { .. }
                 | Request::RaiseFence { .. }
+                | Request::ChunkSums { .. }
         )
     }
 
@@ -1087,6 +1102,7 @@ impl Request {
             Request::TouchAtime { .. } => "TouchAtime",
             Request::TouchCtime { .. } => "TouchCtime",
             Request::Exchange { .. } => "Exchange",
+            Request::ChunkSums { .. } => "ChunkSums",
         }
     }
 }
@@ -1240,6 +1256,16 @@ pub enum Reply {
     LockTest(Option<LockInfo>),
     /// Answer to [`Request::Seek`]: the byte of the file found, if any.
     Sought(Option<u64>),
+    /// Answer to [`Request::ChunkSums`].
+    ChunkSums {
+        /// The extent file's length (0 if there is none).
+        len: u64,
+        /// Entries of the chunks asked for that start below `len`.
+        entries: Vec<u32>,
+        /// The file is cached from a home here (its units are fetched per
+        /// copy, so its copies may differ by design).
+        cached: bool,
+    },
 }
 
 /// One server's view of one binding (`morris cache status`).

@@ -458,6 +458,9 @@ pub struct ScrubStatus {
     pub bytes_done: u64,
     /// Chunks that failed in this pass.
     pub bad_chunks: u64,
+    /// Blocks whose copies this pass found different from this server's
+    /// first copy (both intact), handed over to be made equal.
+    pub diverged_blocks: u64,
     /// The pass's limit, bytes a second.
     pub rate: u64,
     /// When the last complete pass ended (seconds since the Unix epoch; 0:

@@ -828,6 +828,33 @@ impl Blocks {
         Ok(total)
     }
 
+    /// The length of copy `replica`'s extent file of `id` (0 if there is
+    /// none) and the checksum entries of its chunks `first..`, at most
+    /// `max`, none for a chunk that starts at or past that length.
+    pub fn chunk_sums(
+        &self,
+        id: FileId,
+        replica: u8,
+        first: u64,
+        max: u32,
+    ) -> Result<(u64, Vec<u32>), WireError> {
+        let Some(f) = self.existing(id, replica)? else {
+            return Ok((0, Vec::new()));
+        };
+        let len = f
+            .data
+            .metadata()
+            .map_err(|e| io_err(&format!("stat data of file {id}"), &e))?
+            .len();
+        let n = len
+            .div_ceil(CHUNK)
+            .saturating_sub(first)
+            .min(u64::from(max)) as usize;
+        let entries = sums::read_entries(&f.sums, first, n)
+            .map_err(|e| io_err(&format!("read checksums of file {id}"), &e))?;
+        Ok((len, entries))
+    }
+
     /// Reads every chunk of copy `replica` of `id` and checks it; each
     /// chunk that fails is noted for repair. `progress` is told the bytes
     /// of each piece read and says whether to go on. Returns the chunks

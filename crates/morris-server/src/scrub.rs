@@ -10,6 +10,18 @@
 //! pass at a time, in a thread of its own; `morris scrub` starts one, and
 //! a server started with a scrub interval starts one when the last
 //! complete pass (kept in `blocks/SCRUBBED`) is that old.
+//!
+//! On a mirrored volume a pass also compares copies: copy `r` of the
+//! blocks whose first copy this server keeps sits, slot for slot, in the
+//! extent file of copy `r` on server `me + r`, so the two extent files'
+//! checksum entries must be equal chunk for chunk (a chunk past a file's
+//! end counting as zeros). The other server's entries come by
+//! `ChunkSums` ([`OtherCopies`]); blocks that still differ when looked at
+//! again a second later (a write between copies is normal) are handed to
+//! the same reconcile that a revoked writer's blocks go to: under the
+//! file's write lease, every copy is rewritten from the first. So copies
+//! that differ with both intact — a writer and the inode's owner lost at
+//! once, a bug — are found and made equal, not served alternately.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,11 +32,40 @@ use morris_proto::{FileId, ScrubStatus, WireError};
 use parking_lot::Mutex;
 use tracing::{info, warn};
 
-use crate::blocks::{Blocks, MAX_REPLICAS};
+use crate::blocks::{sums, Blocks, MAX_REPLICAS};
 use crate::store::Store;
 
 /// Scrub rate when none is given: 64 MiB/s.
 pub const DEFAULT_RATE: u64 = 64 << 20;
+
+/// Most checksum entries one `ChunkSums` answers (64 MiB of data, a 64 KiB
+/// answer).
+pub(crate) const SUMS_PAGE: u32 = 16_384;
+
+/// One page of a copy's checksums.
+pub(crate) struct Sums {
+    /// The extent file's length.
+    pub len: u64,
+    /// Entries from the chunk asked for, none past `len`.
+    pub entries: Vec<u32>,
+    /// The server holds units of the file cached from a home.
+    pub cached: bool,
+}
+
+/// The rest of the volume, as a pass comparing copies sees it.
+pub(crate) trait OtherCopies: Send + Sync {
+    /// This server's index, the servers in the volume, copies of each block.
+    fn layout(&self) -> Option<morris_proto::layout::Layout>;
+    /// This server's index.
+    fn me(&self) -> u32;
+    /// Server `server`'s checksums of copy `replica` of `id` from chunk
+    /// `first` on (at most [`SUMS_PAGE`]).
+    fn sums(&self, server: u32, id: FileId, replica: u8, first: u64) -> Result<Sums, WireError>;
+    /// This server's checksums of its first copy of `id`, likewise.
+    fn local(&self, id: FileId, first: u64) -> Result<Sums, WireError>;
+    /// Blocks `first..=last` of `id` have copies that differ: make them equal.
+    fn diverged(&self, id: FileId, first: u64, last: u64);
+}
 
 /// The scrub state of one server.
 pub(crate) struct Scrubber {
@@ -99,6 +140,7 @@ impl Scrubber {
         blocks: Arc<Blocks>,
         store: Arc<Store>,
         copies: u8,
+        others: Arc<dyn OtherCopies>,
         rate: u64,
     ) -> bool {
         let rate = if rate == 0 { self.default_rate } else { rate };
@@ -120,7 +162,17 @@ impl Scrubber {
         let spawned = std::thread::Builder::new()
             .name("morris-scrub".into())
             .spawn(move || {
-                let r = me.pass(&blocks, &store, copies, rate);
+                // A pass that panics still ends (and says so): `morris
+                // scrub` waits for every pass to stop running.
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    me.pass(&blocks, &store, copies, others.as_ref(), rate)
+                }))
+                .unwrap_or_else(|_| {
+                    Err(WireError::new(
+                        morris_proto::ErrorCode::Io,
+                        "the scrub pass failed unexpectedly (see the log)",
+                    ))
+                });
                 let mut st = me.status.lock();
                 st.running = false;
                 match r {
@@ -132,6 +184,7 @@ impl Scrubber {
                             files = st.files_done,
                             bytes = st.bytes_done,
                             bad_chunks = st.bad_chunks,
+                            diverged_blocks = st.diverged_blocks,
                             "scrub pass finished"
                         );
                         if let Err(e) =
@@ -165,6 +218,7 @@ impl Scrubber {
         blocks: &Blocks,
         store: &Store,
         copies: u8,
+        others: &dyn OtherCopies,
         rate: u64,
     ) -> Result<bool, WireError> {
         let mut ids: Vec<FileId> = Vec::new();
@@ -214,11 +268,142 @@ impl Scrubber {
                     return Ok(false);
                 }
             }
+            if copies > 1 {
+                self.compare_copies(others, id, copies);
+            }
             self.status.lock().files_done += 1;
             if self.stop.load(Ordering::Relaxed) {
                 return Ok(false);
             }
         }
         Ok(true)
+    }
+
+    /// Compares this server's first copy of `id`'s blocks with every other
+    /// copy; hands blocks that differ twice, a second apart, to reconcile.
+    fn compare_copies(&self, others: &dyn OtherCopies, id: FileId, copies: u8) {
+        let Some(layout) = others.layout() else {
+            return;
+        };
+        for r in 1..copies.min(MAX_REPLICAS) {
+            let server = (others.me() + u32::from(r)) % layout.servers.max(1);
+            let differ = |from: Option<&[u64]>| -> Result<Vec<u64>, WireError> {
+                let (local, cached_here) = all_sums(|first| others.local(id, first))?;
+                let (remote, cached_there) = all_sums(|first| others.sums(server, id, r, first))?;
+                if cached_here || cached_there {
+                    // Units fetched from home per copy: they may differ.
+                    return Ok(Vec::new());
+                }
+                let found = differing_chunks(&local, &remote);
+                Ok(match from {
+                    None => found,
+                    Some(before) => found.into_iter().filter(|c| before.contains(c)).collect(),
+                })
+            };
+            let again = differ(None).and_then(|first| {
+                if first.is_empty() {
+                    return Ok(first);
+                }
+                std::thread::sleep(Duration::from_secs(1));
+                differ(Some(&first))
+            });
+            let chunks = match again {
+                Ok(c) => c,
+                Err(e) => {
+                    warn!(id, copy = r, server, error = %e, "scrub: cannot compare copies");
+                    continue;
+                }
+            };
+            let mut indexes: Vec<u64> = chunks
+                .iter()
+                .map(|&c| {
+                    let at = layout.global_of_local(id, others.me(), c * sums::CHUNK);
+                    layout.block_of(at).0
+                })
+                .collect();
+            indexes.dedup();
+            for &index in &indexes {
+                warn!(
+                    id,
+                    block = index,
+                    copy = r,
+                    server,
+                    "scrub: a block's copies differ (both intact); making them equal from the first copy"
+                );
+                others.diverged(id, index, index);
+            }
+            self.status.lock().diverged_blocks += indexes.len() as u64;
+        }
+    }
+}
+
+/// A copy's length and every entry, read page by page by `page` (from
+/// chunk `first`), and whether it is cached from a home.
+type AllSums = ((u64, Vec<u32>), bool);
+
+fn all_sums(mut page: impl FnMut(u64) -> Result<Sums, WireError>) -> Result<AllSums, WireError> {
+    let first = page(0)?;
+    let (len, cached, mut all) = (first.len, first.cached, first.entries);
+    loop {
+        let have = all.len() as u64;
+        if have >= len.div_ceil(sums::CHUNK) {
+            return Ok(((len, all), cached));
+        }
+        let more = page(have)?.entries;
+        if more.is_empty() {
+            return Ok(((len, all), cached));
+        }
+        all.extend(more);
+    }
+}
+
+/// Chunks whose entries differ between two copies' extent files (length,
+/// entries): a chunk past a file's end counts as zeros (entry 0).
+fn differing_chunks(a: &(u64, Vec<u32>), b: &(u64, Vec<u32>)) -> Vec<u64> {
+    let n = a.1.len().max(b.1.len());
+    let at = |s: &(u64, Vec<u32>), c: usize| s.1.get(c).copied().unwrap_or(0);
+    (0..n)
+        .filter(|&c| at(a, c) != at(b, c))
+        .map(|c| c as u64)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_differ_where_their_entries_do_past_ends_counting_as_zeros() {
+        let a = (3 * 4096, vec![1, 0, 7]);
+        assert!(differing_chunks(&a, &a).is_empty());
+        // Longer, with zeros past the other's end: the same data.
+        let b = (5 * 4096, vec![1, 0, 7, 0, 0]);
+        assert!(differing_chunks(&a, &b).is_empty());
+        let c = (5 * 4096, vec![1, 2, 7, 0, 9]);
+        assert_eq!(differing_chunks(&a, &c), vec![1, 4]);
+        assert_eq!(differing_chunks(&(0, vec![]), &c), vec![0, 1, 2, 4]);
+    }
+
+    #[test]
+    fn all_sums_reads_every_page() {
+        let entries: Vec<u32> = (1..=10).collect();
+        let got = all_sums(|first| {
+            let f = first as usize;
+            Ok(Sums {
+                len: 10 * 4096 - 100,
+                entries: entries[f..(f + 4).min(10)].to_vec(),
+                cached: false,
+            })
+        })
+        .unwrap();
+        assert_eq!(got, ((10 * 4096 - 100, entries), false));
+        let none = all_sums(|_| {
+            Ok(Sums {
+                len: 0,
+                entries: vec![],
+                cached: true,
+            })
+        });
+        assert_eq!(none.unwrap(), ((0, vec![]), true));
     }
 }

@@ -38,6 +38,7 @@ mod peer;
 mod peer_calls;
 mod push_names;
 mod pusher;
+mod scrub_peers;
 mod sessions;
 mod space;
 mod stats;
@@ -47,7 +48,7 @@ mod stats;
 const LIST_PAGE_WAIT: Duration = Duration::from_secs(2);
 
 /// Every request name, in a fixed order, for the per-request counters.
-const OPS: [&str; 58] = [
+const OPS: [&str; 59] = [
     "Hello",
     "Format",
     "Status",
@@ -106,6 +107,7 @@ const OPS: [&str; 58] = [
     "TouchAtime",
     "Exchange",
     "TouchCtime",
+    "ChunkSums",
 ];
 
 /// The stripe server's state, shared by every connection.
@@ -244,6 +246,7 @@ fn subject(req: &Request) -> Option<FileId> {
         | Request::Write { id, .. }
         | Request::Fallocate { id, .. }
         | Request::Seek { id, .. }
+        | Request::ChunkSums { id, .. }
         | Request::Truncate { id, .. }
         | Request::DeleteData { id } => Some(*id),
         Request::Sync { id } => *id,
@@ -350,10 +353,19 @@ impl Server {
                     self.blocks.clone(),
                     self.store.clone(),
                     vol.descriptor.replicas,
+                    self.scrub_peers(),
                     0,
                 );
             }
         }
+    }
+
+    /// What a scrub pass compares this server's copies with.
+    fn scrub_peers(&self) -> Arc<dyn crate::scrub::OtherCopies> {
+        Arc::new(scrub_peers::ScrubPeers {
+            server: self.this.get().cloned().unwrap_or_default(),
+            rt: tokio::runtime::Handle::current(),
+        })
     }
 
     /// Where this server's resync progress is kept (shown by `Status`).
@@ -730,6 +742,7 @@ impl Server {
                     self.blocks.clone(),
                     self.store.clone(),
                     vol.descriptor.replicas,
+                    self.scrub_peers(),
                     rate,
                 ) {
                     info!(rate, "scrub pass asked for");
@@ -1331,6 +1344,25 @@ impl Server {
                 from,
                 hole,
             } => self.seek_here(vol, id, replica, from, hole).await,
+            Request::ChunkSums {
+                id,
+                replica,
+                first,
+                max,
+            } => {
+                let blocks = self.blocks.clone();
+                let max = max.min(crate::scrub::SUMS_PAGE);
+                blocking(move || {
+                    let (len, entries) = blocks.chunk_sums(id, replica, first, max)?;
+                    let cached = store.has_cache_units(id)?;
+                    Ok(Reply::ChunkSums {
+                        len,
+                        entries,
+                        cached,
+                    })
+                })
+                .await
+            }
             Request::Truncate { id, size, .. } => {
                 if size > MAX_FILE_SIZE {
                     return Err(err(

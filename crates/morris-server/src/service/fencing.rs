@@ -91,8 +91,7 @@ impl Server {
                         to = hi,
                         "a revoked writer's blocks may differ between copies: handed to resync"
                     );
-                    self.diverged.lock().push((id, lo, hi));
-                    self.blocks.damage_found().notify_one();
+                    self.note_diverged(id, lo, hi);
                 }
             }
         }
@@ -106,6 +105,13 @@ impl Server {
                 done.send_replace(true);
             }
         }
+    }
+
+    /// Hands blocks `first..=last` of `id`, whose copies may differ, to
+    /// the resync loop to make equal ([`Server::take_diverged`]).
+    pub(crate) fn note_diverged(&self, id: FileId, first: u64, last: u64) {
+        self.diverged.lock().push((id, first, last));
+        self.blocks.damage_found().notify_one();
     }
 
     /// Files whose copies may differ after a revoked writer, as (file,

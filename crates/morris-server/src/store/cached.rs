@@ -889,6 +889,16 @@ impl Store {
         })
     }
 
+    /// Whether any unit of file `id` (fetched from home, or the cache's
+    /// own) is held here: its copies may differ by design.
+    pub fn has_cache_units(&self, id: FileId) -> Result<bool, WireError> {
+        self.with_reader(|c| {
+            c.prepare_cached("SELECT EXISTS (SELECT 1 FROM cache_units WHERE id = ?1)")
+                .and_then(|mut s| s.query_row(params![sql_id(id)], |r| r.get(0)))
+                .map_err(db_err)
+        })
+    }
+
     /// The units of file `id` held here.
     pub fn units_of(&self, id: FileId) -> Result<Vec<Evictable>, WireError> {
         self.with_reader(|c| {
