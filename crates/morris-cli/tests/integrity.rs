@@ -344,13 +344,7 @@ fn wait_copies_equal(c: &Cluster, id: u64, what: &str) {
 /// blocks' copies equal, so no two readers see different bytes.
 #[test]
 fn copies_a_revoked_writer_left_different_are_made_equal() {
-    let c = Cluster::start(
-        2,
-        common::ClusterOpts {
-            replicas: 2,
-            ..Default::default()
-        },
-    );
+    let c = Cluster::start_mirrored(2);
     let m = c.mount();
     let path = m.path.join("f");
     std::fs::write(&path, vec![b'x'; 4096]).expect("write");
@@ -371,13 +365,7 @@ fn copies_a_revoked_writer_left_different_are_made_equal() {
 /// the first copy.
 #[test]
 fn a_scrub_finds_copies_that_differ_unseen_and_makes_them_equal() {
-    let c = Cluster::start(
-        2,
-        common::ClusterOpts {
-            replicas: 2,
-            ..Default::default()
-        },
-    );
+    let c = Cluster::start_mirrored(2);
     let id = {
         let m = c.mount();
         let path = m.path.join("f");

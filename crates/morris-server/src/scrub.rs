@@ -285,125 +285,198 @@ impl Scrubber {
         let Some(layout) = others.layout() else {
             return;
         };
+        let me = others.me();
         for r in 1..copies.min(MAX_REPLICAS) {
-            let server = (others.me() + u32::from(r)) % layout.servers.max(1);
-            let differ = |from: Option<&[u64]>| -> Result<Vec<u64>, WireError> {
-                let (local, cached_here) = all_sums(|first| others.local(id, first))?;
-                let (remote, cached_there) = all_sums(|first| others.sums(server, id, r, first))?;
-                if cached_here || cached_there {
-                    // Units fetched from home per copy: they may differ.
-                    return Ok(Vec::new());
-                }
-                let found = differing_chunks(&local, &remote);
-                Ok(match from {
-                    None => found,
-                    Some(before) => found.into_iter().filter(|c| before.contains(c)).collect(),
-                })
+            let server = (me + u32::from(r)) % layout.servers.max(1);
+            let look = || {
+                differing_blocks(
+                    |first| others.local(id, first),
+                    |first| others.sums(server, id, r, first),
+                    |chunk| {
+                        let at = layout.global_of_local(id, me, chunk * sums::CHUNK);
+                        layout.block_of(at).0
+                    },
+                )
             };
-            let again = differ(None).and_then(|first| {
-                if first.is_empty() {
-                    return Ok(first);
+            let found = look().and_then(|first| match first {
+                Differ::Blocks(ref b) if b.is_empty() => Ok(first),
+                _ => {
+                    // A write goes to one copy, then the next: look again.
+                    std::thread::sleep(Duration::from_secs(1));
+                    Ok(first.and(look()?))
                 }
-                std::thread::sleep(Duration::from_secs(1));
-                differ(Some(&first))
             });
-            let chunks = match again {
-                Ok(c) => c,
+            let ranges: Vec<(u64, u64)> = match found {
+                Ok(Differ::Blocks(b)) => b.into_iter().map(|i| (i, i)).collect(),
+                Ok(Differ::Many) => vec![(1, u64::MAX)],
                 Err(e) => {
                     warn!(id, copy = r, server, error = %e, "scrub: cannot compare copies");
                     continue;
                 }
             };
-            let mut indexes: Vec<u64> = chunks
-                .iter()
-                .map(|&c| {
-                    let at = layout.global_of_local(id, others.me(), c * sums::CHUNK);
-                    layout.block_of(at).0
-                })
-                .collect();
-            indexes.dedup();
-            for &index in &indexes {
+            for &(first, last) in &ranges {
                 warn!(
                     id,
-                    block = index,
+                    first,
+                    last,
                     copy = r,
                     server,
                     "scrub: a block's copies differ (both intact); making them equal from the first copy"
                 );
-                others.diverged(id, index, index);
+                others.diverged(id, first, last);
             }
-            self.status.lock().diverged_blocks += indexes.len() as u64;
+            self.status.lock().diverged_blocks += ranges
+                .iter()
+                .map(|&(a, b)| if b == u64::MAX { 1 } else { b - a + 1 })
+                .sum::<u64>();
         }
     }
 }
 
-/// A copy's length and every entry, read page by page by `page` (from
-/// chunk `first`), and whether it is cached from a home.
-type AllSums = ((u64, Vec<u32>), bool);
+/// Most differing blocks a comparison lists one by one; past that, the
+/// whole file is made equal.
+const MAX_LISTED: usize = 65_536;
 
-fn all_sums(mut page: impl FnMut(u64) -> Result<Sums, WireError>) -> Result<AllSums, WireError> {
-    let first = page(0)?;
-    let (len, cached, mut all) = (first.len, first.cached, first.entries);
+/// What comparing two copies found.
+#[derive(Debug, PartialEq, Eq)]
+enum Differ {
+    /// These blocks (ascending; none if the copies match or the file is
+    /// cached from a home, whose copies may differ by design).
+    Blocks(Vec<u64>),
+    /// More than [`MAX_LISTED`] blocks.
+    Many,
+}
+
+impl Differ {
+    /// What both looks found.
+    fn and(self, again: Differ) -> Differ {
+        match (self, again) {
+            (Differ::Blocks(a), Differ::Blocks(b)) => Differ::Blocks(
+                a.into_iter()
+                    .filter(|x| b.binary_search(x).is_ok())
+                    .collect(),
+            ),
+            (Differ::Blocks(a), Differ::Many) | (Differ::Many, Differ::Blocks(a)) => {
+                Differ::Blocks(a)
+            }
+            (Differ::Many, Differ::Many) => Differ::Many,
+        }
+    }
+}
+
+/// Compares two copies' checksums page by page (`local` and `remote` each
+/// answer the page from a chunk on); `block_of` names the block a chunk
+/// of the extent file belongs to. A chunk past a copy's end counts as
+/// zeros (entry 0). Memory: two pages and the list.
+fn differing_blocks(
+    mut local: impl FnMut(u64) -> Result<Sums, WireError>,
+    mut remote: impl FnMut(u64) -> Result<Sums, WireError>,
+    block_of: impl Fn(u64) -> u64,
+) -> Result<Differ, WireError> {
+    let mut blocks: Vec<u64> = Vec::new();
+    let mut first = 0u64;
     loop {
-        let have = all.len() as u64;
-        if have >= len.div_ceil(sums::CHUNK) {
-            return Ok(((len, all), cached));
+        let (a, b) = (local(first)?, remote(first)?);
+        if a.cached || b.cached {
+            return Ok(Differ::Blocks(Vec::new()));
         }
-        let more = page(have)?.entries;
-        if more.is_empty() {
-            return Ok(((len, all), cached));
+        let end = a.len.max(b.len).div_ceil(sums::CHUNK);
+        if first >= end {
+            return Ok(Differ::Blocks(blocks));
         }
-        all.extend(more);
+        // Entries answered this time; a page ends where the shorter ends.
+        let n = a.entries.len().max(b.entries.len()).max(1) as u64;
+        let at = |s: &Sums, i: usize| s.entries.get(i).copied().unwrap_or(0);
+        for i in 0..n as usize {
+            if at(&a, i) != at(&b, i) {
+                let block = block_of(first + i as u64);
+                if blocks.last() != Some(&block) {
+                    if blocks.len() == MAX_LISTED {
+                        return Ok(Differ::Many);
+                    }
+                    blocks.push(block);
+                }
+            }
+        }
+        first += n;
     }
-}
-
-/// Chunks whose entries differ between two copies' extent files (length,
-/// entries): a chunk past a file's end counts as zeros (entry 0).
-fn differing_chunks(a: &(u64, Vec<u32>), b: &(u64, Vec<u32>)) -> Vec<u64> {
-    let n = a.1.len().max(b.1.len());
-    let at = |s: &(u64, Vec<u32>), c: usize| s.1.get(c).copied().unwrap_or(0);
-    (0..n)
-        .filter(|&c| at(a, c) != at(b, c))
-        .map(|c| c as u64)
-        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn copies_differ_where_their_entries_do_past_ends_counting_as_zeros() {
-        let a = (3 * 4096, vec![1, 0, 7]);
-        assert!(differing_chunks(&a, &a).is_empty());
-        // Longer, with zeros past the other's end: the same data.
-        let b = (5 * 4096, vec![1, 0, 7, 0, 0]);
-        assert!(differing_chunks(&a, &b).is_empty());
-        let c = (5 * 4096, vec![1, 2, 7, 0, 9]);
-        assert_eq!(differing_chunks(&a, &c), vec![1, 4]);
-        assert_eq!(differing_chunks(&(0, vec![]), &c), vec![0, 1, 2, 4]);
+    /// A copy as pages of at most `page` entries.
+    fn pages(
+        len: u64,
+        entries: Vec<u32>,
+        page: usize,
+    ) -> impl FnMut(u64) -> Result<Sums, WireError> {
+        move |first| {
+            let f = (first as usize).min(entries.len());
+            Ok(Sums {
+                len,
+                entries: entries[f..(f + page).min(entries.len())].to_vec(),
+                cached: false,
+            })
+        }
     }
 
     #[test]
-    fn all_sums_reads_every_page() {
-        let entries: Vec<u32> = (1..=10).collect();
-        let got = all_sums(|first| {
-            let f = first as usize;
+    fn copies_differ_where_their_entries_do_past_ends_counting_as_zeros() {
+        let same = |c| c; // one chunk per block
+        let a = || pages(3 * 4096, vec![1, 0, 7], 2);
+        let found = differing_blocks(a(), a(), same).unwrap();
+        assert_eq!(found, Differ::Blocks(vec![]));
+        // Longer, with zeros past the other's end: the same data.
+        let b = pages(5 * 4096, vec![1, 0, 7, 0, 0], 2);
+        assert_eq!(
+            differing_blocks(a(), b, same).unwrap(),
+            Differ::Blocks(vec![])
+        );
+        let c = || pages(5 * 4096, vec![1, 2, 7, 0, 9], 2);
+        assert_eq!(
+            differing_blocks(a(), c(), same).unwrap(),
+            Differ::Blocks(vec![1, 4])
+        );
+        assert_eq!(
+            differing_blocks(pages(0, vec![], 2), c(), same).unwrap(),
+            Differ::Blocks(vec![0, 1, 2, 4])
+        );
+        // Chunks map to blocks; a block is listed once.
+        let d = pages(4 * 4096, vec![9, 9, 9, 9], 3);
+        assert_eq!(
+            differing_blocks(pages(0, vec![], 3), d, |c| c / 2 + 1).unwrap(),
+            Differ::Blocks(vec![1, 2])
+        );
+    }
+
+    #[test]
+    fn a_cached_file_is_not_compared_and_too_many_blocks_mean_the_whole_file() {
+        let cached = |_| {
             Ok(Sums {
-                len: 10 * 4096 - 100,
-                entries: entries[f..(f + 4).min(10)].to_vec(),
-                cached: false,
-            })
-        })
-        .unwrap();
-        assert_eq!(got, ((10 * 4096 - 100, entries), false));
-        let none = all_sums(|_| {
-            Ok(Sums {
-                len: 0,
-                entries: vec![],
+                len: 4096,
+                entries: vec![5],
                 cached: true,
             })
-        });
-        assert_eq!(none.unwrap(), ((0, vec![]), true));
+        };
+        let one = pages(4096, vec![6], 1);
+        assert_eq!(
+            differing_blocks(cached, one, |c| c).unwrap(),
+            Differ::Blocks(vec![])
+        );
+        let n = MAX_LISTED + 1;
+        let all = pages(n as u64 * 4096, vec![1; n], SUMS_PAGE as usize);
+        let none = pages(0, vec![], SUMS_PAGE as usize);
+        assert_eq!(differing_blocks(none, all, |c| c).unwrap(), Differ::Many);
+        assert_eq!(
+            Differ::Blocks(vec![1, 3, 5]).and(Differ::Blocks(vec![3, 4, 5])),
+            Differ::Blocks(vec![3, 5])
+        );
+        assert_eq!(
+            Differ::Many.and(Differ::Blocks(vec![2])),
+            Differ::Blocks(vec![2])
+        );
+        assert_eq!(Differ::Many.and(Differ::Many), Differ::Many);
     }
 }
