@@ -46,8 +46,46 @@ pub struct NfsArgs {
     /// Let MKNOD make character and block device nodes (refused by default).
     #[arg(long)]
     pub allow_devices: bool,
+    /// File that keeps which NFS client hosts hold locks, so that a
+    /// restarted gateway tells them to reclaim (default:
+    /// /var/lib/morris/nlm-HOST-PORT.json for the --listen address).
+    #[arg(long, value_name = "FILE")]
+    pub nlm_state: Option<std::path::PathBuf>,
+    /// Seconds after a restart in which only lock reclaims are granted.
+    #[arg(long, value_name = "SECS", default_value_t = morris_nfs::DEFAULT_NLM_GRACE.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub nlm_grace_secs: u64,
     #[command(flatten)]
     pub key: crate::key::KeyArg,
+}
+
+/// The lock recovery state file: `--nlm-state`, or the default one if its
+/// directory can be made (else none, with a warning: a restart then tells
+/// no client to reclaim).
+fn nlm_state(args: &NfsArgs) -> Option<std::path::PathBuf> {
+    if let Some(p) = &args.nlm_state {
+        return Some(p.clone());
+    }
+    let dir = std::path::Path::new("/var/lib/morris");
+    let name: String = args
+        .listen
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    match std::fs::create_dir_all(dir) {
+        Ok(()) => Some(dir.join(format!("nlm-{name}.json"))),
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e,
+                "no place for the lock recovery state (--nlm-state FILE): after a restart, NFS clients will not be told to reclaim their locks");
+            None
+        }
+    }
 }
 
 /// Runs the gateway.
@@ -73,6 +111,8 @@ pub fn run(args: NfsArgs) -> Result<ExitCode> {
                 squash_root: !args.no_root_squash,
                 secure: !args.insecure,
                 allow_devices: args.allow_devices,
+                nlm_state: nlm_state(&args),
+                nlm_grace: Duration::from_secs(args.nlm_grace_secs),
                 ..GatewayConfig::new(args.listen.clone())
             },
         )

@@ -6,60 +6,13 @@
 
 mod common;
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{both, wait_for, Cluster, ClusterOpts};
-
-fn flock_struct(typ: i32, start: i64, len: i64) -> libc::flock {
-    libc::flock {
-        l_type: typ as libc::c_short,
-        l_whence: libc::SEEK_SET as libc::c_short,
-        l_start: start,
-        l_len: len,
-        l_pid: 0,
-    }
-}
-
-fn setlk(f: &File, typ: i32, start: i64, len: i64, wait: bool) -> std::io::Result<()> {
-    let mut fl = flock_struct(typ, start, len);
-    let cmd = if wait { libc::F_SETLKW } else { libc::F_SETLK };
-    let r = unsafe { libc::fcntl(f.as_raw_fd(), cmd, &mut fl) };
-    if r == -1 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
-fn getlk(f: &File, typ: i32, start: i64, len: i64) -> libc::flock {
-    let mut fl = flock_struct(typ, start, len);
-    let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETLK, &mut fl) };
-    assert_eq!(r, 0, "F_GETLK: {}", std::io::Error::last_os_error());
-    fl
-}
-
-fn open_rw(p: &Path) -> File {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(p)
-        .unwrap_or_else(|e| panic!("open {}: {e}", p.display()))
-}
-
-fn would_block(r: std::io::Result<()>, what: &str) {
-    match r {
-        Err(e)
-            if e.raw_os_error() == Some(libc::EAGAIN) || e.raw_os_error() == Some(libc::EACCES) => {
-        }
-        other => panic!("{what}: expected EAGAIN, got {other:?}"),
-    }
-}
+use common::{both, getlk, open_rw, setlk, wait_for, would_block, Cluster, ClusterOpts};
 
 #[test]
 fn fcntl_locks_of_one_mount_exclude_another_mounts() {

@@ -680,3 +680,143 @@ fn by_default_the_gateway_squashes_root_refuses_unprivileged_ports_and_device_no
         common::both(&o)
     );
 }
+
+/// One NLM call through `nfsop` (`nlmlock`, `nlmtest`, ...) on `path`:
+/// its answer's first line.
+fn nlm(gw: &Gateway, op: &str, path: &str, args: &[&str]) -> String {
+    let port = gw.port.to_string();
+    let mut all = vec![op, path, port.as_str()];
+    all.extend_from_slice(args);
+    gw.ok(&all).trim().to_string()
+}
+
+#[test]
+fn nlm_locks_of_nfs_clients_and_fcntl_locks_of_mounts_exclude_each_other() {
+    use common::{getlk, open_rw, setlk, wait_for, would_block};
+    let c = Cluster::start(2, ClusterOpts::default());
+    let mut gw = Gateway::start(c.addr(0), &[]);
+    let m = c.mount();
+    let f = open_rw(&m.path.join("locked"));
+    std::fs::write(m.path.join("locked"), b"0123456789").expect("write");
+    let me = std::process::id().to_string();
+
+    // A mount's lock, seen and respected by NFS clients.
+    setlk(&f, libc::F_WRLCK, 0, 100, false).expect("fcntl lock on the mount");
+    assert_eq!(
+        nlm(&gw, "nlmtest", "/locked", &["hostA", "11", "0", "10", "1"]),
+        format!("DENIED excl=1 svid={me} off=0 len=100")
+    );
+    assert_eq!(
+        nlm(
+            &gw,
+            "nlmlock",
+            "/locked",
+            &["hostA", "11", "50", "10", "1", "0"]
+        ),
+        "DENIED"
+    );
+    // Bytes nobody holds: granted, shared.
+    assert_eq!(
+        nlm(
+            &gw,
+            "nlmlock",
+            "/locked",
+            &["hostA", "11", "200", "10", "0", "0"]
+        ),
+        "GRANTED"
+    );
+    // A blocking lock waits for the mount's.
+    let blocked = ["hostA", "11", "0", "10", "1", "1"];
+    assert_eq!(nlm(&gw, "nlmlock", "/locked", &blocked), "BLOCKED");
+    setlk(&f, libc::F_UNLCK, 0, 100, false).expect("unlock on the mount");
+    // No lock manager answers GRANTED callbacks here: the client asks
+    // again, as Linux's does, and finds the lock its own.
+    wait_for(
+        Duration::from_secs(15),
+        "the blocked nlm lock to be granted",
+        || match nlm(&gw, "nlmlock", "/locked", &blocked) {
+            g if g == "GRANTED" => Ok(()),
+            other => Err(other),
+        },
+    );
+
+    // NFS clients' locks, seen and respected by the mount.
+    would_block(
+        setlk(&f, libc::F_WRLCK, 0, 10, false),
+        "a mount's lock over an nlm lock",
+    );
+    assert_eq!(
+        getlk(&f, libc::F_WRLCK, 0, 10).l_type,
+        libc::F_WRLCK as libc::c_short
+    );
+    would_block(
+        setlk(&f, libc::F_WRLCK, 205, 1, false),
+        "a mount's lock over a shared nlm lock",
+    );
+    setlk(&f, libc::F_RDLCK, 205, 1, false).expect("shared over shared");
+    setlk(&f, libc::F_UNLCK, 205, 1, false).expect("unlock");
+    // Another NFS client's lock conflicts as well.
+    assert_eq!(
+        nlm(
+            &gw,
+            "nlmlock",
+            "/locked",
+            &["hostB", "11", "5", "1", "1", "0"]
+        ),
+        "DENIED"
+    );
+    assert_eq!(
+        nlm(&gw, "nlmunlock", "/locked", &["hostA", "11", "0", "10"]),
+        "GRANTED"
+    );
+    setlk(&f, libc::F_WRLCK, 0, 10, false).expect("the mount's lock once the nlm lock went");
+    setlk(&f, libc::F_UNLCK, 0, 10, false).expect("unlock");
+
+    // A client that restarted (NSM SM_NOTIFY) loses its locks.
+    would_block(
+        setlk(&f, libc::F_WRLCK, 200, 10, false),
+        "hostA's shared lock",
+    );
+    assert_eq!(
+        gw.ok(&["nsmnotify", "-", &gw.port.to_string(), "hostA", "3"])
+            .trim(),
+        "ok"
+    );
+    setlk(&f, libc::F_WRLCK, 200, 10, false).expect("hostA's locks went with its restart");
+
+    // A cancelled wait never takes the lock.
+    let wait_b = ["hostB", "5", "200", "10", "1", "1"];
+    assert_eq!(nlm(&gw, "nlmlock", "/locked", &wait_b), "BLOCKED");
+    assert_eq!(
+        nlm(
+            &gw,
+            "nlmcancel",
+            "/locked",
+            &["hostB", "5", "200", "10", "1"]
+        ),
+        "GRANTED"
+    );
+    setlk(&f, libc::F_UNLCK, 200, 10, false).expect("unlock");
+    std::thread::sleep(Duration::from_secs(2));
+    setlk(&f, libc::F_WRLCK, 200, 10, false).expect("the cancelled wait took nothing");
+    setlk(&f, libc::F_UNLCK, 200, 10, false).expect("unlock");
+
+    // A gateway killed with NFS clients' locks: they go a lease time later.
+    assert_eq!(
+        nlm(
+            &gw,
+            "nlmlock",
+            "/locked",
+            &["hostC", "9", "300", "0", "1", "0"]
+        ),
+        "GRANTED"
+    );
+    would_block(setlk(&f, libc::F_WRLCK, 300, 1, false), "hostC's lock");
+    assert!(gw.alive());
+    drop(gw);
+    wait_for(
+        Duration::from_secs(30),
+        "a killed gateway's nlm locks to go",
+        || setlk(&f, libc::F_WRLCK, 300, 1, false).map_err(|e| e.to_string()),
+    );
+}

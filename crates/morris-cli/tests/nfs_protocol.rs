@@ -328,7 +328,10 @@ impl NetNs {
             common::is_root(),
             "this test needs root (network namespaces)"
         );
-        let name = format!("morris-t{}", std::process::id());
+        // One per test: tests of this binary run at once.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("morris-t{}-{n}", std::process::id());
         let ok = |args: &[&str]| {
             let o = Command::new("ip")
                 .args(args)
@@ -436,19 +439,26 @@ fn registers_with_a_running_rpcbind_and_unregisters_on_stop() {
     let nfs_port = free_port();
     let log = dir.path().join("nfs.log");
     let mut g = ns.cmd(MORRIS);
-    g.args(["nfs", &server, "--listen", &format!("127.0.0.1:{nfs_port}")]);
+    g.args(["nfs", &server, "--listen", &format!("127.0.0.1:{nfs_port}")])
+        .arg("--nlm-state")
+        .arg(dir.path().join("nlm.json"));
     ns.spawn(g, &log);
     wait_until("the registration", Duration::from_secs(20), || {
-        read_log(&log).contains("registered nfs v3 and mount v3")
+        read_log(&log).contains("registered nfs v3, mount v3 and the lock programs")
     });
     let map = rpcinfo(&ns);
-    for (prog, name) in [("100003", "nfs"), ("100005", "mountd")] {
+    for (prog, vers, name) in [
+        ("100003", "3", "nfs"),
+        ("100005", "3", "mountd"),
+        ("100021", "4", "nlockmgr"),
+        ("100024", "1", "status"),
+    ] {
         assert!(
             map.lines().any(|l| {
                 let f: Vec<&str> = l.split_whitespace().collect();
                 f.len() == 5
                     && f[0] == prog
-                    && f[1] == "3"
+                    && f[1] == vers
                     && f[2] == "tcp"
                     && f[3] == nfs_port.to_string()
                     && f[4] == name
@@ -482,7 +492,9 @@ fn registers_with_a_running_rpcbind_and_unregisters_on_stop() {
     );
     let map = rpcinfo(&ns);
     assert!(
-        !map.contains("100003") && !map.contains("100005"),
+        !["100003", "100005", "100021", "100024"]
+            .iter()
+            .any(|p| map.contains(p)),
         "mappings left after stop:\n{map}"
     );
 
@@ -977,4 +989,176 @@ fn mount_lists_and_mounts_the_named_export_and_the_root() {
     assert_eq!(listed, ["/", "/srv/vol"]);
     assert_eq!(raw.mnt(b"/srv/vol/sub"), Ok(sub.clone()));
     assert_eq!(raw.mnt(b"/morris/sub"), Err(MNT3ERR_NOENT));
+}
+
+/// A client host's status monitor, as far as a lock server sees it: it
+/// registers NSM v1 with the namespace's rpcbind and prints every
+/// `SM_NOTIFY` it is sent (`notify MON_NAME STATE`).
+const FAKE_STATD: &str = r#"
+import socket, struct
+def rec(s):
+    data = b''
+    while True:
+        n = struct.unpack('>I', s.recv(4, socket.MSG_WAITALL))[0]
+        data += s.recv(n & 0x7fffffff, socket.MSG_WAITALL)
+        if n & 0x80000000:
+            return data
+def send(s, body):
+    s.sendall(struct.pack('>I', 0x80000000 | len(body)) + body)
+l = socket.socket()
+l.bind(('127.0.0.1', 0))
+l.listen(4)
+port = l.getsockname()[1]
+pm = socket.create_connection(('127.0.0.1', 111))
+send(pm, struct.pack('>10I', 1, 0, 2, 100000, 2, 1, 0, 0, 0, 0) + struct.pack('>4I', 100024, 1, 6, port))
+print('registered', port, struct.unpack('>I', rec(pm)[-4:])[0], flush=True)
+while True:
+    c, _ = l.accept()
+    d = rec(c)
+    xid, proc = struct.unpack('>I', d[:4])[0], struct.unpack('>I', d[20:24])[0]
+    off = 24
+    for _ in range(2):
+        ln = struct.unpack('>I', d[off + 4:off + 8])[0]
+        off += 8 + (ln + 3) // 4 * 4
+    if proc == 6:
+        ln = struct.unpack('>I', d[off:off + 4])[0]
+        name = d[off + 4:off + 4 + ln].decode()
+        off += 4 + (ln + 3) // 4 * 4
+        print('notify', name, struct.unpack('>I', d[off:off + 4])[0], flush=True)
+    send(c, struct.pack('>6I', xid, 1, 0, 0, 0, 0))
+    c.close()
+"#;
+
+#[test]
+fn a_restarted_gateway_tells_lock_holders_and_grants_only_their_reclaims_in_its_grace_period() {
+    require_tool("rpcbind", "rpcbind");
+    require_tool("python3", "python3");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut ns = NetNs::new();
+    let mut rpcbind = ns.cmd("unshare");
+    rpcbind.args([
+        "-m",
+        "sh",
+        "-c",
+        "mount -t tmpfs tmpfs /run && exec rpcbind -f -w",
+    ]);
+    ns.spawn(rpcbind, &dir.path().join("rpcbind.log"));
+    wait_until("rpcbind", Duration::from_secs(10), || {
+        ns.cmd("rpcinfo")
+            .args(["-p", "127.0.0.1"])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("portmapper"))
+    });
+    let port = free_port();
+    let server = format!("127.0.0.1:{port}");
+    let mut s = ns.cmd(MORRIS);
+    s.args([
+        "server",
+        "--listen",
+        &server,
+        "--lease-ms",
+        "1500",
+        "--data",
+    ])
+    .arg(dir.path().join("s0"));
+    ns.spawn(s, &dir.path().join("server.log"));
+    wait_until("the server", Duration::from_secs(20), || {
+        ns.cmd(MORRIS)
+            .args(["format", "--servers", &server])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    let state = dir.path().join("nlm.json");
+    let nfs_port = free_port();
+    let gateway = |ns: &mut NetNs, log: &str| {
+        let mut g = ns.cmd(MORRIS);
+        g.args(["nfs", &server, "--listen", &format!("127.0.0.1:{nfs_port}")])
+            .args([
+                "--no-root-squash",
+                "--insecure",
+                "--no-rpcbind",
+                "--nlm-grace-secs",
+                "6",
+            ])
+            .arg("--nlm-state")
+            .arg(&state);
+        let log = dir.path().join(log);
+        ns.spawn(g, &log);
+        wait_until("the gateway", Duration::from_secs(20), || {
+            read_log(&log).contains("nfs gateway serving")
+        });
+        log
+    };
+    let nfsop = |ns: &NetNs, args: &[&str]| -> String {
+        let url = format!("nfs://127.0.0.1/?version=3&nfsport={nfs_port}&mountport={nfs_port}");
+        let o = ns
+            .cmd(nfs_harness::nfsop_bin().to_str().expect("utf-8 path"))
+            .args([url.as_str(), "0", "0"])
+            .args(args)
+            .output()
+            .expect("nfsop");
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let port_s = nfs_port.to_string();
+    let lock = |ns: &NetNs, host: &str, start: &str, reclaim: &str| {
+        nfsop(
+            ns,
+            &[
+                "nlmlock", "/f", &port_s, host, "7", start, "10", "1", "0", reclaim,
+            ],
+        )
+    };
+
+    let log1 = gateway(&mut ns, "nfs1.log");
+    assert_eq!(nfsop(&ns, &["put", "/f", "644", "data"]), "ok");
+    assert_eq!(lock(&ns, "hostA", "0", "0"), "GRANTED");
+    // Reclaims only after a restart.
+    assert_eq!(lock(&ns, "hostA", "50", "1"), "DENIED_GRACE_PERIOD");
+    let kept = std::fs::read_to_string(&state).expect("the nlm state file");
+    assert!(kept.contains("hostA"), "{kept}");
+
+    // The gateway dies with hostA's lock; hostA's statd runs.
+    let mut g1 = ns.children.pop().expect("gateway");
+    let _ = g1.kill();
+    let _ = g1.wait();
+    let mut statd = ns.cmd("python3");
+    statd.args(["-c", FAKE_STATD]);
+    let statd_log = dir.path().join("statd.log");
+    ns.spawn(statd, &statd_log);
+    wait_until("the client's statd", Duration::from_secs(10), || {
+        read_log(&statd_log).contains("registered")
+    });
+
+    let log2 = gateway(&mut ns, "nfs2.log");
+    wait_until("SM_NOTIFY at the client", Duration::from_secs(10), || {
+        read_log(&statd_log).contains("notify")
+    });
+    assert!(
+        read_log(&statd_log).contains("notify 127.0.0.1 3"),
+        "{}",
+        read_log(&statd_log)
+    );
+    // In the grace period: no new locks, no tests, reclaims granted (once
+    // the dead gateway's session lapses at the server).
+    assert_eq!(lock(&ns, "hostB", "100", "0"), "DENIED_GRACE_PERIOD");
+    assert_eq!(
+        nfsop(
+            &ns,
+            &["nlmtest", "/f", &port_s, "hostB", "7", "100", "10", "1"]
+        ),
+        "DENIED_GRACE_PERIOD"
+    );
+    assert_eq!(
+        lock(&ns, "hostA", "0", "1"),
+        "GRANTED",
+        "{}",
+        read_log(&log2)
+    );
+    // After it: new locks again; hostA's reclaimed lock holds.
+    wait_until("the grace period's end", Duration::from_secs(20), || {
+        lock(&ns, "hostB", "100", "0") == "GRANTED"
+    });
+    assert_eq!(lock(&ns, "hostB", "0", "0"), "DENIED");
+    assert_eq!(lock(&ns, "hostA", "200", "1"), "DENIED_GRACE_PERIOD");
+    drop(log1);
 }

@@ -13,12 +13,155 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <nfsc/libnfs.h>
+#include <nfsc/libnfs-raw.h>
+#include <nfsc/libnfs-raw-nlm.h>
+#include <nfsc/libnfs-raw-nsm.h>
+#include <poll.h>
 
 static struct nfs_context *nfs;
 
 static int fail(int ret) {
     printf("ERR %d %s\n", -ret, nfs_get_error(nfs));
     return 2;
+}
+
+/* One raw RPC call's outcome, copied out of libnfs's callback. */
+struct waitres {
+    int done;
+    int status;
+    int stat;                       /* nlm4 status */
+    unsigned excl, svid;            /* TEST: the holder */
+    uint64_t off, len;
+};
+
+static void on_connect(struct rpc_context *r, int status, void *data, void *priv) {
+    struct waitres *w = priv;
+    (void)r; (void)data;
+    w->status = status;
+    w->done = 1;
+}
+
+static void on_res(struct rpc_context *r, int status, void *data, void *priv) {
+    struct waitres *w = priv;
+    (void)r;
+    w->status = status;
+    if (status == RPC_STATUS_SUCCESS && data != NULL)
+        w->stat = (int)((NLM4_LOCKres *)data)->status; /* LOCK, CANCEL, UNLOCK share the layout */
+    w->done = 1;
+}
+
+static void on_test(struct rpc_context *r, int status, void *data, void *priv) {
+    struct waitres *w = priv;
+    (void)r;
+    w->status = status;
+    if (status == RPC_STATUS_SUCCESS && data != NULL) {
+        NLM4_TESTres *t = data;
+        w->stat = (int)t->reply.status;
+        if (t->reply.status == NLM4_DENIED) {
+            nlm4_holder *h = &t->reply.nlm4_testreply_u.lock.holder;
+            w->excl = h->exclusive;
+            w->svid = h->svid;
+            w->off = h->l_offset;
+            w->len = h->l_len;
+        }
+    }
+    w->done = 1;
+}
+
+/* Runs r until w is done; the call's RPC status. */
+static int wait_rpc(struct rpc_context *r, struct waitres *w) {
+    while (!w->done) {
+        struct pollfd p = { .fd = rpc_get_fd(r), .events = rpc_which_events(r) };
+        if (poll(&p, 1, 100) < 0) return -1;
+        if (rpc_service(r, p.revents) < 0) return -1;
+    }
+    return w->status;
+}
+
+static const char *nlm_stat_name(int s) {
+    static const char *names[] = { "GRANTED", "DENIED", "DENIED_NOLOCKS", "BLOCKED",
+        "DENIED_GRACE_PERIOD", "DEADLCK", "ROFS", "STALE_FH", "FBIG", "FAILED" };
+    return s >= 0 && s < 10 ? names[s] : "UNKNOWN";
+}
+
+/* NLM/NSM ops over a raw connection to SERVER:PORT. a[0] is the op:
+ *   nlmlock PATH PORT HOST SVID START LEN EXCL BLOCK [RECLAIM] -> GRANTED | DENIED | BLOCKED | ...
+ *   nlmtest PATH PORT HOST SVID START LEN EXCL         -> GRANTED | DENIED excl=E svid=S off=O len=L
+ *   nlmunlock PATH PORT HOST SVID START LEN            -> GRANTED | ...
+ *   nlmcancel PATH PORT HOST SVID START LEN EXCL       -> GRANTED | ...
+ *   nsmnotify - PORT HOST STATE                        -> ok
+ */
+static int nlm_op(const char *server, const char *op, char **a, int n) {
+    if (n < 3) { fprintf(stderr, "%s: too few args\n", op); return 64; }
+    struct rpc_context *r = rpc_init_context();
+    if (r == NULL) { fprintf(stderr, "no rpc context\n"); return 1; }
+    int nsm = !strcmp(op, "nsmnotify");
+    struct waitres w = { 0 };
+    if (rpc_connect_port_async(r, server, atoi(a[1]), nsm ? NSM_PROGRAM : NLM_PROGRAM,
+                               nsm ? NSM_V1 : NLM_V4, on_connect, &w) != 0
+        || wait_rpc(r, &w) != RPC_STATUS_SUCCESS) {
+        printf("ERR 0 connect: %s\n", rpc_get_error(r));
+        return 2;
+    }
+    memset(&w, 0, sizeof w);
+    int ret;
+    if (nsm) {
+        struct NSM1_NOTIFYargs na = { .mon_name = a[2], .state = atoi(a[3]) };
+        ret = rpc_nsm1_notify_async(r, on_res, &na, &w);
+        if (ret == 0 && wait_rpc(r, &w) == RPC_STATUS_SUCCESS) { printf("ok\n"); return 0; }
+        printf("ERR 0 notify: %s\n", rpc_get_error(r));
+        return 2;
+    }
+    if (n < 6) { fprintf(stderr, "%s: too few args\n", op); return 64; }
+    struct nfsfh *fh;
+    ret = nfs_open(nfs, a[0], O_RDONLY, &fh);
+    if (ret != 0) return fail(ret);
+    /* libnfs keeps struct nfs_fh private; in libnfs 4 and 5 it is { int len; char *val; }. */
+    struct fh_layout { int len; char *val; } *f = (struct fh_layout *)nfs_get_fh(fh);
+    char cookie[4] = { 'c', 'k', 0, 1 };
+    nlm4_lock lk = {
+        .caller_name = a[2],
+        .oh = "owner",
+        .svid = (u_int)strtoul(a[3], NULL, 10),
+        .l_offset = strtoull(a[4], NULL, 10),
+        .l_len = strtoull(a[5], NULL, 10),
+    };
+    lk.fh.data.data_len = f->len;
+    lk.fh.data.data_val = f->val;
+    unsigned excl = n > 6 ? (unsigned)atoi(a[6]) : 0;
+    if (!strcmp(op, "nlmlock")) {
+        if (n < 8) return 64;
+        NLM4_LOCKargs la = { .block = (unsigned)atoi(a[7]), .exclusive = excl, .lock = lk, .state = 1,
+                             .reclaim = n > 8 ? (unsigned)atoi(a[8]) : 0 };
+        la.cookie.data.data_len = 4; la.cookie.data.data_val = cookie;
+        ret = rpc_nlm4_lock_async(r, on_res, &la, &w);
+    } else if (!strcmp(op, "nlmtest")) {
+        NLM4_TESTargs ta = { .exclusive = excl, .lock = lk };
+        ta.cookie.data.data_len = 4; ta.cookie.data.data_val = cookie;
+        ret = rpc_nlm4_test_async(r, on_test, &ta, &w);
+    } else if (!strcmp(op, "nlmunlock")) {
+        NLM4_UNLOCKargs ua = { .lock = lk };
+        ua.cookie.data.data_len = 4; ua.cookie.data.data_val = cookie;
+        ret = rpc_nlm4_unlock_async(r, on_res, &ua, &w);
+    } else if (!strcmp(op, "nlmcancel")) {
+        NLM4_CANCargs ca = { .block = 1, .exclusive = excl, .lock = lk };
+        ca.cookie.data.data_len = 4; ca.cookie.data.data_val = cookie;
+        ret = rpc_nlm4_cancel_async(r, on_res, &ca, &w);
+    } else {
+        fprintf(stderr, "unknown op %s\n", op);
+        return 64;
+    }
+    if (ret != 0 || wait_rpc(r, &w) != RPC_STATUS_SUCCESS) {
+        printf("ERR 0 %s: %s\n", op, rpc_get_error(r));
+        return 2;
+    }
+    if (w.stat == NLM4_DENIED && !strcmp(op, "nlmtest"))
+        printf("DENIED excl=%u svid=%u off=%" PRIu64 " len=%" PRIu64 "\n", w.excl, w.svid, w.off, w.len);
+    else
+        printf("%s\n", nlm_stat_name(w.stat));
+    nfs_close(nfs, fh);
+    rpc_destroy_context(r);
+    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -47,6 +190,7 @@ int main(int argc, char **argv) {
     char **a = argv + 5;
     int n = argc - 5;
 #define NEED(k) do { if (n < (k)) { fprintf(stderr, "%s needs %d args\n", op, (k)); return 64; } } while (0)
+    if (!strncmp(op, "nlm", 3) || !strcmp(op, "nsmnotify")) return nlm_op(url->server, op, a, n);
     if (!strcmp(op, "mkdir")) { NEED(1); ret = nfs_mkdir(nfs, a[0]); }
     else if (!strcmp(op, "mkdirm")) { NEED(2); ret = nfs_mkdir2(nfs, a[0], (int)strtol(a[1], NULL, 8)); }
     else if (!strcmp(op, "rmdir")) { NEED(1); ret = nfs_rmdir(nfs, a[0]); }

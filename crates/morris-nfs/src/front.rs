@@ -153,6 +153,8 @@ pub(crate) struct Shared {
     /// The named export (besides `/`).
     pub(crate) export: ExportName,
     pub(crate) policy: Policy,
+    /// NFSv3 locking (NLM, NSM).
+    pub(crate) nlm: Arc<crate::nlm::LockManager>,
     backends: tokio::sync::Mutex<Backends>,
 }
 
@@ -178,6 +180,7 @@ impl Shared {
         allow: Vec<Cidr>,
         export: ExportName,
         policy: Policy,
+        monitor: Arc<crate::nlm::nsm::Monitor>,
     ) -> Self {
         // Differs between runs: clients resend UNSTABLE writes a restart lost.
         let boot = std::time::SystemTime::now()
@@ -185,9 +188,11 @@ impl Shared {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0)
             ^ u64::from(std::process::id());
+        let handles = Handles::new(generation);
         Shared {
+            nlm: crate::nlm::LockManager::new(nfs.client.clone(), handles, monitor),
             nfs,
-            handles: Handles::new(generation),
+            handles,
             generation,
             verifier: boot.to_be_bytes(),
             allow,
@@ -264,7 +269,7 @@ pub(crate) async fn accept_loop(front: TcpListener, shared: Arc<Shared>) -> std:
         };
         let shared = shared.clone();
         tokio::spawn(async move {
-            match connection(sock, admitted, shared).await {
+            match connection(sock, peer, admitted, shared).await {
                 Ok(()) => tracing::debug!(%peer, "nfs connection closed"),
                 Err(e) => tracing::debug!(%peer, error = %e, "nfs connection ended"),
             }
@@ -403,9 +408,11 @@ enum Admitted {
 /// written back as they complete (RPC replies are matched by xid).
 async fn connection(
     sock: TcpStream,
+    peer: SocketAddr,
     admitted: Admitted,
     shared: Arc<Shared>,
 ) -> std::io::Result<()> {
+    let local = sock.local_addr()?;
     let (mut rd, mut wr) = sock.into_split();
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(64);
     let writer = tokio::spawn(async move {
@@ -449,6 +456,24 @@ async fn connection(
                 continue;
             }
         };
+        if crate::nlm::is_nlm(&p) {
+            let shared = shared.clone();
+            let tx = tx.clone();
+            tasks.spawn(async move {
+                let nfs = shared.nfs.for_caller(caller);
+                let out = shared
+                    .nlm
+                    .handle(
+                        &nfs,
+                        p,
+                        &record[args_at..],
+                        crate::nlm::Conn { peer, local },
+                    )
+                    .await;
+                let _ = tx.send(out).await;
+            });
+            continue;
+        }
         if is_local(&p) {
             let shared = shared.clone();
             let tx = tx.clone();

@@ -1,6 +1,6 @@
 //! Entry point for the fuzzer (`fuzz/fuzz_targets/rpc_decode.rs`): runs
-//! every decoder the gateway applies to bytes from the network, without a
-//! volume behind it. Not part of the supported API.
+//! every decoder the gateway applies to bytes from the network (NFS,
+//! MOUNT, NLM, NSM), without a volume behind it. Not part of the supported API.
 
 use std::future::Future;
 use std::task::{Context, Poll, Waker};
@@ -12,11 +12,12 @@ use nfs3_server::nfs3_types::nfs3::{
     READDIRPLUS3args, READLINK3args, REMOVE3args, RENAME3args, RMDIR3args, SETATTR3args,
     SYMLINK3args, WRITE3args,
 };
-use nfs3_server::nfs3_types::xdr_codec::Unpack;
+use nfs3_server::nfs3_types::xdr_codec::{Opaque, Unpack};
 
 use crate::export::ExportName;
 use crate::front::{parse_call, patch_verifier, read_record};
 use crate::local::Handles;
+use crate::nlm::xdr::{host_state, nlm4_cancargs, nlm4_lockargs, nlm4_testargs, nlm4_unlockargs};
 
 fn unpack<T: Unpack>(body: &[u8]) {
     let mut c = std::io::Cursor::new(body);
@@ -78,6 +79,21 @@ pub fn decode_record(record: &[u8]) {
         (100_003, 19) => unpack::<FSINFO3args>(body),
         (100_003, 20) => unpack::<PATHCONF3args>(body),
         (100_003, 21) => unpack::<COMMIT3args>(body),
+        (100_021, 1) => unpack::<nlm4_testargs>(body),
+        (100_021, 2) => {
+            let mut c = std::io::Cursor::new(body);
+            if let Ok((a, _)) = nlm4_lockargs::unpack(&mut c) {
+                // The range and the file handle, as a LOCK uses them.
+                let _ = crate::nlm::range_of(&a.alock);
+                let fh = nfs_fh3 {
+                    data: Opaque::owned(a.alock.fh.to_vec()),
+                };
+                let _ = Handles::new(u64::from(p.xid)).decode(&fh);
+            }
+        }
+        (100_021, 3) => unpack::<nlm4_cancargs>(body),
+        (100_021, 4) => unpack::<nlm4_unlockargs>(body),
+        (100_021, 23) | (100_024, 6) => unpack::<host_state>(body),
         _ => {}
     }
     // Every NFS call starts with a file handle.

@@ -23,6 +23,7 @@ mod fs;
 #[doc(hidden)]
 pub mod fuzzing;
 mod local;
+mod nlm;
 pub mod portmap;
 mod status;
 
@@ -67,6 +68,9 @@ pub enum GatewayError {
     /// The settings are unsafe or contradictory.
     #[error("{0}")]
     Config(String),
+    /// The lock recovery state file cannot be used.
+    #[error(transparent)]
+    NlmState(#[from] nlm::nsm::StateError),
 }
 
 /// Settings of a gateway.
@@ -92,7 +96,16 @@ pub struct GatewayConfig {
     pub secure: bool,
     /// MKNOD may make character and block device nodes.
     pub allow_devices: bool,
+    /// Where the NFS client hosts that hold locks are kept, so that a
+    /// restarted gateway tells them to reclaim (`None`: in memory only).
+    pub nlm_state: Option<std::path::PathBuf>,
+    /// The grace period after a restart in which only reclaims are
+    /// granted (at least the servers' lease time and 2 s more).
+    pub nlm_grace: Duration,
 }
+
+/// The default grace period for lock reclaims after a gateway restart.
+pub const DEFAULT_NLM_GRACE: Duration = Duration::from_secs(45);
 
 impl GatewayConfig {
     /// The defaults of `morris nfs` for `listen`: root squashed, privileged
@@ -108,6 +121,8 @@ impl GatewayConfig {
             squash_root: true,
             secure: true,
             allow_devices: false,
+            nlm_state: None,
+            nlm_grace: DEFAULT_NLM_GRACE,
         }
     }
 }
@@ -119,6 +134,8 @@ pub struct Gateway {
     files: Arc<files::OpenFiles>,
     open_idle: Duration,
     register: bool,
+    /// Hosts to tell of the restart, with the new NSM state.
+    recovery: Option<(Arc<nlm::nsm::Monitor>, Vec<nlm::nsm::Host>, u32)>,
 }
 
 impl Gateway {
@@ -148,8 +165,21 @@ impl Gateway {
                 config.listen
             )));
         }
+        let grace = config
+            .nlm_grace
+            .max(client.lease_duration() + Duration::from_secs(2));
+        let (monitor, reclaimers, nsm_state) = nlm::nsm::Monitor::start(config.nlm_state, grace)?;
+        let monitor = Arc::new(monitor);
+        if !reclaimers.is_empty() {
+            tracing::info!(
+                hosts = reclaimers.len(),
+                grace_secs = grace.as_secs(),
+                "nfs clients held locks through this gateway before it restarted: telling them to reclaim"
+            );
+        }
         Ok(Gateway {
             front,
+            recovery: Some((monitor.clone(), reclaimers, nsm_state)),
             shared: Arc::new(front::Shared::new(
                 nfs,
                 generation,
@@ -160,6 +190,7 @@ impl Gateway {
                     secure: config.secure,
                     allow_devices: config.allow_devices,
                 },
+                monitor,
             )),
             files,
             open_idle: config.open_idle,
@@ -174,11 +205,14 @@ impl Gateway {
 
     /// Serves until `shutdown` completes, then closes every cached open file.
     pub async fn run(
-        self,
+        mut self,
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Result<(), GatewayError> {
         let port = self.front.local_addr()?.port();
         let registered = self.register && announce(port).await;
+        let recovery = self.recovery.take().map(|(monitor, hosts, state)| {
+            tokio::spawn(nlm::nsm::notify_all(monitor, hosts, state))
+        });
         let files = self.files.clone();
         let period = (self.open_idle / 2).max(Duration::from_millis(100));
         let expiry = tokio::spawn(async move {
@@ -192,6 +226,9 @@ impl Gateway {
             () = shutdown => Ok(()),
         };
         expiry.abort();
+        if let Some(r) = recovery {
+            r.abort();
+        }
         if registered {
             if let Err(e) = portmap::unregister(port).await {
                 tracing::warn!(error = %e, "removing the portmapper registration failed");
@@ -213,7 +250,7 @@ impl Gateway {
 async fn announce(port: u16) -> bool {
     match portmap::register(port).await {
         Ok(portmap::Registration::Registered) => {
-            tracing::info!(port, "registered nfs v3 and mount v3 with the portmapper");
+            tracing::info!(port, "registered nfs v3, mount v3 and the lock programs (nlm v4, nsm v1) with the portmapper");
             true
         }
         Ok(portmap::Registration::NoPortmapper) => {

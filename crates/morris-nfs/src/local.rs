@@ -149,7 +149,7 @@ fn reply(xid: u32, stat: accept_stat_data, body: Option<&dyn PackDyn>) -> Vec<u8
 }
 
 /// Object-safe packing, for `reply`.
-trait PackDyn {
+pub(crate) trait PackDyn {
     fn pack_dyn(&self, out: &mut Cursor<Vec<u8>>);
 }
 
@@ -167,7 +167,7 @@ fn frame(mut buf: Vec<u8>) -> Vec<u8> {
 }
 
 /// A framed successful reply carrying `body`.
-fn success(xid: u32, body: &dyn PackDyn) -> Vec<u8> {
+pub(crate) fn success(xid: u32, body: &dyn PackDyn) -> Vec<u8> {
     reply(xid, accept_stat_data::SUCCESS, Some(body))
 }
 

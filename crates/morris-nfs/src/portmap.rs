@@ -25,6 +25,11 @@ const PROGRAMS: [(u32, u32); 2] = [
     (mount::PROGRAM, mount::VERSION),
 ];
 
+/// The lock programs the gateway also serves (NLM v4, NSM v1): a host may
+/// run its own (a kernel NFS client's lockd, rpc.statd), which must keep
+/// its registration.
+const LOCK_PROGRAMS: [(u32, u32); 2] = [(100_021, 4), (100_024, 1)];
+
 /// What registering with the portmapper came to.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Registration {
@@ -83,7 +88,8 @@ fn tcp(prog: u32, vers: u32, port: u16) -> mapping {
     }
 }
 
-/// Registers NFS v3 and MOUNT v3 over TCP on `port` with the portmapper on
+/// Registers NFS v3 and MOUNT v3 over TCP on `port` (and NLM v4 and NSM
+/// v1 unless another live service holds them) with the portmapper on
 /// 127.0.0.1:111, replacing older mappings of the same programs.
 pub async fn register(port: u16) -> Result<Registration, PortmapError> {
     let Some(mut rpc) = connect().await else {
@@ -96,7 +102,61 @@ pub async fn register(port: u16) -> Result<Registration, PortmapError> {
             return Err(PortmapError::Refused { prog, vers, port });
         }
     }
+    for (prog, vers) in LOCK_PROGRAMS {
+        let now = getport(&mut rpc, prog, vers).await?;
+        if now == u32::from(port) {
+            continue;
+        }
+        if now != 0 {
+            let live = match u16::try_from(now) {
+                Ok(p) => matches!(
+                    tokio::time::timeout(
+                        Duration::from_millis(500),
+                        TcpStream::connect(SocketAddr::from((Ipv4Addr::LOCALHOST, p))),
+                    )
+                    .await,
+                    Ok(Ok(_))
+                ),
+                Err(_) => false,
+            };
+            if live {
+                tracing::warn!(
+                    prog,
+                    vers,
+                    port = now,
+                    "another lock service is registered with the portmapper; NFS clients \
+                     that find NLM through it will not reach this gateway's locks"
+                );
+                continue;
+            }
+            // A gateway that died.
+            call(&mut rpc, PMAP_PROG::PMAPPROC_UNSET, tcp(prog, vers, 0)).await?;
+        }
+        if !call(&mut rpc, PMAP_PROG::PMAPPROC_SET, tcp(prog, vers, port)).await? {
+            tracing::warn!(
+                prog,
+                vers,
+                port,
+                "the portmapper refused to register a lock program"
+            );
+        }
+    }
     Ok(Registration::Registered)
+}
+
+/// The port `prog`/`vers` over TCP is registered on (0: none).
+async fn getport(
+    rpc: &mut RpcClient<TokioIo<TcpStream>>,
+    prog: u32,
+    vers: u32,
+) -> Result<u32, PortmapError> {
+    let query = tcp(prog, vers, 0);
+    let fut = rpc.call::<mapping, u32>(PROGRAM, 2, PMAP_PROG::PMAPPROC_GETPORT as u32, &query);
+    match tokio::time::timeout(PORTMAP_TIMEOUT, fut).await {
+        Ok(Ok(p)) => Ok(p),
+        Ok(Err(e)) => Err(PortmapError::Call(e.to_string())),
+        Err(_) => Err(PortmapError::Call("no answer".into())),
+    }
 }
 
 /// Removes the mappings `register` made, if they still name `port`.
@@ -104,15 +164,9 @@ pub async fn unregister(port: u16) -> Result<(), PortmapError> {
     let Some(mut rpc) = connect().await else {
         return Ok(());
     };
-    for (prog, vers) in PROGRAMS {
+    for (prog, vers) in PROGRAMS.into_iter().chain(LOCK_PROGRAMS) {
         // Another gateway may have taken the programs over since.
-        let query = tcp(prog, vers, 0);
-        let fut = rpc.call::<mapping, u32>(PROGRAM, 2, PMAP_PROG::PMAPPROC_GETPORT as u32, &query);
-        let now = match tokio::time::timeout(PORTMAP_TIMEOUT, fut).await {
-            Ok(Ok(p)) => p,
-            Ok(Err(e)) => return Err(PortmapError::Call(e.to_string())),
-            Err(_) => return Err(PortmapError::Call("no answer".into())),
-        };
+        let now = getport(&mut rpc, prog, vers).await?;
         if now == u32::from(port) {
             call(&mut rpc, PMAP_PROG::PMAPPROC_UNSET, tcp(prog, vers, 0)).await?;
         }

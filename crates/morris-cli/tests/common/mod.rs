@@ -975,3 +975,64 @@ pub fn fsck_clean(c: &Cluster) {
         assert!(out.contains(want), "fsck is not clean ({want}):\n{all}");
     }
 }
+
+// fcntl locks, for the lock tests (locks.rs, nfs.rs).
+
+/// A `struct flock` for `typ` (`F_RDLCK`, `F_WRLCK`, `F_UNLCK`) over
+/// `len` bytes from `start` (`len` 0: to the end of the file).
+pub fn flock_struct(typ: i32, start: i64, len: i64) -> libc::flock {
+    libc::flock {
+        l_type: typ as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: start,
+        l_len: len,
+        l_pid: 0,
+    }
+}
+
+/// `fcntl(F_SETLK)`, or `F_SETLKW` with `wait`.
+pub fn setlk(f: &File, typ: i32, start: i64, len: i64, wait: bool) -> std::io::Result<()> {
+    let mut fl = flock_struct(typ, start, len);
+    let cmd = if wait { libc::F_SETLKW } else { libc::F_SETLK };
+    let r = unsafe { libc::fcntl(std::os::unix::io::AsRawFd::as_raw_fd(f), cmd, &mut fl) };
+    if r == -1 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// `fcntl(F_GETLK)`: the first conflicting lock, or `F_UNLCK`.
+pub fn getlk(f: &File, typ: i32, start: i64, len: i64) -> libc::flock {
+    let mut fl = flock_struct(typ, start, len);
+    let r = unsafe {
+        libc::fcntl(
+            std::os::unix::io::AsRawFd::as_raw_fd(f),
+            libc::F_GETLK,
+            &mut fl,
+        )
+    };
+    assert_eq!(r, 0, "F_GETLK: {}", std::io::Error::last_os_error());
+    fl
+}
+
+/// Opens (creating) `p` for reading and writing.
+pub fn open_rw(p: &Path) -> File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(p)
+        .unwrap_or_else(|e| panic!("open {}: {e}", p.display()))
+}
+
+/// Panics unless `r` failed with `EAGAIN` (or `EACCES`, which POSIX allows).
+pub fn would_block(r: std::io::Result<()>, what: &str) {
+    match r {
+        Err(e)
+            if e.raw_os_error() == Some(libc::EAGAIN) || e.raw_os_error() == Some(libc::EACCES) => {
+        }
+        other => panic!("{what}: expected EAGAIN, got {other:?}"),
+    }
+}

@@ -93,6 +93,12 @@ impl Gateway {
             .arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
             .args(extra)
+            .args(
+                (!extra.contains(&"--nlm-state"))
+                    .then(|| ["--nlm-state".into(), dir.path().join("nlm.json")])
+                    .into_iter()
+                    .flatten(),
+            )
             .env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
