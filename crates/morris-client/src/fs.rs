@@ -52,6 +52,15 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Checks the name of an entry to be made: `.` and `..` exist already
+/// (`EEXIST`, as `mkdir(2)`, `link(2)` and Linux's NFS server answer).
+fn check_new_name(name: &[u8]) -> Result<()> {
+    if name == b"." || name == b".." {
+        return Err(Error::new(ErrorCode::Exists, "'.' and '..' exist"));
+    }
+    check_name(name)
+}
+
 /// Refuses moving (or linking) `obj` into directory `to`: across the edge
 /// of a binding (a cache is a file system of its own: `mv` copies), or an
 /// object whose data is home's unless `moves_at_home` (its home's handles
@@ -257,6 +266,12 @@ impl Client {
             }
             return self.do_getattr(parent).await;
         }
+        if name.is_empty() {
+            return Err(Error::new(
+                ErrorCode::NotFound,
+                "no entry has an empty name",
+            ));
+        }
         check_name(name)?;
         for _ in 0..RETRIES {
             let entry = {
@@ -417,7 +432,7 @@ impl Client {
         exclusive: bool,
         caller: &Caller,
     ) -> Result<Inode> {
-        check_name(name)?;
+        check_new_name(name)?;
         self.ensure_listed(dir).await?;
         let _changing = self.dir_locks.lock(&[dir]).await;
         let g = self.dir_guard(dir, Mode::Write).await?;
@@ -582,7 +597,7 @@ impl Client {
         new_name: &[u8],
         caller: &Caller,
     ) -> Result<Inode> {
-        check_name(new_name)?;
+        check_new_name(new_name)?;
         self.ensure_listed(new_dir).await?;
         let child = self.leases.handle(id)?;
         let dir = self.leases.handle(new_dir)?;
@@ -749,6 +764,10 @@ impl Client {
     ) -> Result<()> {
         if want_dir && name == b".." {
             return Err(Error::new(ErrorCode::NotEmpty, "'..'"));
+        }
+        if !want_dir && (name == b"." || name == b"..") {
+            // Directories, as unlink(2) says.
+            return Err(Error::new(ErrorCode::IsDir, "'.' and '..' are directories"));
         }
         check_name(name)?;
         self.ensure_listed(dir).await?;

@@ -812,8 +812,11 @@ impl NfsFileSystem for MorrisNfs {
 
     async fn commit(&self, id: &NfsHandle, _offset: u64, _count: u32) -> Result<(), nfsstat3> {
         let i = self.inode("commit", id).await?;
-        if i.attr.kind != FileKind::File {
-            return Ok(());
+        match i.attr.kind {
+            FileKind::File => {}
+            // As Linux's NFS server and nfs-ganesha answer.
+            FileKind::Dir => return Err(nfsstat3::NFS3ERR_ISDIR),
+            _ => return Err(nfsstat3::NFS3ERR_INVAL),
         }
         let fh = match self.files.writer(id.id()) {
             Some(fh) => fh,

@@ -111,6 +111,11 @@ impl Ganesha {
         self.port
     }
 
+    /// The MOUNT port.
+    pub fn mount_port(&self) -> u16 {
+        self.mount_port
+    }
+
     /// Whether it runs.
     pub fn running(&self) -> bool {
         self.child.is_some()
