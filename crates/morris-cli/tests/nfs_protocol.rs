@@ -991,11 +991,15 @@ fn mount_lists_and_mounts_the_named_export_and_the_root() {
     assert_eq!(raw.mnt(b"/morris/sub"), Err(MNT3ERR_NOENT));
 }
 
-/// A client host's status monitor, as far as a lock server sees it: it
-/// registers NSM v1 with the namespace's rpcbind and prints every
-/// `SM_NOTIFY` it is sent (`notify MON_NAME STATE`).
-const FAKE_STATD: &str = r#"
-import socket, struct
+/// A client host's status monitor or lock manager, as far as a lock
+/// server sees them: registers program `argv[1]` version `argv[2]` with the
+/// namespace's rpcbind and prints every call it is sent: NSM `SM_NOTIFY`
+/// as `notify MON_NAME STATE`, NLM `GRANTED` as `granted CALLER SVID
+/// OFFSET LEN` (answered `NLM4_GRANTED` for svid 8, else `NLM4_DENIED`:
+/// "nobody waits for that").
+const FAKE_CLIENT_DAEMON: &str = r#"
+import socket, struct, sys
+prog, vers = int(sys.argv[1]), int(sys.argv[2])
 def rec(s):
     data = b''
     while True:
@@ -1005,12 +1009,15 @@ def rec(s):
             return data
 def send(s, body):
     s.sendall(struct.pack('>I', 0x80000000 | len(body)) + body)
+def opaque(d, off):
+    ln = struct.unpack('>I', d[off:off + 4])[0]
+    return d[off + 4:off + 4 + ln], off + 4 + (ln + 3) // 4 * 4
 l = socket.socket()
 l.bind(('127.0.0.1', 0))
 l.listen(4)
 port = l.getsockname()[1]
 pm = socket.create_connection(('127.0.0.1', 111))
-send(pm, struct.pack('>10I', 1, 0, 2, 100000, 2, 1, 0, 0, 0, 0) + struct.pack('>4I', 100024, 1, 6, port))
+send(pm, struct.pack('>10I', 1, 0, 2, 100000, 2, 1, 0, 0, 0, 0) + struct.pack('>4I', prog, vers, 6, port))
 print('registered', port, struct.unpack('>I', rec(pm)[-4:])[0], flush=True)
 while True:
     c, _ = l.accept()
@@ -1020,145 +1027,240 @@ while True:
     for _ in range(2):
         ln = struct.unpack('>I', d[off + 4:off + 8])[0]
         off += 8 + (ln + 3) // 4 * 4
-    if proc == 6:
-        ln = struct.unpack('>I', d[off:off + 4])[0]
-        name = d[off + 4:off + 4 + ln].decode()
-        off += 4 + (ln + 3) // 4 * 4
-        print('notify', name, struct.unpack('>I', d[off:off + 4])[0], flush=True)
-    send(c, struct.pack('>6I', xid, 1, 0, 0, 0, 0))
+    body = b''
+    if prog == 100024 and proc == 6:
+        name, off = opaque(d, off)
+        print('notify', name.decode(), struct.unpack('>I', d[off:off + 4])[0], flush=True)
+    if prog == 100021 and proc == 5:
+        cookie, off = opaque(d, off)
+        off += 4
+        caller, off = opaque(d, off)
+        _, off = opaque(d, off)
+        _, off = opaque(d, off)
+        svid, start, length = struct.unpack('>IQQ', d[off:off + 20])
+        print('granted', caller.decode(), svid, start, length, flush=True)
+        body = struct.pack('>I', len(cookie)) + cookie + b'\0' * (-len(cookie) % 4)
+        body += struct.pack('>I', 0 if svid == 8 else 1)
+    send(c, struct.pack('>6I', xid, 1, 0, 0, 0, 0) + body)
     c.close()
 "#;
 
-#[test]
-fn a_restarted_gateway_tells_lock_holders_and_grants_only_their_reclaims_in_its_grace_period() {
-    require_tool("rpcbind", "rpcbind");
-    require_tool("python3", "python3");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut ns = NetNs::new();
-    let mut rpcbind = ns.cmd("unshare");
-    rpcbind.args([
-        "-m",
-        "sh",
-        "-c",
-        "mount -t tmpfs tmpfs /run && exec rpcbind -f -w",
-    ]);
-    ns.spawn(rpcbind, &dir.path().join("rpcbind.log"));
-    wait_until("rpcbind", Duration::from_secs(10), || {
-        ns.cmd("rpcinfo")
-            .args(["-p", "127.0.0.1"])
-            .output()
-            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("portmapper"))
-    });
-    let port = free_port();
-    let server = format!("127.0.0.1:{port}");
-    let mut s = ns.cmd(MORRIS);
-    s.args([
-        "server",
-        "--listen",
-        &server,
-        "--lease-ms",
-        "1500",
-        "--data",
-    ])
-    .arg(dir.path().join("s0"));
-    ns.spawn(s, &dir.path().join("server.log"));
-    wait_until("the server", Duration::from_secs(20), || {
-        ns.cmd(MORRIS)
-            .args(["format", "--servers", &server])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    let state = dir.path().join("nlm.json");
-    let nfs_port = free_port();
-    let gateway = |ns: &mut NetNs, log: &str| {
-        let mut g = ns.cmd(MORRIS);
-        g.args(["nfs", &server, "--listen", &format!("127.0.0.1:{nfs_port}")])
-            .args([
-                "--no-root-squash",
-                "--insecure",
-                "--no-rpcbind",
-                "--nlm-grace-secs",
-                "6",
-            ])
-            .arg("--nlm-state")
-            .arg(&state);
-        let log = dir.path().join(log);
-        ns.spawn(g, &log);
+/// A host of its own (a network namespace) with rpcbind, one server
+/// (1.5 s leases) and a gateway port: where NLM's callbacks to a client
+/// host's daemons can be watched, since the gateway and its client share
+/// 127.0.0.1 there.
+struct LockHost {
+    ns: NetNs,
+    dir: tempfile::TempDir,
+    server: String,
+    nfs_port: u16,
+}
+
+impl LockHost {
+    fn new() -> LockHost {
+        require_tool("rpcbind", "rpcbind");
+        require_tool("python3", "python3");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut ns = NetNs::new();
+        let mut rpcbind = ns.cmd("unshare");
+        rpcbind.args([
+            "-m",
+            "sh",
+            "-c",
+            "mount -t tmpfs tmpfs /run && exec rpcbind -f -w",
+        ]);
+        ns.spawn(rpcbind, &dir.path().join("rpcbind.log"));
+        wait_until("rpcbind", Duration::from_secs(10), || {
+            ns.cmd("rpcinfo")
+                .args(["-p", "127.0.0.1"])
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("portmapper"))
+        });
+        let server = format!("127.0.0.1:{}", free_port());
+        let mut s = ns.cmd(MORRIS);
+        s.args([
+            "server",
+            "--listen",
+            &server,
+            "--lease-ms",
+            "1500",
+            "--data",
+        ])
+        .arg(dir.path().join("s0"));
+        ns.spawn(s, &dir.path().join("server.log"));
+        wait_until("the server", Duration::from_secs(20), || {
+            ns.cmd(MORRIS)
+                .args(["format", "--servers", &server])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        });
+        LockHost {
+            ns,
+            dir,
+            server,
+            nfs_port: free_port(),
+        }
+    }
+
+    /// Starts a gateway (not registered with rpcbind: the fake daemons
+    /// are the client's) logging to `log`; the log's path.
+    fn gateway(&mut self, log: &str) -> std::path::PathBuf {
+        let mut g = self.ns.cmd(MORRIS);
+        g.args([
+            "nfs",
+            &self.server,
+            "--listen",
+            &format!("127.0.0.1:{}", self.nfs_port),
+        ])
+        .args([
+            "--no-root-squash",
+            "--insecure",
+            "--no-rpcbind",
+            "--nlm-grace-secs",
+            "6",
+        ])
+        .arg("--nlm-state")
+        .arg(self.dir.path().join("nlm.json"));
+        let log = self.dir.path().join(log);
+        self.ns.spawn(g, &log);
         wait_until("the gateway", Duration::from_secs(20), || {
             read_log(&log).contains("nfs gateway serving")
         });
         log
-    };
-    let nfsop = |ns: &NetNs, args: &[&str]| -> String {
-        let url = format!("nfs://127.0.0.1/?version=3&nfsport={nfs_port}&mountport={nfs_port}");
-        let o = ns
+    }
+
+    /// Kills the process started last.
+    fn kill_last(&mut self) {
+        let mut c = self.ns.children.pop().expect("a process");
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+
+    /// Starts a fake client daemon for RPC program `prog` version `vers`;
+    /// the path of what it prints.
+    fn daemon(&mut self, prog: &str, vers: &str, log: &str) -> std::path::PathBuf {
+        let mut d = self.ns.cmd("python3");
+        d.args(["-c", FAKE_CLIENT_DAEMON, prog, vers]);
+        let log = self.dir.path().join(log);
+        self.ns.spawn(d, &log);
+        wait_until("a fake client daemon", Duration::from_secs(10), || {
+            read_log(&log).contains("registered")
+        });
+        log
+    }
+
+    /// `nfsop ARGS` through the gateway: its output's first line.
+    fn nfsop(&self, args: &[&str]) -> String {
+        let p = self.nfs_port;
+        let url = format!("nfs://127.0.0.1/?version=3&nfsport={p}&mountport={p}");
+        let o = self
+            .ns
             .cmd(nfs_harness::nfsop_bin().to_str().expect("utf-8 path"))
             .args([url.as_str(), "0", "0"])
             .args(args)
             .output()
             .expect("nfsop");
         String::from_utf8_lossy(&o.stdout).trim().to_string()
-    };
-    let port_s = nfs_port.to_string();
-    let lock = |ns: &NetNs, host: &str, start: &str, reclaim: &str| {
-        nfsop(
-            ns,
-            &[
-                "nlmlock", "/f", &port_s, host, "7", start, "10", "1", "0", reclaim,
-            ],
-        )
-    };
+    }
 
-    let log1 = gateway(&mut ns, "nfs1.log");
-    assert_eq!(nfsop(&ns, &["put", "/f", "644", "data"]), "ok");
-    assert_eq!(lock(&ns, "hostA", "0", "0"), "GRANTED");
+    /// An NLM LOCK of bytes `start..start+10` of `/f`: the status.
+    fn lock(&self, host: &str, svid: &str, start: &str, block: bool, reclaim: bool) -> String {
+        let port = self.nfs_port.to_string();
+        let b = if block { "1" } else { "0" };
+        let r = if reclaim { "1" } else { "0" };
+        self.nfsop(&["nlmlock", "/f", &port, host, svid, start, "10", "1", b, r])
+    }
+
+    fn unlock(&self, host: &str, svid: &str, start: &str) -> String {
+        let port = self.nfs_port.to_string();
+        self.nfsop(&["nlmunlock", "/f", &port, host, svid, start, "10"])
+    }
+}
+
+#[test]
+fn a_restarted_gateway_tells_lock_holders_and_grants_only_their_reclaims_in_its_grace_period() {
+    let mut h = LockHost::new();
+    let state = h.dir.path().join("nlm.json");
+    h.gateway("nfs1.log");
+    assert_eq!(h.nfsop(&["put", "/f", "644", "data"]), "ok");
+    assert_eq!(h.lock("hostA", "7", "0", false, false), "GRANTED");
     // Reclaims only after a restart.
-    assert_eq!(lock(&ns, "hostA", "50", "1"), "DENIED_GRACE_PERIOD");
+    assert_eq!(
+        h.lock("hostA", "7", "50", false, true),
+        "DENIED_GRACE_PERIOD"
+    );
     let kept = std::fs::read_to_string(&state).expect("the nlm state file");
     assert!(kept.contains("hostA"), "{kept}");
 
     // The gateway dies with hostA's lock; hostA's statd runs.
-    let mut g1 = ns.children.pop().expect("gateway");
-    let _ = g1.kill();
-    let _ = g1.wait();
-    let mut statd = ns.cmd("python3");
-    statd.args(["-c", FAKE_STATD]);
-    let statd_log = dir.path().join("statd.log");
-    ns.spawn(statd, &statd_log);
-    wait_until("the client's statd", Duration::from_secs(10), || {
-        read_log(&statd_log).contains("registered")
-    });
-
-    let log2 = gateway(&mut ns, "nfs2.log");
+    h.kill_last();
+    let statd = h.daemon("100024", "1", "statd.log");
+    let log2 = h.gateway("nfs2.log");
     wait_until("SM_NOTIFY at the client", Duration::from_secs(10), || {
-        read_log(&statd_log).contains("notify")
+        read_log(&statd).contains("notify")
     });
     assert!(
-        read_log(&statd_log).contains("notify 127.0.0.1 3"),
+        read_log(&statd).contains("notify 127.0.0.1 3"),
         "{}",
-        read_log(&statd_log)
+        read_log(&statd)
     );
     // In the grace period: no new locks, no tests, reclaims granted (once
     // the dead gateway's session lapses at the server).
-    assert_eq!(lock(&ns, "hostB", "100", "0"), "DENIED_GRACE_PERIOD");
     assert_eq!(
-        nfsop(
-            &ns,
-            &["nlmtest", "/f", &port_s, "hostB", "7", "100", "10", "1"]
-        ),
+        h.lock("hostB", "7", "100", false, false),
+        "DENIED_GRACE_PERIOD"
+    );
+    let port = h.nfs_port.to_string();
+    assert_eq!(
+        h.nfsop(&["nlmtest", "/f", &port, "hostB", "7", "100", "10", "1"]),
         "DENIED_GRACE_PERIOD"
     );
     assert_eq!(
-        lock(&ns, "hostA", "0", "1"),
+        h.lock("hostA", "7", "0", false, true),
         "GRANTED",
         "{}",
         read_log(&log2)
     );
     // After it: new locks again; hostA's reclaimed lock holds.
     wait_until("the grace period's end", Duration::from_secs(20), || {
-        lock(&ns, "hostB", "100", "0") == "GRANTED"
+        h.lock("hostB", "7", "100", false, false) == "GRANTED"
     });
-    assert_eq!(lock(&ns, "hostB", "0", "0"), "DENIED");
-    assert_eq!(lock(&ns, "hostA", "200", "1"), "DENIED_GRACE_PERIOD");
-    drop(log1);
+    assert_eq!(h.lock("hostB", "7", "0", false, false), "DENIED");
+    assert_eq!(
+        h.lock("hostA", "7", "200", false, true),
+        "DENIED_GRACE_PERIOD"
+    );
+}
+
+#[test]
+fn a_blocked_nlm_lock_is_handed_over_by_a_granted_callback_or_given_back_if_nobody_waits() {
+    let mut h = LockHost::new();
+    let lockd = h.daemon("100021", "4", "lockd.log");
+    h.gateway("nfs.log");
+    assert_eq!(h.nfsop(&["put", "/f", "644", "data"]), "ok");
+    assert_eq!(h.lock("hostA", "1", "0", false, false), "GRANTED");
+    // hostB (svid 8: its lock manager waits for it) blocks behind hostA.
+    assert_eq!(h.lock("hostB", "8", "0", true, false), "BLOCKED");
+    assert_eq!(h.unlock("hostA", "1", "0"), "GRANTED");
+    wait_until(
+        "GRANTED at hostB's lock manager",
+        Duration::from_secs(15),
+        || read_log(&lockd).contains("granted hostB 8 0 10"),
+    );
+    assert_eq!(h.lock("hostA", "1", "0", false, false), "DENIED");
+
+    // hostC (svid 9) blocks behind hostB; when it is called back its lock
+    // manager says nobody waits, and the gateway gives the lock back.
+    assert_eq!(h.lock("hostC", "9", "0", true, false), "BLOCKED");
+    assert_eq!(h.unlock("hostB", "8", "0"), "GRANTED");
+    wait_until(
+        "GRANTED at hostC's lock manager",
+        Duration::from_secs(15),
+        || read_log(&lockd).contains("granted hostC 9 0 10"),
+    );
+    wait_until(
+        "hostC's unwanted lock to be given back",
+        Duration::from_secs(10),
+        || h.lock("hostA", "1", "0", false, false) == "GRANTED",
+    );
 }
