@@ -116,8 +116,13 @@ CREATE TABLE IF NOT EXISTS opens (
     client INTEGER NOT NULL,
     PRIMARY KEY (ino, client)
 ) WITHOUT ROWID;
-PRAGMA user_version = 2;
 ";
+
+/// The store format this code reads and writes (`PRAGMA user_version`).
+/// Format 1 stores lack tables format 2 added; opening one adds them (the
+/// schema is `CREATE ... IF NOT EXISTS`). A store of a later format is
+/// refused: this code could misread it.
+pub const STORE_FORMAT: i64 = 2;
 
 /// A failure opening the store.
 #[derive(Debug, thiserror::Error)]
@@ -137,6 +142,20 @@ pub enum StoreError {
         path: String,
         /// What is wrong.
         message: String,
+    },
+    /// The store was written by a later morris, in a format this one does
+    /// not know.
+    #[error(
+        "metadata store {path} is in format {found}, written by a later morris; \
+         this one reads formats up to {supported}: run the newer binary"
+    )]
+    TooNew {
+        /// The database file.
+        path: String,
+        /// Its format.
+        found: i64,
+        /// The latest format this code reads.
+        supported: i64,
     },
 }
 
@@ -405,10 +424,25 @@ impl Store {
                  PRAGMA cache_size = -32768;",
             )
             .map_err(err)?;
+        let found: i64 = write
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(err)?;
+        if found > STORE_FORMAT {
+            return Err(StoreError::TooNew {
+                path: shown,
+                found,
+                supported: STORE_FORMAT,
+            });
+        }
         write.execute_batch(SCHEMA).map_err(err)?;
         write.execute_batch(cached::SCHEMA).map_err(err)?;
         write.execute_batch(wb::SCHEMA).map_err(err)?;
         write.execute_batch(xattrs::SCHEMA).map_err(err)?;
+        if found < STORE_FORMAT {
+            write
+                .execute_batch(&format!("PRAGMA user_version = {STORE_FORMAT};"))
+                .map_err(err)?;
+        }
         write.set_prepared_statement_cache_capacity(64);
         let volume: Option<(Vec<u8>, i64)> = write
             .query_row(
@@ -1471,6 +1505,8 @@ mod cached_tests;
 mod cookies;
 mod exchange;
 mod fences;
+#[cfg(test)]
+mod format_tests;
 mod once;
 mod orphans;
 mod replica;
