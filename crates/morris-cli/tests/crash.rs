@@ -482,24 +482,7 @@ fn a_close_after_the_inode_server_restarted_stores_the_data_or_fails() {
 
 /// `renameat2(RENAME_EXCHANGE)` of `a` and `b`.
 fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let cstr = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).expect("no NUL");
-    let (a, b) = (cstr(a), cstr(b));
-    // SAFETY: two valid NUL-terminated paths.
-    let r = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            a.as_ptr(),
-            libc::AT_FDCWD,
-            b.as_ptr(),
-            libc::RENAME_EXCHANGE,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    common::renameat2(a, b, libc::RENAME_EXCHANGE)
 }
 
 #[test]

@@ -15,29 +15,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{expect_errno, fsck_clean, Cluster, ClusterOpts, Mount};
+use common::{expect_errno, fsck_clean, renameat2, Cluster, ClusterOpts, Mount};
 
 fn cpath(p: &Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).expect("no NUL in a test path")
-}
-
-fn renameat2(from: &Path, to: &Path, flags: libc::c_uint) -> std::io::Result<()> {
-    let (f, t) = (cpath(from), cpath(to));
-    // SAFETY: two valid NUL-terminated paths.
-    let r = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            f.as_ptr(),
-            libc::AT_FDCWD,
-            t.as_ptr(),
-            flags,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
 }
 
 #[test]

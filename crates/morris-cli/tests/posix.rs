@@ -20,7 +20,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{
-    close_checked, expect_errno, morris, pattern, stderr, stdout, Cluster, ClusterOpts, Mount,
+    close_checked, expect_errno, morris, pattern, renameat2, stderr, stdout, Cluster, ClusterOpts,
+    Mount,
 };
 use rand::{Rng, SeedableRng};
 
@@ -444,20 +445,6 @@ fn unlink_mkdir_rmdir_and_their_errors() {
     // The name can be used again, for another kind.
     fs::write(&d, b"now a file").expect("reuse the name");
     assert_contents(&d, b"now a file", "reused name");
-}
-
-fn renameat2(from: &Path, to: &Path, flags: libc::c_uint) -> std::io::Result<()> {
-    let (a, b) = (cpath(from), cpath(to));
-    // SAFETY: two valid NUL-terminated paths.
-    check(unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            a.as_ptr(),
-            libc::AT_FDCWD,
-            b.as_ptr(),
-            flags,
-        )
-    })
 }
 
 #[test]

@@ -1036,3 +1036,26 @@ pub fn would_block(r: std::io::Result<()>, what: &str) {
         other => panic!("{what}: expected EAGAIN, got {other:?}"),
     }
 }
+
+/// `renameat2(2)` of two paths with `flags` (`RENAME_EXCHANGE`,
+/// `RENAME_NOREPLACE`, ...).
+pub fn renameat2(from: &Path, to: &Path, flags: libc::c_uint) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let cstr = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).expect("no NUL");
+    let (f, t) = (cstr(from), cstr(to));
+    // SAFETY: two valid NUL-terminated paths.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            flags,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
