@@ -401,17 +401,7 @@ fn registers_with_a_running_rpcbind_and_unregisters_on_stop() {
     require_tool("rpcbind", "rpcbind");
     require_tool("rpcinfo", "rpcbind");
     require_tool("nfs-ls", "libnfs-utils");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut ns = NetNs::new();
-    // rpcbind keeps its socket and lock in /run: give it a private one.
-    let mut rpcbind = ns.cmd("unshare");
-    rpcbind.args([
-        "-m",
-        "sh",
-        "-c",
-        "mount -t tmpfs tmpfs /run && exec rpcbind -f -w",
-    ]);
-    ns.spawn(rpcbind, &dir.path().join("rpcbind.log"));
+    let mut h = HostNs::new();
     let rpcinfo = |ns: &NetNs| -> String {
         let o = ns
             .cmd("rpcinfo")
@@ -420,33 +410,12 @@ fn registers_with_a_running_rpcbind_and_unregisters_on_stop() {
             .expect("rpcinfo");
         String::from_utf8_lossy(&o.stdout).into_owned()
     };
-    wait_until("rpcbind", Duration::from_secs(10), || {
-        rpcinfo(&ns).contains("portmapper")
-    });
-
-    let port = free_port();
-    let server = format!("127.0.0.1:{port}");
-    let mut s = ns.cmd(MORRIS);
-    s.args(["server", "--listen", &server, "--data"])
-        .arg(dir.path().join("s0"));
-    ns.spawn(s, &dir.path().join("server.log"));
-    wait_until("the server", Duration::from_secs(20), || {
-        ns.cmd(MORRIS)
-            .args(["format", "--servers", &server])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    let nfs_port = free_port();
-    let log = dir.path().join("nfs.log");
-    let mut g = ns.cmd(MORRIS);
-    g.args(["nfs", &server, "--listen", &format!("127.0.0.1:{nfs_port}")])
-        .arg("--nlm-state")
-        .arg(dir.path().join("nlm.json"));
-    ns.spawn(g, &log);
+    let log = h.gateway("nfs.log", &[]);
+    let nfs_port = h.nfs_port;
     wait_until("the registration", Duration::from_secs(20), || {
         read_log(&log).contains("registered nfs v3, mount v3 and the lock programs")
     });
-    let map = rpcinfo(&ns);
+    let map = rpcinfo(&h.ns);
     for (prog, vers, name) in [
         ("100003", "3", "nfs"),
         ("100005", "3", "mountd"),
@@ -467,11 +436,11 @@ fn registers_with_a_running_rpcbind_and_unregisters_on_stop() {
         );
     }
     // A client that names no port finds the gateway through rpcbind.
-    let o = ns
-        .cmd("nfs-ls")
-        .arg("nfs://127.0.0.1/?version=3")
-        .output()
-        .expect("nfs-ls");
+    let o =
+        h.ns.cmd("nfs-ls")
+            .arg("nfs://127.0.0.1/?version=3")
+            .output()
+            .expect("nfs-ls");
     assert!(
         o.status.success(),
         "nfs-ls through the portmapper: {}{}\n--- gateway log\n{}",
@@ -481,7 +450,7 @@ fn registers_with_a_running_rpcbind_and_unregisters_on_stop() {
     );
 
     // Stopping the gateway removes its mappings.
-    let gw = ns.children.pop().expect("gateway");
+    let gw = h.ns.children.pop().expect("gateway");
     let mut gw = gw;
     common::signal(gw.id(), libc::SIGTERM);
     let status = common::wait_timeout(&mut gw, Duration::from_secs(20));
@@ -490,7 +459,7 @@ fn registers_with_a_running_rpcbind_and_unregisters_on_stop() {
         "gateway did not stop: {status:?}\n{}",
         read_log(&log)
     );
-    let map = rpcinfo(&ns);
+    let map = rpcinfo(&h.ns);
     assert!(
         !["100003", "100005", "100021", "100024"]
             .iter()
@@ -499,7 +468,7 @@ fn registers_with_a_running_rpcbind_and_unregisters_on_stop() {
     );
 
     // Without a portmapper the gateway serves all the same (by port).
-    drop(ns);
+    drop(h);
     let c = Cluster::start(1, ClusterOpts::default());
     let gw = Gateway::start(c.addr(0), &[]);
     tool(&gw, "nfs-ls", &[&gw.url()]);
@@ -1045,19 +1014,19 @@ while True:
     c.close()
 "#;
 
-/// A host of its own (a network namespace) with rpcbind, one server
-/// (1.5 s leases) and a gateway port: where NLM's callbacks to a client
-/// host's daemons can be watched, since the gateway and its client share
-/// 127.0.0.1 there.
-struct LockHost {
+/// A host of its own (a network namespace) with its own rpcbind, one
+/// server (1.5 s leases) and a gateway port: where the gateway's portmapper
+/// registration and NLM's callbacks to a client host's daemons can be
+/// watched (the gateway and its client share 127.0.0.1 there).
+struct HostNs {
     ns: NetNs,
     dir: tempfile::TempDir,
     server: String,
     nfs_port: u16,
 }
 
-impl LockHost {
-    fn new() -> LockHost {
+impl HostNs {
+    fn new() -> HostNs {
         require_tool("rpcbind", "rpcbind");
         require_tool("python3", "python3");
         let dir = tempfile::tempdir().expect("tempdir");
@@ -1094,7 +1063,7 @@ impl LockHost {
                 .output()
                 .is_ok_and(|o| o.status.success())
         });
-        LockHost {
+        HostNs {
             ns,
             dir,
             server,
@@ -1102,9 +1071,9 @@ impl LockHost {
         }
     }
 
-    /// Starts a gateway (not registered with rpcbind: the fake daemons
-    /// are the client's) logging to `log`; the log's path.
-    fn gateway(&mut self, log: &str) -> std::path::PathBuf {
+    /// Starts a gateway with `extra` options, logging to `log`; the log's
+    /// path.
+    fn gateway(&mut self, log: &str, extra: &[&str]) -> std::path::PathBuf {
         let mut g = self.ns.cmd(MORRIS);
         g.args([
             "nfs",
@@ -1112,13 +1081,7 @@ impl LockHost {
             "--listen",
             &format!("127.0.0.1:{}", self.nfs_port),
         ])
-        .args([
-            "--no-root-squash",
-            "--insecure",
-            "--no-rpcbind",
-            "--nlm-grace-secs",
-            "6",
-        ])
+        .args(extra)
         .arg("--nlm-state")
         .arg(self.dir.path().join("nlm.json"));
         let log = self.dir.path().join(log);
@@ -1177,11 +1140,22 @@ impl LockHost {
     }
 }
 
+/// The gateway of the lock tests: the tests act as root from unprivileged
+/// ports, and it does not register with rpcbind (the fake daemons there
+/// are the client host's).
+const LOCK_GATEWAY: &[&str] = &[
+    "--no-root-squash",
+    "--insecure",
+    "--no-rpcbind",
+    "--nlm-grace-secs",
+    "6",
+];
+
 #[test]
 fn a_restarted_gateway_tells_lock_holders_and_grants_only_their_reclaims_in_its_grace_period() {
-    let mut h = LockHost::new();
+    let mut h = HostNs::new();
     let state = h.dir.path().join("nlm.json");
-    h.gateway("nfs1.log");
+    h.gateway("nfs1.log", LOCK_GATEWAY);
     assert_eq!(h.nfsop(&["put", "/f", "644", "data"]), "ok");
     assert_eq!(h.lock("hostA", "7", "0", false, false), "GRANTED");
     // Reclaims only after a restart.
@@ -1195,7 +1169,7 @@ fn a_restarted_gateway_tells_lock_holders_and_grants_only_their_reclaims_in_its_
     // The gateway dies with hostA's lock; hostA's statd runs.
     h.kill_last();
     let statd = h.daemon("100024", "1", "statd.log");
-    let log2 = h.gateway("nfs2.log");
+    let log2 = h.gateway("nfs2.log", LOCK_GATEWAY);
     wait_until("SM_NOTIFY at the client", Duration::from_secs(10), || {
         read_log(&statd).contains("notify")
     });
@@ -1234,9 +1208,9 @@ fn a_restarted_gateway_tells_lock_holders_and_grants_only_their_reclaims_in_its_
 
 #[test]
 fn a_blocked_nlm_lock_is_handed_over_by_a_granted_callback_or_given_back_if_nobody_waits() {
-    let mut h = LockHost::new();
+    let mut h = HostNs::new();
     let lockd = h.daemon("100021", "4", "lockd.log");
-    h.gateway("nfs.log");
+    h.gateway("nfs.log", LOCK_GATEWAY);
     assert_eq!(h.nfsop(&["put", "/f", "644", "data"]), "ok");
     assert_eq!(h.lock("hostA", "1", "0", false, false), "GRANTED");
     // hostB (svid 8: its lock manager waits for it) blocks behind hostA.

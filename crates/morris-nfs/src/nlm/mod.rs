@@ -202,6 +202,7 @@ impl LockManager {
     ) -> Vec<u8> {
         let peer = conn.peer;
         let garbage = || rpc_error(p.xid, accept_stat_data::GARBAGE_ARGS);
+        let res = |cookie, stat| success(p.xid, &nlm4_res { cookie, stat });
         if p.prog == NSM_PROGRAM {
             return match p.proc_ {
                 nsm_proc::NULL => success(p.xid, &Void),
@@ -226,24 +227,21 @@ impl LockManager {
             proc4::LOCK => match args::<nlm4_lockargs>(body) {
                 Some(a) => {
                     let cookie = a.cookie.clone();
-                    let stat = self.lock(nfs, a, conn).await;
-                    success(p.xid, &nlm4_res { cookie, stat })
+                    res(cookie, self.lock(nfs, a, conn).await)
                 }
                 None => garbage(),
             },
             proc4::CANCEL => match args::<nlm4_cancargs>(body) {
                 Some(a) => {
                     let cookie = a.cookie.clone();
-                    let stat = self.cancel(a, peer).await;
-                    success(p.xid, &nlm4_res { cookie, stat })
+                    res(cookie, self.cancel(a, peer).await)
                 }
                 None => garbage(),
             },
             proc4::UNLOCK => match args::<nlm4_unlockargs>(body) {
                 Some(a) => {
                     let cookie = a.cookie.clone();
-                    let stat = self.unlock(a, peer).await;
-                    success(p.xid, &nlm4_res { cookie, stat })
+                    res(cookie, self.unlock(a, peer).await)
                 }
                 None => garbage(),
             },
