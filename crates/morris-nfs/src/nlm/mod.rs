@@ -102,6 +102,18 @@ impl State {
         n
     }
 
+    /// `owner` no longer holds `start..=end` of `id`.
+    fn released(&mut self, id: FileId, owner: u64, (start, end): (u64, u64)) {
+        if let Some(f) = self.files.get_mut(&id) {
+            if let Some(r) = f.held.get_mut(&owner) {
+                r.remove(start, end);
+                if r.is_empty() {
+                    f.held.remove(&owner);
+                }
+            }
+        }
+    }
+
     /// Forgets `owner` if it holds and waits for nothing any more.
     fn forget_if_idle(&mut self, owner: u64) {
         let busy = self.files.values().any(|f| f.held.contains_key(&owner))
@@ -527,14 +539,7 @@ impl LockManager {
                 debug!(id, owner, stat = ?s, "the client refused a granted nlm lock; giving it back");
                 let mut st = self.state.lock().await;
                 self.give_back(fh, owner, (start, end)).await;
-                if let Some(f) = st.files.get_mut(&id) {
-                    if let Some(r) = f.held.get_mut(&owner) {
-                        r.remove(start, end);
-                        if r.is_empty() {
-                            f.held.remove(&owner);
-                        }
-                    }
-                }
+                st.released(id, owner, (start, end));
                 self.close_if_idle(&mut st, id).await;
                 st.forget_if_idle(owner);
             }
@@ -608,14 +613,7 @@ impl LockManager {
             warn!(id, error = %e, "nlm unlock failed");
             return nlm4_stats::NLM4_FAILED;
         }
-        if let Some(f) = st.files.get_mut(&id) {
-            if let Some(r) = f.held.get_mut(&owner) {
-                r.remove(start, end);
-                if r.is_empty() {
-                    f.held.remove(&owner);
-                }
-            }
-        }
+        st.released(id, owner, (start, end));
         self.close_if_idle(&mut st, id).await;
         st.forget_if_idle(owner);
         nlm4_stats::NLM4_GRANTED
