@@ -2,7 +2,8 @@
 //! kernel enforcing them for another user (uid 65534) on this mount and on
 //! a second one, the mode and the ACL following each other, default ACLs
 //! inherited by new files and directories (and the umask applied when
-//! there is none), and `cp -a` keeping ACLs and user attributes both ways.
+//! there is none), and `cp -a` and `rsync -aHAXS` keeping ACLs, user
+//! attributes, owners, modes, hard links, holes and times both ways.
 
 mod common;
 
@@ -255,4 +256,58 @@ fn cp_a_keeps_acls_and_user_attributes_both_ways() {
         ),
         "blue"
     );
+}
+
+#[test]
+fn rsync_keeps_everything_both_ways() {
+    need_root();
+    assert!(
+        Command::new("rsync").arg("--version").output().is_ok(),
+        "this test needs rsync (package rsync)"
+    );
+    let c = Cluster::start(2, ClusterOpts::default());
+    let m = c.mount();
+    let local = tempfile::Builder::new()
+        .prefix("morris-rsync-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let src = local.path().join("src");
+    fs::create_dir(&src).unwrap();
+    // Owners, modes with set-group-ID, ACLs (access and default), user
+    // attributes, hard links, a symlink, a fifo, a sparse file, old times.
+    run(
+        "cd \"$1\" && printf data > f && setfacl -m u:65534:rw,g:123:r f \
+         && setfattr -n user.color -v blue f && ln f hard && ln -s f link && mkfifo -m 640 fifo \
+         && mkdir -m 2750 d && chown 65534:123 d && setfacl -d -m u:65534:rx d \
+         && printf inner > d/g && chown 65534:65534 d/g \
+         && truncate -s 10M sparse && printf x | dd of=sparse bs=1 seek=5000000 conv=notrunc 2>/dev/null \
+         && touch -h -d '2021-03-04 05:06:07' f link d/g",
+        &[&src],
+    );
+    let copy = m.path.join("copy");
+    let back = local.path().join("back");
+    let flags = "-aHAXS --numeric-ids";
+    run(&format!("rsync {flags} \"$1\"/ \"$2\"/"), &[&src, &copy]);
+    run(&format!("rsync {flags} \"$1\"/ \"$2\"/"), &[&copy, &back]);
+    // rsync itself compares, by content (-c) too: nothing to change.
+    for (a, b) in [(&src, &copy), (&src, &back)] {
+        let diff = run(&format!("rsync {flags} -c -n -i \"$1\"/ \"$2\"/"), &[a, b]);
+        assert_eq!(
+            diff.trim(),
+            "",
+            "{} and {} differ",
+            a.display(),
+            b.display()
+        );
+    }
+    assert_eq!(
+        fs::metadata(copy.join("f")).unwrap().ino(),
+        fs::metadata(copy.join("hard")).unwrap().ino(),
+        "hard link"
+    );
+    assert_eq!(
+        getfacl(&copy.join("d"), true),
+        getfacl(&src.join("d"), true)
+    );
+    assert_eq!(mode(&copy.join("d")) & 0o7777, 0o2750);
 }
