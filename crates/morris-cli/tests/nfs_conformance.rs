@@ -1,8 +1,9 @@
 //! The NFSv3 gateway answers each procedure's cases as nfs-ganesha does:
 //! the same calls (made with `nfs3_client`, a Rust NFSv3 client, as root
 //! over AUTH_UNIX) go to a `morris nfs` gateway and to a real nfs-ganesha
-//! exporting a local directory, on the same tree, and every status is
-//! compared. Both runs are printed side by side; a difference fails the
+//! exporting a local directory, on the same tree, and every status (and
+//! what the objects are: attributes, bytes, names, a link's target, ACCESS
+//! bits) is compared. Both runs are printed side by side; a difference fails the
 //! test unless it is one the RFC allows and is listed in `ALLOWED` with the
 //! reason.
 
@@ -13,8 +14,8 @@ mod nfs_harness;
 
 use common::{Cluster, ClusterOpts};
 use nfs3_client::nfs3_types::nfs3::{
-    createhow3, createverf3, diropargs3, filename3, mknoddata3, nfs_fh3, nfspath3, nfstime3,
-    sattr3, stable_how, symlinkdata3, ACCESS3args, COMMIT3args, CREATE3args, FSINFO3args,
+    createhow3, createverf3, diropargs3, filename3, ftype3, mknoddata3, nfs_fh3, nfspath3,
+    nfstime3, sattr3, stable_how, symlinkdata3, ACCESS3args, COMMIT3args, CREATE3args, FSINFO3args,
     FSSTAT3args, GETATTR3args, LINK3args, LOOKUP3args, MKDIR3args, MKNOD3args, Nfs3Option,
     Nfs3Result, PATHCONF3args, READ3args, READDIR3args, READDIRPLUS3args, READLINK3args,
     REMOVE3args, RENAME3args, RMDIR3args, SETATTR3args, SYMLINK3args, WRITE3args,
@@ -165,6 +166,92 @@ async fn cases(c: &mut Client, root: &nfs_fh3) -> Vec<(&'static str, String)> {
     out.push(("setup: CREATE d/full/x", s));
     let l = lookup(c, &d, "l").await;
     let e = lookup(c, &d, "e").await;
+
+    // What the objects are, not only that the calls succeed: kind, mode,
+    // links, owner and (for all but directories, whose sizes are each file
+    // system's own) size; a file's bytes and end; a listing's names; a
+    // link's target; what root may do.
+    for (label, fh) in [
+        ("attributes of d", &d),
+        ("attributes of d/f", &f),
+        ("attributes of d/l", &l),
+        ("attributes of d/e", &e),
+        ("attributes of d/full", &full),
+    ] {
+        let v = match c.getattr(&GETATTR3args { object: fh.clone() }).await {
+            Ok(Nfs3Result::Ok(ok)) => {
+                let a = ok.obj_attributes;
+                let size = if matches!(a.type_, ftype3::NF3DIR) {
+                    "-".to_string()
+                } else {
+                    a.size.to_string()
+                };
+                format!(
+                    "{:?} {:o} nlink {} uid {} gid {} size {size}",
+                    a.type_, a.mode, a.nlink, a.uid, a.gid
+                )
+            }
+            other => status(other),
+        };
+        out.push((label, v));
+    }
+    let v = match c
+        .read(&READ3args {
+            file: f.clone(),
+            offset: 1,
+            count: 100,
+        })
+        .await
+    {
+        Ok(Nfs3Result::Ok(ok)) => format!(
+            "{} bytes {:?} eof {}",
+            ok.count,
+            String::from_utf8_lossy(ok.data.as_ref()),
+            ok.eof
+        ),
+        other => status(other),
+    };
+    out.push(("READ d/f from 1: what comes", v));
+    let v = match c.readlink(&READLINK3args { symlink: l.clone() }).await {
+        Ok(Nfs3Result::Ok(ok)) => String::from_utf8_lossy(ok.data.0.as_ref()).into_owned(),
+        other => status(other),
+    };
+    out.push(("READLINK d/l: the target", v));
+    let v = match c
+        .readdir(&READDIR3args {
+            dir: d.clone(),
+            cookie: 0,
+            cookieverf: Default::default(),
+            count: 8192,
+        })
+        .await
+    {
+        Ok(Nfs3Result::Ok(ok)) => {
+            let mut names: Vec<String> = ok
+                .reply
+                .entries
+                .0
+                .iter()
+                .map(|e| String::from_utf8_lossy(e.name.0.as_ref()).into_owned())
+                .collect();
+            names.sort();
+            format!("{} eof {}", names.join(" "), ok.reply.eof)
+        }
+        other => status(other),
+    };
+    out.push(("READDIR d: the names", v));
+    let v = match c
+        .access(&ACCESS3args {
+            object: f.clone(),
+            access: 0x3f,
+        })
+        .await
+    {
+        Ok(Nfs3Result::Ok(ok)) => format!("{:#x}", ok.access),
+        other => status(other),
+    };
+    out.push(("ACCESS d/f as root: the bits", v));
+
     let garbage = nfs_fh3 {
         data: Opaque::owned(vec![0xab; 24]),
     };
