@@ -820,3 +820,65 @@ fn nlm_locks_of_nfs_clients_and_fcntl_locks_of_mounts_exclude_each_other() {
         || setlk(&f, libc::F_WRLCK, 300, 1, false).map_err(|e| e.to_string()),
     );
 }
+
+/// A user (neither root nor the directory's owner) creating files through
+/// the gateway while a mount keeps changing the same directory: each of
+/// the mount's changes recalls the gateway's lease on it, and the
+/// gateway's permission check (the directory's ACL) must not ask for a
+/// second use of the lease it holds — that waited behind the recall,
+/// which waited for the first use, until the lease lapsed (a stall of
+/// about a minute per create, found by `bench/consistency.py`).
+#[test]
+fn a_users_creates_through_the_gateway_never_stall_while_a_mount_changes_the_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let c = Cluster::start(2, ClusterOpts::default());
+    let gw = Gateway::start(c.addr(0), &["--insecure"]);
+    let m = c.mount();
+    let shared = m.path.join("shared");
+    std::fs::create_dir(&shared).expect("mkdir");
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn = {
+        let (stop, shared) = (stop.clone(), shared.clone());
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let p = shared.join(format!("m{i}"));
+                std::fs::write(&p, b"x").expect("write through the mount");
+                std::fs::remove_file(&p).expect("unlink through the mount");
+                i += 1;
+            }
+            i
+        })
+    };
+    for n in 0..60 {
+        let name = format!("/shared/u{n}");
+        let mut child = Command::new(nfsop_bin())
+            .arg(gw.url())
+            .args(["1000", "1000", "put", &name, "644", "data"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("nfsop");
+        let status = common::wait_timeout(&mut child, Duration::from_secs(20));
+        if status.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+            stop.store(true, Ordering::Relaxed);
+            panic!(
+                "create {n} through the gateway stalled for 20 s; gateway log:\n{}",
+                read_log(&gw.log)
+            );
+        }
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "create {n} failed: {status:?}; gateway log:\n{}",
+            read_log(&gw.log)
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    let changes = churn.join().expect("the mount's thread");
+    assert!(changes > 0, "the mount changed nothing meanwhile");
+}

@@ -438,7 +438,8 @@ impl Client {
         let g = self.dir_guard(dir, Mode::Write).await?;
         let dir_inode = g.inode();
         self.check_change(&dir_inode).await?;
-        self.permit(&dir_inode, caller, W_OK | X_OK).await?;
+        self.permit_under(&g, &dir_inode, caller, W_OK | X_OK)
+            .await?;
         if let Some(e) = self.entry_in(&g, name).await? {
             if exclusive {
                 return Err(Error::new(ErrorCode::Exists, "name exists"));
@@ -623,7 +624,7 @@ impl Client {
         if c.attr.nlink >= 65_000 {
             return Err(Error::new(ErrorCode::TooManyLinks, "too many links"));
         }
-        self.permit(&d, caller, W_OK | X_OK).await?;
+        self.permit_under(dg, &d, caller, W_OK | X_OK).await?;
         if self.entry_in(dg, new_name).await?.is_some() {
             return Err(Error::new(ErrorCode::Exists, "name exists"));
         }
@@ -795,7 +796,7 @@ impl Client {
                 _ => continue,
             }
             self.check_change(&dg.inode()).await?;
-            let acl = self.acl_for(&dg.inode(), caller).await?;
+            let acl = self.acl_under(dg, &dg.inode(), caller).await?;
             check_delete(&dg.inode(), acl.as_ref(), &cg.inode(), caller)?;
             if want_dir && !self.is_empty_dir(cg).await? {
                 return Err(Error::new(ErrorCode::NotEmpty, "directory not empty"));
@@ -872,7 +873,7 @@ impl Client {
         let g = self.leases.get(h, Mode::Write).await?;
         let cur = self.fresh(&g).await?;
         self.check_change(&cur).await?;
-        let acl = self.acl_for(&cur, caller).await?;
+        let acl = self.acl_under(&g, &cur, caller).await?;
         let mut set = check_setattr(&cur, acl.as_ref(), &set, caller)?;
         if let Some(size) = set.size {
             match cur.attr.kind {

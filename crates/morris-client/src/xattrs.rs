@@ -192,7 +192,7 @@ impl Client {
         let g = self.leases.get(h, Mode::Write).await?;
         let cur = self.fresh(&g).await?;
         self.check_change(&cur).await?;
-        let acl = self.acl_for(&cur, caller).await?;
+        let acl = self.acl_under(&g, &cur, caller).await?;
         check_xattr(&cur, acl.as_ref(), caller, name, true)?;
         let _one_at_a_time = self.leases.store_lock(id).await;
         let req = Request::SetXattr {
@@ -299,28 +299,71 @@ impl Client {
     /// nor the owner (their access is the mode's); read from the object's
     /// attributes, kept under a lease.
     pub async fn acl_for(&self, i: &Inode, caller: &Caller) -> Result<Option<Acl>> {
-        if !caller.check
-            || caller.uid == 0
-            || caller.uid == i.attr.uid
-            || i.home.is_some()
-            || i.attr.kind == FileKind::Symlink
-        {
+        if !acl_matters(i, caller) {
             return Ok(None);
         }
         let list = self.xattrs_of(i.id).await?;
-        let Ok(at) = list.binary_search_by(|x| x.name.as_slice().cmp(acl::ACCESS)) else {
-            return Ok(None);
-        };
-        match Acl::decode(&list[at].value) {
-            Ok(a) => Ok(a),
-            // The servers keep only ACLs that decode.
-            Err(e) => Err(Error::new(
-                ErrorCode::Io,
-                format!("the access ACL of {} does not decode: {e}", i.id),
-            )),
-        }
+        access_acl(i, &list)
     }
 
+    /// [`Client::acl_for`] of `i` while `g`, a lease on `i`, is held: the
+    /// list is read under `g`. (Taking another use of a lease already held
+    /// waits behind a recall of it, which waits for `g`: a deadlock until
+    /// the lease lapses.)
+    pub(crate) async fn acl_under(
+        &self,
+        g: &LeaseGuard,
+        i: &Inode,
+        caller: &Caller,
+    ) -> Result<Option<Acl>> {
+        if !acl_matters(i, caller) {
+            return Ok(None);
+        }
+        let list = self.xattrs_under(g).await?;
+        access_acl(i, &list)
+    }
+
+    /// [`Client::permit`] of `i` while `g`, a lease on `i`, is held.
+    pub(crate) async fn permit_under(
+        &self,
+        g: &LeaseGuard,
+        i: &Inode,
+        caller: &Caller,
+        mask: u32,
+    ) -> Result<()> {
+        if !caller.check || mask == 0 {
+            return Ok(());
+        }
+        let acl = self.acl_under(g, i, caller).await?;
+        check_access_acl(i, acl.as_ref(), caller, mask)
+    }
+}
+
+/// Whether `i`'s access ACL can change what `caller` may do.
+fn acl_matters(i: &Inode, caller: &Caller) -> bool {
+    !(!caller.check
+        || caller.uid == 0
+        || caller.uid == i.attr.uid
+        || i.home.is_some()
+        || i.attr.kind == FileKind::Symlink)
+}
+
+/// The access ACL in `i`'s attribute list, if it has one.
+fn access_acl(i: &Inode, list: &[Xattr]) -> Result<Option<Acl>> {
+    let Ok(at) = list.binary_search_by(|x| x.name.as_slice().cmp(acl::ACCESS)) else {
+        return Ok(None);
+    };
+    match Acl::decode(&list[at].value) {
+        Ok(a) => Ok(a),
+        // The servers keep only ACLs that decode.
+        Err(e) => Err(Error::new(
+            ErrorCode::Io,
+            format!("the access ACL of {} does not decode: {e}", i.id),
+        )),
+    }
+}
+
+impl Client {
     /// Checks `mask` for `caller` on `i` (its ACL, else its mode) when
     /// the library checks.
     pub async fn permit(&self, i: &Inode, caller: &Caller, mask: u32) -> Result<()> {

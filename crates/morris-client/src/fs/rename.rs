@@ -105,9 +105,9 @@ impl Client {
             let s_inode = self.do_getattr_nolease(s.child).await?;
             let moves_at_home = self.moves_at_home(&s_inode).await?;
             check_move(&s_inode, &dg.inode(), moves_at_home)?;
-            let s_acl = self.acl_for(&sg.inode(), caller).await?;
+            let s_acl = self.acl_under(sg, &sg.inode(), caller).await?;
             check_delete(&sg.inode(), s_acl.as_ref(), &s_inode, caller)?;
-            let d_acl = self.acl_for(&dg.inode(), caller).await?;
+            let d_acl = self.acl_under(dg, &dg.inode(), caller).await?;
             crate::perm::check_access_acl(&dg.inode(), d_acl.as_ref(), caller, W_OK | X_OK)?;
             if let Some(d) = &d {
                 let tg = pick(&gs, d.child.id)?;
@@ -276,7 +276,7 @@ impl Client {
         if caller.check {
             // Each name is removed and made again: write and search here,
             // and the sticky rule for both objects.
-            let acl = self.acl_for(&g.inode(), caller).await?;
+            let acl = self.acl_under(&g, &g.inode(), caller).await?;
             for e in [&ea, &eb] {
                 let child = self.do_getattr_nolease(e.child).await?;
                 check_delete(&g.inode(), acl.as_ref(), &child, caller)?;
@@ -392,8 +392,8 @@ impl Client {
             check_move(&d_inode, &sg.inode(), false)?;
             if caller.check {
                 // Each object leaves one directory and enters the other.
-                let s_acl = self.acl_for(&sg.inode(), caller).await?;
-                let d_acl = self.acl_for(&dg.inode(), caller).await?;
+                let s_acl = self.acl_under(sg, &sg.inode(), caller).await?;
+                let d_acl = self.acl_under(dg, &dg.inode(), caller).await?;
                 check_delete(&sg.inode(), s_acl.as_ref(), &s_inode, caller)?;
                 check_delete(&dg.inode(), d_acl.as_ref(), &d_inode, caller)?;
             }
