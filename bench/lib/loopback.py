@@ -203,12 +203,16 @@ class Volume:
 
     def start_nfs(self, timeout=30):
         """Starts `morris nfs` through the `via` server on a free loopback port
-        (no rpcbind registration); returns the port once its log says it serves."""
+        (no rpcbind registration, root not squashed, lock state under base);
+        returns the port once its log says it serves."""
         port = free_port()
         log_path = os.path.join(self.base, f"nfs-{len(self.gateways)}.log")
         with open(log_path, "ab") as lf:
+            # The benchmarks act as root through the gateway, as through
+            # their mounts (the gateway squashes root by default).
             p = subprocess.Popen([self.exe, "nfs", "--key", self.keys.client, self.live,
-                                  "--listen", f"127.0.0.1:{port}", "--no-rpcbind"],
+                                  "--listen", f"127.0.0.1:{port}", "--no-rpcbind", "--no-root-squash",
+                                  "--nlm-state", os.path.join(self.base, f"nlm-{port}.json")],
                                  stdout=lf, stderr=lf, stdin=subprocess.DEVNULL,
                                  start_new_session=self.own_session)
         self.gateways.append(p)
