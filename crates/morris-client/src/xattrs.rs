@@ -341,11 +341,11 @@ impl Client {
 
 /// Whether `i`'s access ACL can change what `caller` may do.
 fn acl_matters(i: &Inode, caller: &Caller) -> bool {
-    !(!caller.check
-        || caller.uid == 0
-        || caller.uid == i.attr.uid
-        || i.home.is_some()
-        || i.attr.kind == FileKind::Symlink)
+    caller.check
+        && caller.uid != 0
+        && caller.uid != i.attr.uid
+        && i.home.is_none()
+        && i.attr.kind != FileKind::Symlink
 }
 
 /// The access ACL in `i`'s attribute list, if it has one.

@@ -62,6 +62,11 @@ pub(crate) fn is_nlm(p: &Proc) -> bool {
 /// An NLM lock owner: client host name, client address, `svid`.
 type OwnerKey = (Vec<u8>, IpAddr, u32);
 
+/// The owner `l` names, called from `ip`.
+fn owner_key(l: &nlm4_lock, ip: IpAddr) -> OwnerKey {
+    (l.caller_name.to_vec(), ip, l.svid)
+}
+
 /// A lock waited for: owner, file, range, exclusive.
 type WaitKey = (u64, FileId, u64, u64, bool);
 
@@ -335,7 +340,7 @@ impl LockManager {
             Err(s) => return answer(s, None),
         };
         let mut st = self.state.lock().await;
-        let owner = st.owner((a.alock.caller_name.to_vec(), peer.ip(), a.alock.svid));
+        let owner = st.owner(owner_key(&a.alock, peer.ip()));
         let out = match self.open(&mut st, id).await {
             Ok(fh) => {
                 match self
@@ -397,7 +402,7 @@ impl LockManager {
             LockKind::Read
         };
         let mut st = self.state.lock().await;
-        let owner = st.owner((a.alock.caller_name.to_vec(), peer.ip(), a.alock.svid));
+        let owner = st.owner(owner_key(&a.alock, peer.ip()));
         let key: WaitKey = (owner, id, start, end, a.exclusive);
         if st.waits.contains_key(&key) {
             // Asked again while the wait goes on.
@@ -562,10 +567,7 @@ impl LockManager {
 
     async fn cancel(&self, a: nlm4_cancargs, peer: SocketAddr) -> nlm4_stats {
         let st = self.state.lock().await;
-        let Some(&owner) = st
-            .owners
-            .get(&(a.alock.caller_name.to_vec(), peer.ip(), a.alock.svid))
-        else {
+        let Some(&owner) = st.owners.get(&owner_key(&a.alock, peer.ip())) else {
             return nlm4_stats::NLM4_GRANTED;
         };
         let (start, end) = range_of(&a.alock);
@@ -579,10 +581,7 @@ impl LockManager {
 
     async fn unlock(&self, a: nlm4_unlockargs, peer: SocketAddr) -> nlm4_stats {
         let mut st = self.state.lock().await;
-        let Some(&owner) = st
-            .owners
-            .get(&(a.alock.caller_name.to_vec(), peer.ip(), a.alock.svid))
-        else {
+        let Some(&owner) = st.owners.get(&owner_key(&a.alock, peer.ip())) else {
             // Holds nothing here.
             return nlm4_stats::NLM4_GRANTED;
         };
