@@ -646,6 +646,22 @@ impl Mount {
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
+            if wait_timeout(&mut child, Duration::from_secs(3)).is_none() {
+                // A thread of it is stuck in the kernel: an invalidation
+                // waiting for a directory lock that a request to this very
+                // mount holds, which nobody will answer now. The process
+                // cannot end, so its FUSE connection does not either, until
+                // it is aborted: a forced unmount does that.
+                eprintln!(
+                    "mount process {} not gone 3 s after SIGKILL: aborting its FUSE connection",
+                    child.id()
+                );
+                let _ = Command::new("umount")
+                    .arg("-f")
+                    .arg(&self.path)
+                    .stderr(Stdio::null())
+                    .status();
+            }
             let _ = child.wait();
         }
         for _ in 0..50 {
