@@ -146,6 +146,9 @@ impl LeaseGuard {
 
 const ACQUIRE_SHARDS: usize = 256;
 
+/// Leases given back at once when the client shuts down.
+const RELEASES_AT_ONCE: usize = 256;
+
 /// Longest wait for the front end's caches to be invalidated before a lease
 /// is given back (`Invalidator::flush`). Usually they are in microseconds;
 /// but a kernel invalidation waits for the directory or page locks that a
@@ -995,13 +998,19 @@ impl Leases {
 
     /// Writes back every dirty inode and releases every lease.
     pub(crate) async fn release_all(self: &Arc<Self>) {
+        use futures::StreamExt;
         let all: Vec<Arc<LeaseEntry>> = self.map.lock().values().cloned().collect();
-        let tasks = all.into_iter().map(|e| {
-            let me = self.clone();
-            e.state.lock().recalled = true;
-            async move { me.process_recall(e).await }
-        });
-        futures::future::join_all(tasks).await;
+        // A bounded number at once: each Release waits a bounded time for
+        // its answer, and a hundred thousand sent together would wait
+        // behind one another past it, leaving their leases to expire at
+        // the servers (and whoever wants them next to wait that long).
+        futures::stream::iter(all)
+            .for_each_concurrent(RELEASES_AT_ONCE, |e| {
+                let me = self.clone();
+                e.state.lock().recalled = true;
+                async move { me.process_recall(e).await }
+            })
+            .await;
     }
 
     /// Every dirty entry (for syncfs-like flushes).
