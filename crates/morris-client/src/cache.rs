@@ -641,6 +641,8 @@ impl Client {
     /// seconds: whether home has them all, how many objects wait, and the
     /// last push error.
     pub async fn flush_once(&self, binding: FileId) -> Result<(bool, u64, Option<String>)> {
+        // Writes gathered here are changes made before now too.
+        self.drain_all().await;
         let r = self
             .with_binding(binding, || {
                 self.call_owner(binding, Request::Flush { binding })

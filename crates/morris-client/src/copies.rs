@@ -23,7 +23,7 @@ use tracing::warn;
 
 use morris_proto::layout::Layout;
 
-use crate::leases::{LeaseGuard, Mode};
+use crate::leases::{LeaseEntry, LeaseGuard, Mode};
 use crate::pool::{unexpected, Fence};
 use crate::{Client, Error, Result};
 
@@ -79,7 +79,7 @@ impl Client {
         };
         let mut missed = Missed::new();
         note_missed(&mut missed, server, from);
-        let r = self.mark_missed(&g, &missed).await;
+        let r = self.mark_missed(&g.entry, &missed).await;
         drop(g);
         self.leases.release_all().await;
         r.map(|()| Repair::Recorded)
@@ -175,7 +175,7 @@ impl Client {
             // To every current copy, the first too (the same bytes again):
             // a copy that cannot be written is recorded stale, as any copy
             // write that misses is.
-            self.write_copies(g, id, vec![(index, 0, Bytes::from(data))])
+            self.write_copies(&g.entry, id, vec![(index, 0, Bytes::from(data))])
                 .await?;
             copied += 1;
         }
@@ -256,13 +256,13 @@ impl Client {
     /// Records at the owner of `g`'s file that each server in `missed` missed
     /// blocks from the given index on, and takes the owner's records into the
     /// cached inode. Runs under the write lease, before the change is answered.
-    pub(crate) async fn mark_missed(&self, g: &LeaseGuard, missed: &Missed) -> Result<()> {
+    pub(crate) async fn mark_missed(&self, g: &LeaseEntry, missed: &Missed) -> Result<()> {
         if missed.is_empty() {
             return Ok(());
         }
         let h = g.handle();
         let mut down: HashSet<u32> = missed.keys().copied().collect();
-        down.extend(g.entry.state.lock().inode.stale.iter().map(|r| r.server));
+        down.extend(g.state.lock().inode.stale.iter().map(|r| r.server));
         if loses_a_block(&self.layout, &down) {
             // Recording them would leave blocks with no current copy at all:
             // fail the change instead (the volume has lost more than it can
@@ -296,7 +296,7 @@ impl Client {
             let Reply::Inode(inode) = reply else {
                 return Err(unexpected(&reply));
             };
-            g.entry.state.lock().inode.stale = inode.stale;
+            g.state.lock().inode.stale = inode.stale;
         }
         Ok(())
     }
@@ -305,11 +305,11 @@ impl Client {
     /// to every current copy; records the copies that missed them.
     pub(crate) async fn write_copies(
         &self,
-        g: &LeaseGuard,
+        g: &LeaseEntry,
         id: FileId,
         pieces: Vec<(u64, u32, Bytes)>,
     ) -> Result<()> {
-        let stale = g.entry.state.lock().inode.stale.clone();
+        let stale = g.state.lock().inode.stale.clone();
         let mut calls = Vec::new();
         for (index, within, piece) in &pieces {
             for (replica, server) in self.layout.placement(id, *index).into_iter().enumerate() {
@@ -322,7 +322,7 @@ impl Client {
                     replica: replica as u8,
                     offset: *within,
                     sync: false,
-                    fence: g.entry.fence,
+                    fence: g.fence,
                 };
                 let (index, piece) = (*index, piece.clone());
                 let fence = Some(g.fence());
@@ -418,7 +418,7 @@ impl Client {
                 }
             }
         }
-        self.mark_missed(g, &missed).await?;
+        self.mark_missed(&g.entry, &missed).await?;
         match failed {
             Some(e) => Err(e),
             None => Ok(()),

@@ -678,7 +678,16 @@ impl Client {
     }
 
     /// SetAttr under a held write lease; merges unsaved local size/mtime.
-    pub(crate) async fn set_inode(&self, g: &LeaseGuard, mut set: SetAttr) -> Result<Inode> {
+    pub(crate) async fn set_inode(&self, g: &LeaseGuard, set: SetAttr) -> Result<Inode> {
+        if g.entry.mode == Mode::Write {
+            // The size it stores covers only data the servers have.
+            self.drained(&g.entry, self.set_inode_now(g, set)).await
+        } else {
+            self.set_inode_now(g, set).await
+        }
+    }
+
+    async fn set_inode_now(&self, g: &LeaseGuard, mut set: SetAttr) -> Result<Inode> {
         let _one_at_a_time = self.leases.store_lock(g.entry.id).await;
         let (h, seq) = {
             let st = g.entry.state.lock();
@@ -871,6 +880,8 @@ impl Client {
         }
         let h = self.leases.handle(id)?;
         let g = self.leases.get(h, Mode::Write).await?;
+        // Gathered writes land before a truncation (`behind.rs`).
+        self.drained(&g.entry, async { Ok(()) }).await?;
         let cur = self.fresh(&g).await?;
         self.check_change(&cur).await?;
         let acl = self.acl_under(&g, &cur, caller).await?;

@@ -19,7 +19,7 @@ use morris_proto::{ErrorCode, FileId, FileKind, Handle, Reply, Request, Timestam
 /// A block fetch in flight or done; cloneable so a block can serve two reads.
 type Fetch = Shared<BoxFuture<'static, Result<Bytes>>>;
 
-use crate::leases::{LeaseGuard, Mode};
+use crate::leases::{LeaseEntry, LeaseGuard, Mode};
 use crate::pool::{unexpected, Pool};
 use crate::{Atime, Client, Error, Result};
 
@@ -329,6 +329,7 @@ impl Client {
 
     pub(crate) async fn do_read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes> {
         let f = self.open_file(fh)?;
+        self.drain_file(&f).await?;
         let g = self.leases.get(f.h, Mode::Read).await?;
         self.relatime(&g);
         let (file_size, mtime, ctime, local_writes, src) = {
@@ -533,25 +534,26 @@ impl Client {
             return Ok(0);
         }
         let g = self.leases.get(f.h, Mode::Write).await?;
-        self.write_or_reap(&f, &g, offset, data).await
+        self.write_behind(&f, &g, offset, data).await
     }
 
-    /// Writes under a held write lease use; a server out of space first
-    /// gets the room of the files this client removed and has not reaped
-    /// yet (`rm big; write` on a full volume must work), then the write
-    /// is tried once more.
-    async fn write_or_reap(
+    /// Stores `data` at `offset` on the servers under a held write lease
+    /// (`e`); a server out of space first gets the room of the files this
+    /// client removed and has not reaped yet (`rm big; write` on a full
+    /// volume must work), then the write is tried once more. The inode is
+    /// not touched: see [`Client::grew`].
+    pub(crate) async fn write_or_reap(
         &self,
         f: &OpenFile,
-        g: &crate::leases::LeaseGuard,
+        e: &LeaseEntry,
         offset: u64,
         data: Bytes,
-    ) -> Result<u32> {
-        match self.write_under(f, g, offset, data.clone()).await {
-            Err(e) if e.code == ErrorCode::NoSpace && !self.reaps.lock().is_empty() => {
+    ) -> Result<()> {
+        match self.store_data(f, e, offset, data.clone()).await {
+            Err(err) if err.code == ErrorCode::NoSpace && !self.reaps.lock().is_empty() => {
                 tracing::debug!(id = f.id, "out of space: removing orphans first");
                 self.reap_pending().await;
-                self.write_under(f, g, offset, data).await
+                self.store_data(f, e, offset, data).await
             }
             r => r,
         }
@@ -591,7 +593,7 @@ impl Client {
             "append"
         );
         if !data.is_empty() {
-            self.write_or_reap(&f, &g, offset, data).await?;
+            self.write_behind(&f, &g, offset, data).await?;
         }
         if offset != expected {
             // The kernel placed it elsewhere in its own view of the file.
@@ -602,16 +604,16 @@ impl Client {
         Ok(offset)
     }
 
-    /// Writes under a held write lease use and grows the cached size.
-    async fn write_under(
+    /// Sends `data` at `offset` to every server that keeps a part of it,
+    /// under write lease `e`.
+    async fn store_data(
         &self,
         f: &OpenFile,
-        g: &crate::leases::LeaseGuard,
+        e: &LeaseEntry,
         offset: u64,
         data: Bytes,
-    ) -> Result<u32> {
-        let len = data.len() as u64;
-        let end = offset + len;
+    ) -> Result<()> {
+        let end = offset + data.len() as u64;
         let unit = u64::from(self.layout.unit);
         let mut pieces = Vec::new();
         let mut pos = offset;
@@ -631,9 +633,9 @@ impl Client {
         if self.layout.replicas > 1 {
             // Every current copy before the write is answered; a lost copy
             // server is recorded as stale (copies.rs).
-            self.write_copies(g, f.id, pieces).await?;
+            self.write_copies(e, f.id, pieces).await
         } else {
-            let fence = Some(g.fence());
+            let fence = Some(e.fence());
             let calls = pieces.into_iter().map(|(index, within, piece)| {
                 self.pool.call_fenced(
                     self.layout.block_server(f.id, index),
@@ -643,7 +645,7 @@ impl Client {
                         replica: 0,
                         offset: within,
                         sync: false,
-                        fence: g.entry.fence,
+                        fence: e.fence,
                     },
                     piece,
                     fence,
@@ -652,10 +654,17 @@ impl Client {
             for r in futures::future::join_all(calls).await {
                 r?;
             }
+            Ok(())
         }
-        // Data is stored before the inode grows to cover it (ordering rule).
+    }
+
+    /// A write through `f` of bytes up to `end` was taken (stored, or
+    /// gathered to be): the cached size grows to cover it, and the times
+    /// move, as of now. The owner learns them at close or recall, after
+    /// the data is stored (ordering rule).
+    pub(crate) fn grew(&self, f: &OpenFile, e: &LeaseEntry, end: u64) {
         {
-            let mut st = g.entry.state.lock();
+            let mut st = e.state.lock();
             let now = Timestamp::now();
             st.inode.attr.size = st.inode.attr.size.max(end);
             st.inode.attr.mtime = now;
@@ -664,19 +673,26 @@ impl Client {
             self.leases.local_change(f.id, &mut st);
         }
         f.wrote.store(true, Ordering::Relaxed);
-        Ok(len as u32)
     }
 
     /// Stores the size and times this client changed (close-to-open). If the
     /// lease they were made under was lost (owner restarted, expired), takes
     /// the write lease again first: a successful close means they are stored.
+    /// Writes gathered here are sent first (`behind.rs`); a send of them
+    /// that failed before is this flush's error.
     pub(crate) async fn do_flush(&self, fh: u64) -> Result<()> {
         let f = self.open_file(fh)?;
-        if !self.leases.has_unstored(f.id) {
-            return Ok(());
+        let stored = if self.leases.has_unstored(f.id) || self.behind.holds(f.id) {
+            let g = self.leases.get(f.h, Mode::Write).await?;
+            self.drained(&g.entry, self.leases.write_back(&g.entry))
+                .await
+        } else {
+            Ok(())
+        };
+        match self.behind.take_error(f.id) {
+            Some(e) => Err(e),
+            None => stored,
         }
-        let g = self.leases.get(f.h, Mode::Write).await?;
-        self.leases.write_back(&g.entry).await
     }
 
     pub(crate) async fn do_fsync(&self, fh: u64, datasync: bool) -> Result<()> {

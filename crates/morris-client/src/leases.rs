@@ -101,6 +101,19 @@ pub(crate) struct LeaseEntry {
 }
 
 impl LeaseEntry {
+    /// The lease changes made under this entry are fenced by.
+    pub fn fence(&self) -> crate::pool::Fence {
+        crate::pool::Fence {
+            owner: self.owner,
+            term: self.epoch,
+        }
+    }
+
+    /// The handle of the leased inode.
+    pub fn handle(&self) -> Handle {
+        self.state.lock().inode.handle()
+    }
+
     /// Waits until a recall or discard of this entry has finished.
     async fn wait_gone(&self) {
         self.waiting.fetch_add(1, Ordering::SeqCst);
@@ -128,10 +141,7 @@ pub(crate) struct LeaseGuard {
 impl LeaseGuard {
     /// The lease changes made under this guard are fenced by.
     pub fn fence(&self) -> crate::pool::Fence {
-        crate::pool::Fence {
-            owner: self.entry.owner,
-            term: self.entry.epoch,
-        }
+        self.entry.fence()
     }
 
     /// A copy of the cached inode.
@@ -140,8 +150,16 @@ impl LeaseGuard {
     }
     /// The handle of the leased inode.
     pub fn handle(&self) -> Handle {
-        self.entry.state.lock().inode.handle()
+        self.entry.handle()
     }
+}
+
+/// Sends what the client gathered of a file's writes and has not sent yet
+/// (`behind.rs`), under a write lease about to be given back: set by the
+/// client, called by [`Leases`] before it stores the size.
+pub(crate) trait Drain: Send + Sync {
+    /// Sends the writes of `entry`'s file gathered here, under `entry`.
+    fn drain<'a>(&'a self, entry: &'a LeaseEntry) -> futures::future::BoxFuture<'a, Result<()>>;
 }
 
 const ACQUIRE_SHARDS: usize = 256;
@@ -194,6 +212,7 @@ pub(crate) struct Leases {
     next_generation: AtomicU64,
     pub recalls: AtomicU64,
     inv: RwLock<Option<Arc<dyn Invalidator>>>,
+    drain: RwLock<Option<Arc<dyn Drain>>>,
     max_cached: usize,
 }
 
@@ -223,6 +242,7 @@ impl Leases {
             next_generation: AtomicU64::new(1),
             recalls: AtomicU64::new(0),
             inv: RwLock::new(None),
+            drain: RwLock::new(None),
             max_cached: max_cached.max(16),
         })
     }
@@ -233,6 +253,10 @@ impl Leases {
 
     pub(crate) fn invalidator(&self) -> Option<Arc<dyn Invalidator>> {
         self.inv.read().clone()
+    }
+
+    pub(crate) fn set_drain(&self, d: Arc<dyn Drain>) {
+        *self.drain.write() = Some(d);
     }
 
     pub(crate) fn held(&self) -> u64 {
@@ -793,6 +817,13 @@ impl Leases {
         if entry.state.lock().released {
             entry.gone.send_replace(true);
             return;
+        }
+        // Gathered writes first: the size stored next covers them.
+        let drain = self.drain.read().clone();
+        if let (Some(d), Mode::Write) = (drain, entry.mode) {
+            if let Err(e) = d.drain(&entry).await {
+                warn!(ino = entry.id, error = %e, "could not send gathered writes on recall");
+            }
         }
         if let Err(e) = self.write_back(&entry).await {
             warn!(ino = entry.id, error = %e, "could not write back inode on recall");

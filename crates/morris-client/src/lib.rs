@@ -12,6 +12,7 @@
 //! * `reaper`: removing files whose last name is gone once nobody has them open;
 //! * `perm`: POSIX permission checks for front ends that need them.
 
+mod behind;
 mod cache;
 mod copies;
 mod copy;
@@ -283,6 +284,8 @@ pub struct Client {
     /// When reads move access times now (`ClientConfig::atime`, then
     /// [`Client::set_atime`]).
     pub(crate) atime: Mutex<Atime>,
+    /// Small writes gathered and not sent yet (`behind.rs`).
+    pub(crate) behind: behind::Behind,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
@@ -346,9 +349,11 @@ impl Client {
                 usize::MAX,
             )),
             lock_users: locks::LockUsers::default(),
+            behind: behind::Behind::default(),
             tasks: Mutex::new(Vec::new()),
         });
         let _ = client.me.set(Arc::downgrade(&client));
+        leases.set_drain(Arc::new(behind::DrainHook(Arc::downgrade(&client))));
         let weak = Arc::downgrade(&leases);
         let pushes = tokio::spawn(async move {
             while let Some((from, push)) = push_rx.recv().await {
@@ -714,8 +719,10 @@ impl Client {
         }
     }
 
-    /// Writes `data` at `offset`; returns the count written once every
-    /// server holding a part of it has it.
+    /// Writes `data` at `offset`; returns the count taken. A small write
+    /// may be gathered with the next ones and sent with them (`behind.rs`):
+    /// it is on every server holding a part of it once `flush` or `fsync`
+    /// of the file returns, or another client uses the file.
     pub async fn write(&self, fh: u64, offset: u64, data: Bytes) -> Result<u32> {
         self.do_write(fh, offset, data).await
     }
@@ -761,6 +768,7 @@ impl Client {
     /// Writes back everything, releases all leases, forgets this client's
     /// open records and removes the orphans it was waiting to remove.
     pub async fn shutdown(&self) {
+        self.drain_all().await;
         for e in self.leases.dirty_entries() {
             let _ = self.leases.write_back(&e).await;
         }

@@ -99,6 +99,7 @@ impl Client {
         };
         if let Some(inode) = &gone {
             self.leases.forget(h.id);
+            self.behind.forget(h.id);
             self.delete_blocks(inode).await;
         }
         Ok(gone)

@@ -50,6 +50,9 @@ impl Client {
         };
         let size = {
             let g = self.leases.get(f.h, Mode::Write).await?;
+            // Gathered writes first (`behind.rs`): a hole punched after
+            // them must not be filled by them.
+            self.drained(&g.entry, async { Ok(()) }).await?;
             let cur = self.fresh(&g).await?;
             self.check_change(&cur).await?;
             if cur.attr.kind != FileKind::File {
@@ -109,6 +112,7 @@ impl Client {
     /// hole is never reported where data may be.
     pub async fn seek(&self, fh: u64, offset: u64, hole: bool) -> Result<Option<u64>> {
         let f = self.open_file(fh)?;
+        self.drain_file(&f).await?;
         let g = self.leases.get(f.h, Mode::Read).await?;
         let cur = g.inode();
         drop(g);
