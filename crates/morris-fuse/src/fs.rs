@@ -170,11 +170,29 @@ impl MorrisFs {
         Fut: Future<Output = ()> + Send + 'static,
     {
         let counted = InFlight::enter(&self.in_flight);
-        let fut = work(self.shared.clone());
-        self.rt.spawn(async move {
-            fut.await;
-            drop(counted);
-        });
+        let mut fut = Box::pin(work(self.shared.clone()));
+        // Polled once on this FUSE thread first: a request answered without
+        // waiting (a write gathered in the client, attributes or names under
+        // a held lease) then costs no hand-over to a runtime thread and
+        // back, which is most of its time. A future that must wait goes on
+        // to the runtime and is polled there again, with a real waker.
+        let first = {
+            let _in = self.rt.enter();
+            let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(&mut cx)))
+        };
+        match first {
+            Ok(std::task::Poll::Ready(())) => drop(counted),
+            Ok(std::task::Poll::Pending) => {
+                self.rt.spawn(async move {
+                    fut.await;
+                    drop(counted);
+                });
+            }
+            // (The runtime shutting down under it: the reply is dropped,
+            // and fuser answers `EIO`.)
+            Err(_) => tracing::warn!("a request's handler panicked"),
+        }
     }
 }
 

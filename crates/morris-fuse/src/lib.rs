@@ -12,8 +12,11 @@
 //!   reports through [`morris_client::Invalidator`]. It keeps no names: it
 //!   asks for each one it resolves, and the client answers from the entries
 //!   it caches under its directory leases.
-//! * Requests are decoded by [`MountOptions::threads`] FUSE threads and
-//!   answered from tasks on the given tokio runtime, so many are in flight.
+//! * Requests are decoded by [`MountOptions::threads`] FUSE threads; each
+//!   is polled once on its FUSE thread (answered there if it needs no
+//!   waiting: a write the client gathers, names and attributes under held
+//!   leases) and otherwise answered from a task on the given tokio
+//!   runtime, so many are in flight.
 //!   The runtime must make progress while the caller blocks in
 //!   [`MountGuard::join`] or [`MountGuard::wait_ended`]: use a multi-thread
 //!   runtime, or one driven by another thread.
