@@ -10,36 +10,9 @@ use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use common::{close_checked, expect_errno, pattern, read_log, Cluster, ClusterOpts, Mount};
+use common::{assert_same_bytes, close_checked, expect_errno, pattern, read_log, TwoMounts};
 
-/// Two mounts of one four-server volume, each through a different server.
-struct Two {
-    a: Mount,
-    b: Mount,
-    _c: Cluster,
-}
-
-impl Two {
-    fn new() -> Two {
-        let c = Cluster::start(4, ClusterOpts::default());
-        // A kernel cache TTL far beyond any test's length: what each mount
-        // sees of the other's changes can only come from lease recalls
-        // invalidating the kernel's caches.
-        let ttl = ["--attr-ttl-ms", "600000"];
-        let a = Mount::start(c.addr(0), &ttl);
-        let b = Mount::start(c.addr(2), &ttl);
-        Two { a, b, _c: c }
-    }
-
-    /// Both mounts' logs, for failure messages.
-    fn logs(&self) -> String {
-        format!(
-            "--- mount A log\n{}--- mount B log\n{}",
-            read_log(&self.a.log),
-            read_log(&self.b.log)
-        )
-    }
-}
+type Two = TwoMounts;
 
 fn names(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(dir)
@@ -56,29 +29,7 @@ fn names(dir: &Path) -> Vec<String> {
 }
 
 fn same(t: &Two, got: &[u8], want: &[u8], what: &str) {
-    if got != want {
-        let first = got
-            .iter()
-            .zip(want)
-            .position(|(x, y)| x != y)
-            .unwrap_or(got.len().min(want.len()));
-        let around = |d: &[u8]| {
-            let from = first.saturating_sub(16).min(d.len());
-            let to = (first + 48).min(d.len());
-            format!("{:?}", String::from_utf8_lossy(&d[from..to]))
-        };
-        panic!(
-            "{what}: got {} bytes, want {} bytes, first difference at offset {first}\n\
-             got  (from offset {}): {}\nwant (from offset {}): {}\n{}",
-            got.len(),
-            want.len(),
-            first.saturating_sub(16),
-            around(got),
-            first.saturating_sub(16),
-            around(want),
-            t.logs()
-        );
-    }
+    assert_same_bytes(got, want, what, &t.logs());
 }
 
 fn write_closed(p: &Path, data: &[u8]) {
@@ -90,7 +41,7 @@ fn write_closed(p: &Path, data: &[u8]) {
 
 #[test]
 fn data_written_on_one_mount_is_read_whole_on_the_other() {
-    let t = Two::new();
+    let t = Two::long_ttl();
     // A fresh file, over several stripe units, odd length.
     let data = pattern(11, 0, 3 * 1024 * 1024 + 4321);
     write_closed(&t.a.path.join("fresh"), &data);
@@ -158,7 +109,7 @@ fn a_same_size_rewrite_with_its_mtime_put_back_is_still_seen() {
     // the old mtime back (as rsync or `touch -r` do). Size and mtime match
     // what B's prefetched blocks belong to; the new content must still
     // reach B's open descriptor.
-    let t = Two::new();
+    let t = Two::long_ttl();
     let old = pattern(21, 0, 2 * 1024 * 1024 + 99);
     write_closed(&t.a.path.join("same"), &old);
     let p_a = t.a.path.join("same");
@@ -208,7 +159,7 @@ fn a_same_size_rewrite_with_its_mtime_put_back_is_still_seen() {
 
 #[test]
 fn namespace_changes_on_one_mount_are_seen_on_the_other_at_once() {
-    let t = Two::new();
+    let t = Two::long_ttl();
     let (a, b) = (&t.a.path, &t.b.path);
 
     // B looks the name up first (a negative entry its kernel may cache).
@@ -300,7 +251,7 @@ fn namespace_changes_on_one_mount_are_seen_on_the_other_at_once() {
 
 #[test]
 fn alternate_appends_from_two_mounts_all_land() {
-    let t = Two::new();
+    let t = Two::long_ttl();
     write_closed(&t.a.path.join("log"), b"");
     let mut want = Vec::new();
     for round in 0..20 {
@@ -328,7 +279,7 @@ fn alternate_appends_from_two_mounts_all_land() {
 
 #[test]
 fn a_reader_keeping_a_file_open_sees_it_grow() {
-    let t = Two::new();
+    let t = Two::long_ttl();
     let first = pattern(21, 0, 300_000);
     write_closed(&t.a.path.join("grow"), &first);
 
@@ -396,7 +347,7 @@ fn a_paused_client_drops_what_its_expired_leases_protected() {
     // drop what the lost lease protected (from the recall it finds waiting,
     // or from noticing the lease ran out): B's old descriptor then reads what
     // A wrote, though B's kernel cache TTL is ten minutes.
-    let t = Two::new();
+    let t = Two::long_ttl();
     let old = pattern(7, 0, 100_000);
     fs::write(t.a.path.join("paused"), &old).expect("A: write");
     let held = File::open(t.b.path.join("paused")).expect("B: open");

@@ -18,31 +18,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{fsck, pattern, read_log, Cluster, ClusterOpts, Mount};
+use common::{fsck, pattern, read_log, Cluster, ClusterOpts, Mount, TwoMounts};
 
-/// A four-server volume and two mounts of it, through different servers.
-struct Two {
-    a: Mount,
-    b: Mount,
-    c: Cluster,
-}
-
-impl Two {
-    fn new(opts: ClusterOpts) -> Two {
-        let c = Cluster::start(4, opts);
-        let a = Mount::start(c.addr(0), &[]);
-        let b = Mount::start(c.addr(2), &[]);
-        Two { a, b, c }
-    }
-
-    fn logs(&self) -> String {
-        format!(
-            "--- mount A log\n{}--- mount B log\n{}",
-            read_log(&self.a.log),
-            read_log(&self.b.log)
-        )
-    }
-}
+type Two = TwoMounts;
 
 /// Errors seen by the threads of a test: (what, error).
 #[derive(Default, Clone)]
@@ -158,7 +136,7 @@ fn replace_while_reading(t: &Two, dir: &Path, readers: &[PathBuf], rounds: u64) 
 
 #[test]
 fn a_file_renamed_into_place_is_read_whole_on_the_same_mount() {
-    let t = Two::new(ClusterOpts::default());
+    let t = Two::start(ClusterOpts::default(), &[]);
     let dir = t.a.path.join("d");
     fs::create_dir(&dir).expect("mkdir");
     replace_while_reading(&t, &dir, &[dir.clone(), dir.clone()], 400);
@@ -166,7 +144,7 @@ fn a_file_renamed_into_place_is_read_whole_on_the_same_mount() {
 
 #[test]
 fn a_file_renamed_into_place_is_read_whole_on_another_mount() {
-    let t = Two::new(ClusterOpts::default());
+    let t = Two::start(ClusterOpts::default(), &[]);
     let dir = t.a.path.join("d");
     fs::create_dir(&dir).expect("mkdir");
     let other = t.b.path.join("d");
@@ -180,7 +158,7 @@ fn record(w: usize, i: usize) -> String {
 
 #[test]
 fn appends_from_two_mounts_at_once_all_land() {
-    let t = Two::new(ClusterOpts::default());
+    let t = Two::start(ClusterOpts::default(), &[]);
     let file_a = t.a.path.join("log");
     let file_b = t.b.path.join("log");
     const EACH: usize = 150;
@@ -255,7 +233,7 @@ fn appends_from_two_mounts_at_once_all_land() {
 
 #[test]
 fn create_and_unlink_with_stats_and_opens_racing_get_no_spurious_errors() {
-    let t = Two::new(ClusterOpts::default());
+    let t = Two::start(ClusterOpts::default(), &[]);
     let dir_a = t.a.path.join("d");
     fs::create_dir(&dir_a).expect("mkdir");
     let dir_b = t.b.path.join("d");
@@ -314,7 +292,7 @@ fn create_and_unlink_with_stats_and_opens_racing_get_no_spurious_errors() {
 
 #[test]
 fn an_open_file_outlives_its_last_name_on_any_mount() {
-    let t = Two::new(ClusterOpts::default());
+    let t = Two::start(ClusterOpts::default(), &[]);
     let data = pattern(11, 0, 3 << 20);
     // Open on A, last name removed on B; then open on B, replaced by a
     // rename on A.
@@ -361,7 +339,7 @@ fn an_open_file_outlives_its_last_name_on_any_mount() {
 
 #[test]
 fn an_open_directory_outlives_a_rename_over_it() {
-    let t = Two::new(ClusterOpts::default());
+    let t = Two::start(ClusterOpts::default(), &[]);
     fs::create_dir(t.a.path.join("old")).expect("mkdir old");
     fs::create_dir(t.a.path.join("new")).expect("mkdir new");
     let d = File::open(t.a.path.join("old")).expect("open the directory");
@@ -376,10 +354,13 @@ fn an_open_directory_outlives_a_rename_over_it() {
 
 #[test]
 fn statfs_answers_while_a_server_is_down() {
-    let mut t = Two::new(ClusterOpts {
-        replicas: 2,
-        ..ClusterOpts::default()
-    });
+    let mut t = Two::start(
+        ClusterOpts {
+            replicas: 2,
+            ..ClusterOpts::default()
+        },
+        &[],
+    );
     let before = statvfs(&t.a.path).expect("statfs with every server up");
     t.c.kill9(3);
     let after = statvfs(&t.a.path)
@@ -406,7 +387,7 @@ fn statvfs(p: &Path) -> std::io::Result<(u64, u64)> {
 
 #[test]
 fn a_listing_never_shows_a_name_twice_while_files_are_replaced() {
-    let t = Two::new(ClusterOpts::default());
+    let t = Two::start(ClusterOpts::default(), &[]);
     let dir = t.a.path.join("d");
     fs::create_dir(&dir).expect("mkdir");
     let stable: Vec<String> = (0..300).map(|i| format!("stable-{i:03}")).collect();

@@ -70,11 +70,7 @@ fn assert_contents(p: &Path, want: &[u8], what: &str) {
 
 fn assert_same(got: &[u8], want: &[u8], what: &str) {
     if got != want {
-        let first = got
-            .iter()
-            .zip(want)
-            .position(|(a, b)| a != b)
-            .unwrap_or(got.len().min(want.len()));
+        let first = common::first_difference(got, want);
         panic!(
             "{what}: contents differ: got {} bytes, want {} bytes, first difference at offset {first} \
              (stripe unit {}, byte {} of it)",

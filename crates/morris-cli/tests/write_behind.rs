@@ -14,48 +14,13 @@ use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use common::{close_checked, pattern, read_log, Cluster, ClusterOpts, Mount};
+use common::{assert_same_bytes, close_checked, open_rw, pattern, read_log, Mount, TwoMounts};
 
-/// Two mounts of one four-server volume, through different servers, with
-/// kernel caches kept for ten minutes: what one sees of the other's writes
-/// comes from lease recalls alone.
-struct Two {
-    a: Mount,
-    b: Mount,
-    _c: Cluster,
-}
-
-impl Two {
-    fn new() -> Two {
-        let c = Cluster::start(4, ClusterOpts::default());
-        let ttl = ["--attr-ttl-ms", "600000"];
-        let a = Mount::start(c.addr(0), &ttl);
-        let b = Mount::start(c.addr(2), &ttl);
-        Two { a, b, _c: c }
-    }
-
-    fn logs(&self) -> String {
-        format!(
-            "--- mount A\n{}--- mount B\n{}",
-            read_log(&self.a.log),
-            read_log(&self.b.log)
-        )
-    }
-}
+type Two = TwoMounts;
 
 fn same(got: &[u8], want: &[u8], what: &str, logs: impl FnOnce() -> String) {
     if got != want {
-        let at = got
-            .iter()
-            .zip(want)
-            .position(|(a, b)| a != b)
-            .unwrap_or(got.len().min(want.len()));
-        panic!(
-            "{what}: {} bytes, want {}; first difference at byte {at}\n{}",
-            got.len(),
-            want.len(),
-            logs()
-        );
+        assert_same_bytes(got, want, what, &logs());
     }
 }
 
@@ -69,7 +34,7 @@ fn write_in_pieces(f: &mut File, data: &[u8], piece: usize, what: &str) {
 
 #[test]
 fn small_writes_of_a_file_still_open_are_read_whole_on_another_mount() {
-    let t = Two::new();
+    let t = Two::long_ttl();
     let path_a = t.a.path.join("log");
     let mut f = File::create(&path_a).expect("A: create");
     let mut want = pattern(1, 0, 13 * 20_000);
@@ -96,7 +61,7 @@ fn small_writes_of_a_file_still_open_are_read_whole_on_another_mount() {
 
 #[test]
 fn small_appends_kept_open_on_two_mounts_interleave_in_order() {
-    let t = Two::new();
+    let t = Two::long_ttl();
     File::create(t.a.path.join("log")).expect("create");
     let open = |m: &Mount| {
         OpenOptions::new()
@@ -141,7 +106,7 @@ fn small_appends_kept_open_on_two_mounts_interleave_in_order() {
 fn times_and_modes_set_after_small_writes_stay_set() {
     // What `tar x` and `cp -p` do: write the data in small pieces, then put
     // the times and mode back, then close.
-    let t = Two::new();
+    let t = Two::long_ttl();
     let p = t.a.path.join("restored");
     let mut f = File::create(&p).expect("create");
     let data = pattern(3, 0, 30_000);
@@ -198,15 +163,9 @@ fn read_direct(p: &Path) -> Vec<u8> {
 
 #[test]
 fn gathered_writes_come_before_a_truncation_a_punched_hole_and_a_seek() {
-    let t = Two::new();
+    let t = Two::long_ttl();
     let p = t.a.path.join("f");
-    let mut f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&p)
-        .expect("create");
+    let mut f = open_rw(&p);
     let mut model = pattern(4, 0, 100_000);
     write_in_pieces(&mut f, &model, 100, "first");
     // Another descriptor of this mount reads past the kernel's cache.
@@ -262,7 +221,7 @@ fn a_mount_killed_with_gathered_writes_leaves_a_prefix_of_them() {
     // size stored); the mount is killed with -9 at some point. What the
     // volume has afterwards must be counters 0, 1, 2, ... up to its size:
     // a size stored before the bytes under it would read as zeros.
-    let mut t = Two::new();
+    let mut t = Two::long_ttl();
     let p = t.a.path.join("counters");
     File::create(&p).expect("create");
     let writer = {

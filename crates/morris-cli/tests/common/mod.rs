@@ -1075,3 +1075,69 @@ pub fn renameat2(from: &Path, to: &Path, flags: libc::c_uint) -> std::io::Result
         Err(std::io::Error::last_os_error())
     }
 }
+
+/// A four-server volume and two mounts of it (two `morris mount`
+/// processes, so two clients), through servers 0 and 2.
+pub struct TwoMounts {
+    pub a: Mount,
+    pub b: Mount,
+    pub c: Cluster,
+}
+
+impl TwoMounts {
+    /// Starts the volume with `opts` and both mounts with `extra` options.
+    pub fn start(opts: ClusterOpts, extra: &[&str]) -> TwoMounts {
+        let c = Cluster::start(4, opts);
+        let a = Mount::start(c.addr(0), extra);
+        let b = Mount::start(c.addr(2), extra);
+        TwoMounts { a, b, c }
+    }
+
+    /// Both mounts with the kernel's caches kept for ten minutes: what each
+    /// sees of the other's changes can only come from lease recalls
+    /// invalidating them.
+    pub fn long_ttl() -> TwoMounts {
+        TwoMounts::start(ClusterOpts::default(), &["--attr-ttl-ms", "600000"])
+    }
+
+    /// Both mounts' logs, for failure messages.
+    pub fn logs(&self) -> String {
+        format!(
+            "--- mount A log\n{}--- mount B log\n{}",
+            read_log(&self.a.log),
+            read_log(&self.b.log)
+        )
+    }
+}
+
+/// The first offset at which `got` and `want` differ (the shorter one's
+/// length if one is a prefix of the other).
+pub fn first_difference(got: &[u8], want: &[u8]) -> usize {
+    got.iter()
+        .zip(want)
+        .position(|(x, y)| x != y)
+        .unwrap_or(got.len().min(want.len()))
+}
+
+/// Panics unless `got == want`, naming the first differing offset and the
+/// bytes around it, followed by `context` (logs).
+pub fn assert_same_bytes(got: &[u8], want: &[u8], what: &str, context: &str) {
+    if got != want {
+        let first = first_difference(got, want);
+        let around = |d: &[u8]| {
+            let from = first.saturating_sub(16).min(d.len());
+            let to = (first + 48).min(d.len());
+            format!("{:?}", String::from_utf8_lossy(&d[from..to]))
+        };
+        panic!(
+            "{what}: got {} bytes, want {} bytes, first difference at offset {first}\n\
+             got  (from offset {}): {}\nwant (from offset {}): {}\n{context}",
+            got.len(),
+            want.len(),
+            first.saturating_sub(16),
+            around(got),
+            first.saturating_sub(16),
+            around(want),
+        );
+    }
+}
