@@ -60,6 +60,39 @@ fn small_writes_of_a_file_still_open_are_read_whole_on_another_mount() {
 }
 
 #[test]
+fn large_writes_in_flight_land_in_order_and_are_read_whole_on_another_mount() {
+    // 1 MiB writes are sent without waiting for their answers (8 MiB per
+    // file in flight): rewrites of ranges still in flight must land after
+    // them, and another mount must see everything while the file is open.
+    let t = Two::long_ttl();
+    let mut f = File::create(t.a.path.join("big")).expect("A: create");
+    let mut want = pattern(6, 0, 24 << 20);
+    write_in_pieces(&mut f, &want, 1 << 20, "A: first pass");
+    // Overwrite ranges just sent, some across stripe units, at once.
+    for (i, (at, len)) in [
+        (20u64 << 20, 1usize << 20),
+        ((22 << 20) + 4096, 1 << 20),
+        (23 << 20, 333_333),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let data = pattern(100 + i as u64, at, len);
+        f.write_all_at(&data, at).expect("A: rewrite");
+        want[at as usize..at as usize + len].copy_from_slice(&data);
+    }
+    let got = fs::read(t.b.path.join("big")).expect("B: read");
+    same(&got, &want, "B reads A's open file", || t.logs());
+    // And again after more writes in flight, through the same descriptor.
+    let more = pattern(7, 0, 9 << 20);
+    write_in_pieces(&mut f, &more, 1 << 20, "A: second pass");
+    want.extend_from_slice(&more);
+    close_checked(f).expect("A: close");
+    let got = fs::read(t.b.path.join("big")).expect("B: read again");
+    same(&got, &want, "B reads A's closed file", || t.logs());
+}
+
+#[test]
 fn small_appends_kept_open_on_two_mounts_interleave_in_order() {
     let t = Two::long_ttl();
     File::create(t.a.path.join("log")).expect("create");

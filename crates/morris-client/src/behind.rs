@@ -1,33 +1,39 @@
-//! Write-behind: small writes of a file gathered in the client and sent to
-//! the servers as one.
+//! Write-behind: writes of a file kept in the client a moment, so that a
+//! `write()` does not wait for a server round trip.
 //!
 //! A program that writes a few bytes at a time (a log, `tar`'s 10 KiB
 //! records, four-byte appends) would otherwise pay one server round trip
-//! per `write()`. Under the file's write lease no other client may read or
-//! write it, so this client may hold the bytes back a moment and send one
-//! larger write instead. Per file, one run of contiguous bytes is gathered:
+//! per `write()`, and one writing 1 MiB at a time would wait for each
+//! stripe unit's server before sending the next. Under the file's write
+//! lease no other client may read or write the file, so this client may
+//! hold bytes back a moment, or send them without waiting for the answer.
+//! Per file, one run of contiguous small writes is gathered, and up to
+//! [`WINDOW`] bytes of writes are in flight (sent, not yet answered):
 //!
 //! | state | event | next |
 //! |---|---|---|
 //! | nothing gathered | small write (< [`SMALL_WRITE`]) | gathered `[off, off+len)`; a timer starts |
-//! | nothing gathered | large write | sent at once |
+//! | nothing gathered | large write | in flight |
 //! | gathered `[a, b)` | small write at `b`, total ≤ [`MAX_GATHERED`] | gathered `[a, b+len)` |
-//! | gathered `[a, b)` | any other write | gathered sent, then the write as from "nothing gathered" |
-//! | gathered | run reaches [`MAX_GATHERED`], or the client holds [`MAX_TOTAL`] | sent |
-//! | gathered | read, `SEEK_DATA`, `fallocate`, `setattr` of the file here | sent first |
-//! | gathered | close (flush), `fsync`, lease recalled or given up, unmount | sent before the size is stored |
-//! | gathered | [`AGE`] after the run started | sent by the timer |
+//! | gathered `[a, b)` | any other write | the run in flight, then the write as from "nothing gathered" |
+//! | gathered | run reaches [`MAX_GATHERED`], or the client holds [`MAX_TOTAL`] | in flight |
+//! | gathered | [`AGE`] after the run started | in flight (the timer) |
+//! | in flight | a new write overlaps it | the new write waits for its answer |
+//! | in flight | the file's flights pass [`WINDOW`] bytes, or the client's [`MAX_FLYING`] | the next write waits for the oldest |
+//! | any | read, `SEEK_DATA`, `fallocate`, `setattr` of the file here | everything sent and answered first |
+//! | any | close (flush), `fsync`, lease recalled or given up, unmount | everything sent and answered before the size is stored |
 //!
 //! Each write still moves the cached size and times at once (the kernel
 //! and `stat` see them); the owner is told the size only after the data is
 //! stored: every store of the size (`Leases::write_back` on close or
-//! recall, `set_inode`) runs with the gathered bytes sent and no new ones
-//! let in ([`Client::drained`]). A send that fails loses the bytes it held
-//! (as a kernel's failed writeback does) and the error is reported by the
-//! file's next close or `fsync` here.
+//! recall, `set_inode`) runs with the gathered bytes sent, every flight
+//! answered and no new write let in ([`Client::drained`]). A send that
+//! fails loses the bytes it held (as a kernel's failed writeback does);
+//! the error is returned by the file's next `write` here and by its next
+//! close or `fsync`.
 //!
-//! Lock order: a lease use, then the file's gathering slot; nothing waits
-//! for a lease while holding a slot.
+//! Lock order: a lease use, then the file's slot; nothing waits for a
+//! lease while holding a slot.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,6 +58,11 @@ pub(crate) const MAX_GATHERED: usize = 1 << 20;
 pub(crate) const MAX_TOTAL: u64 = 256 << 20;
 /// Longest a gathered byte waits for a reason to be sent.
 pub(crate) const AGE: Duration = Duration::from_secs(1);
+/// Most bytes of one file in flight at once.
+pub(crate) const WINDOW: u64 = 8 << 20;
+/// Most bytes in flight at once in one client, in KiB (a semaphore's
+/// permits).
+const MAX_FLYING_KIB: usize = 64 << 10;
 
 /// One file's gathered run of bytes.
 pub(crate) struct Run {
@@ -69,19 +80,56 @@ impl Run {
     }
 }
 
-/// A file's gathering slot: its run, if any.
-type Slot = Arc<tokio::sync::Mutex<Option<Run>>>;
+/// A write sent and not yet answered.
+struct Flight {
+    start: u64,
+    end: u64,
+    task: tokio::task::JoinHandle<Result<()>>,
+}
+
+/// What a file has in the client and not yet on its servers.
+#[derive(Default)]
+pub(crate) struct Pending {
+    run: Option<Run>,
+    flights: std::collections::VecDeque<Flight>,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.run.is_none() && self.flights.is_empty()
+    }
+
+    fn flying(&self) -> u64 {
+        self.flights.iter().map(|f| f.end - f.start).sum()
+    }
+}
+
+/// A file's slot: what it has pending.
+type Slot = Arc<tokio::sync::Mutex<Pending>>;
 
 /// The write-behind state of one client.
-#[derive(Default)]
 pub(crate) struct Behind {
-    /// Files with a slot: gathering, or being sent or drained right now.
+    /// Files with a slot: gathering, in flight, or being drained right now.
     slots: Mutex<HashMap<FileId, Slot>>,
     /// Bytes gathered, all files.
     total: AtomicU64,
     serial: AtomicU64,
-    /// The first failed send per file, for its next close or `fsync`.
+    /// The first failed send per file, for its next write, close or `fsync`.
     errors: Mutex<HashMap<FileId, Error>>,
+    /// KiB in flight, all files.
+    flying: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for Behind {
+    fn default() -> Self {
+        Behind {
+            slots: Mutex::default(),
+            total: AtomicU64::new(0),
+            serial: AtomicU64::new(0),
+            errors: Mutex::default(),
+            flying: Arc::new(tokio::sync::Semaphore::new(MAX_FLYING_KIB)),
+        }
+    }
 }
 
 impl Behind {
@@ -98,7 +146,7 @@ impl Behind {
     fn tidy(&self, id: FileId, slot: Slot) {
         let mut slots = self.slots.lock();
         // Two references: the map's and ours. Others clone under this lock.
-        if Arc::strong_count(&slot) == 2 && slot.try_lock().is_ok_and(|r| r.is_none()) {
+        if Arc::strong_count(&slot) == 2 && slot.try_lock().is_ok_and(|p| p.is_empty()) {
             slots.remove(&id);
         }
     }
@@ -111,8 +159,8 @@ impl Behind {
     /// Forgets `id` (removed for good): its gathered bytes go nowhere.
     pub(crate) fn forget(&self, id: FileId) {
         if let Some(slot) = self.slots.lock().remove(&id) {
-            if let Ok(mut r) = slot.try_lock() {
-                if let Some(run) = r.take() {
+            if let Ok(mut p) = slot.try_lock() {
+                if let Some(run) = p.run.take() {
                     self.total
                         .fetch_sub(run.data.len() as u64, Ordering::Relaxed);
                 }
@@ -121,8 +169,8 @@ impl Behind {
         self.errors.lock().remove(&id);
     }
 
-    /// Files with gathered bytes and the handle of an open file of each.
-    fn gathering(&self) -> Vec<FileId> {
+    /// Files with something pending.
+    fn pending(&self) -> Vec<FileId> {
         self.slots.lock().keys().copied().collect()
     }
 }
@@ -132,7 +180,7 @@ impl Behind {
 pub(crate) struct DrainHook(pub std::sync::Weak<Client>);
 
 impl Drain for DrainHook {
-    fn drain<'a>(&'a self, entry: &'a LeaseEntry) -> BoxFuture<'a, Result<()>> {
+    fn drain<'a>(&'a self, entry: &'a Arc<LeaseEntry>) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             match self.0.upgrade() {
                 Some(c) => c.drained(entry, async { Ok(()) }).await,
@@ -144,7 +192,8 @@ impl Drain for DrainHook {
 
 impl Client {
     /// Writes `data` at `offset` through open file `f` under write lease
-    /// `g`: gathered if small (see the module's table), else sent now.
+    /// `g`: gathered if small, else sent without waiting for the answer
+    /// (see the module's table).
     pub(crate) async fn write_behind(
         &self,
         f: &Arc<OpenFile>,
@@ -152,20 +201,19 @@ impl Client {
         offset: u64,
         data: Bytes,
     ) -> Result<u32> {
+        if let Some(e) = self.behind.errors.lock().get(&f.id) {
+            // An earlier write of this file was lost: say so now (and at
+            // close), as an NFS client does.
+            return Err(e.clone());
+        }
         let len = data.len();
         let end = offset + len as u64;
         let small = len < SMALL_WRITE
             && self.behind.total.load(Ordering::Relaxed) + len as u64 <= MAX_TOTAL;
-        if !small && !self.behind.holds(f.id) {
-            self.write_or_reap(f, &g.entry, offset, data).await?;
-            self.grew(f, &g.entry, end);
-            return Ok(len as u32);
-        }
         let slot = self.behind.slot(f.id);
         let r = {
-            let mut run = slot.lock().await;
-            self.gather(f, &g.entry, &mut run, offset, data, small)
-                .await
+            let mut p = slot.lock().await;
+            self.gather(f, &g.entry, &mut p, offset, data, small).await
         };
         self.behind.tidy(f.id, slot);
         r?;
@@ -177,28 +225,28 @@ impl Client {
     async fn gather(
         &self,
         f: &Arc<OpenFile>,
-        e: &LeaseEntry,
-        run: &mut Option<Run>,
+        e: &Arc<LeaseEntry>,
+        p: &mut Pending,
         offset: u64,
         data: Bytes,
         small: bool,
     ) -> Result<()> {
         let len = data.len();
-        if let Some(r) = run.as_mut() {
+        if let Some(r) = p.run.as_mut() {
             if small && r.end() == offset && r.data.len() + len <= MAX_GATHERED {
                 r.data.extend_from_slice(&data);
                 self.behind.total.fetch_add(len as u64, Ordering::Relaxed);
                 f.unsynced_from
                     .fetch_min(self.layout.block_of(offset).0, Ordering::Relaxed);
                 if r.data.len() == MAX_GATHERED {
-                    return self.send_run(e, run).await;
+                    return self.launch_run(e, p).await;
                 }
                 return Ok(());
             }
-            self.send_run(e, run).await?;
+            self.launch_run(e, p).await?;
         }
         if !small {
-            return self.write_or_reap(f, e, offset, data).await;
+            return self.launch(e, p, f.clone(), offset, data).await;
         }
         let serial = self.behind.serial.fetch_add(1, Ordering::Relaxed);
         let mut buf = BytesMut::with_capacity(len.max(4096));
@@ -206,7 +254,7 @@ impl Client {
         self.behind.total.fetch_add(len as u64, Ordering::Relaxed);
         f.unsynced_from
             .fetch_min(self.layout.block_of(offset).0, Ordering::Relaxed);
-        *run = Some(Run {
+        p.run = Some(Run {
             start: offset,
             data: buf,
             writer: f.clone(),
@@ -216,52 +264,127 @@ impl Client {
         Ok(())
     }
 
-    /// Sends the run in `run` (if any) under write lease `e`; a failure is
-    /// also kept for the file's next close or `fsync`.
-    async fn send_run(&self, e: &LeaseEntry, run: &mut Option<Run>) -> Result<()> {
-        let Some(r) = run.take() else {
+    /// Puts the gathered run (if any) in flight.
+    async fn launch_run(&self, e: &Arc<LeaseEntry>, p: &mut Pending) -> Result<()> {
+        let Some(r) = p.run.take() else {
             return Ok(());
         };
-        let n = r.data.len() as u64;
-        self.behind.total.fetch_sub(n, Ordering::Relaxed);
+        self.behind
+            .total
+            .fetch_sub(r.data.len() as u64, Ordering::Relaxed);
+        self.launch(e, p, r.writer, r.start, r.data.freeze()).await
+    }
+
+    /// Sends `data` at `start` under write lease `e` without waiting for the
+    /// answer: first waits for the flights it overlaps (their bytes must
+    /// land before its own) and for room in the file's and the client's
+    /// windows.
+    async fn launch(
+        &self,
+        e: &Arc<LeaseEntry>,
+        p: &mut Pending,
+        writer: Arc<OpenFile>,
+        start: u64,
+        data: Bytes,
+    ) -> Result<()> {
         if e.mode != Mode::Write {
             // Callers take a write lease first; a read lease cannot carry
             // data (its fence is no grant's).
             let err = Error::new(
                 ErrorCode::NoLease,
-                format!("gathered writes of file {} without a write lease", e.id),
+                format!("writes of file {} without a write lease", e.id),
             );
-            self.behind.errors.lock().entry(e.id).or_insert(err.clone());
+            self.lost(e.id, &err);
             return Err(err);
         }
-        tracing::trace!(
-            id = e.id,
-            offset = r.start,
-            len = n,
-            "sending gathered writes"
-        );
-        let res = self
-            .write_or_reap(&r.writer, e, r.start, r.data.freeze())
-            .await;
-        if let Err(err) = &res {
-            tracing::warn!(id = e.id, offset = r.start, len = n, error = %err, "gathered writes lost");
-            self.behind.errors.lock().entry(e.id).or_insert(err.clone());
+        let end = start + data.len() as u64;
+        if let Some(last) = p
+            .flights
+            .iter()
+            .rposition(|fl| fl.start < end && start < fl.end)
+        {
+            self.land(e.id, p, last + 1).await?;
         }
-        res
+        while !p.flights.is_empty() && p.flying() + (end - start) > WINDOW {
+            self.land(e.id, p, 1).await?;
+        }
+        let kib =
+            u32::try_from(data.len().div_ceil(1024).clamp(1, MAX_FLYING_KIB)).unwrap_or(u32::MAX);
+        let permit = self
+            .behind
+            .flying
+            .clone()
+            .acquire_many_owned(kib)
+            .await
+            .map_err(|_| Error::new(ErrorCode::Io, "client shutting down"))?;
+        let me = self
+            .me
+            .get()
+            .and_then(|w| w.upgrade())
+            .ok_or_else(|| Error::new(ErrorCode::Io, "client shutting down"))?;
+        let entry = e.clone();
+        tracing::trace!(id = e.id, start, len = end - start, "write in flight");
+        let task = tokio::spawn(async move {
+            let r = me.write_or_reap(&writer, &entry, start, data).await;
+            drop(permit);
+            r
+        });
+        p.flights.push_back(Flight { start, end, task });
+        Ok(())
     }
 
-    /// Runs `then` with every byte of `e`'s file gathered here sent, and no
-    /// new write gathered until it is done: what `then` stores of the size
-    /// covers only data the servers have.
+    /// Waits for the answers of the `n` oldest flights of file `id`; the
+    /// first failure is returned (and kept for the file's next write,
+    /// close or `fsync`).
+    async fn land(&self, id: FileId, p: &mut Pending, n: usize) -> Result<()> {
+        let mut first = None;
+        for _ in 0..n {
+            let Some(fl) = p.flights.pop_front() else {
+                break;
+            };
+            let r = match fl.task.await {
+                Ok(r) => r,
+                Err(e) => Err(Error::new(ErrorCode::Io, format!("write task failed: {e}"))),
+            };
+            if let Err(err) = r {
+                tracing::warn!(id, offset = fl.start, len = fl.end - fl.start, error = %err, "written bytes lost");
+                self.lost(id, &err);
+                first = first.or(Some(err));
+            }
+        }
+        match first {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn lost(&self, id: FileId, err: &Error) {
+        self.behind
+            .errors
+            .lock()
+            .entry(id)
+            .or_insert_with(|| err.clone());
+    }
+
+    /// Everything pending of `e`'s file sent and answered.
+    async fn settle(&self, e: &Arc<LeaseEntry>, p: &mut Pending) -> Result<()> {
+        let launched = self.launch_run(e, p).await;
+        let landed = self.land(e.id, p, usize::MAX).await;
+        launched.and(landed)
+    }
+
+    /// Runs `then` with every byte of `e`'s file written here on its
+    /// servers, and no new write taken until it is done: what `then`
+    /// stores of the size covers only data the servers have.
     pub(crate) async fn drained<T>(
         &self,
-        e: &LeaseEntry,
+        e: &Arc<LeaseEntry>,
         then: impl std::future::Future<Output = Result<T>>,
     ) -> Result<T> {
         let slot = self.behind.slot(e.id);
         let r = {
-            let mut run = slot.lock().await;
-            match self.send_run(e, &mut run).await {
+            let mut p = slot.lock().await;
+            match self.settle(e, &mut p).await {
                 Ok(()) => then.await,
                 Err(err) => Err(err),
             }
@@ -270,8 +393,8 @@ impl Client {
         r
     }
 
-    /// Sends what is gathered of open file `f`'s file, if anything (a read
-    /// or a change of it here comes next).
+    /// Sends what is pending of open file `f`'s file, if anything, and
+    /// waits for it (a read or a change of it here comes next).
     pub(crate) async fn drain_file(&self, f: &OpenFile) -> Result<()> {
         if !self.behind.holds(f.id) {
             return Ok(());
@@ -295,6 +418,7 @@ impl Client {
             let gone = slot
                 .lock()
                 .await
+                .run
                 .as_ref()
                 .is_none_or(|r| r.serial != serial);
             if gone {
@@ -305,9 +429,9 @@ impl Client {
                 let g = c.leases.get(f.h, Mode::Write).await?;
                 let slot = c.behind.slot(f.id);
                 let r = {
-                    let mut run = slot.lock().await;
-                    if run.as_ref().is_some_and(|r| r.serial == serial) {
-                        c.send_run(&g.entry, &mut run).await
+                    let mut p = slot.lock().await;
+                    if p.run.as_ref().is_some_and(|r| r.serial == serial) {
+                        c.settle(&g.entry, &mut p).await
                     } else {
                         Ok(())
                     }
@@ -321,18 +445,16 @@ impl Client {
         });
     }
 
-    /// Sends everything gathered in this client (unmount).
+    /// Sends everything pending in this client and waits for it (unmount).
     pub(crate) async fn drain_all(&self) {
-        for id in self.behind.gathering() {
-            let Some(slot) = self.behind.slots.lock().get(&id).cloned() else {
-                continue;
+        for id in self.behind.pending() {
+            let r = async {
+                let h = self.leases.handle(id)?;
+                let g = self.leases.get(h, Mode::Write).await?;
+                self.drained(&g.entry, async { Ok(()) }).await
             };
-            let writer = slot.lock().await.as_ref().map(|r| r.writer.clone());
-            drop(slot);
-            if let Some(f) = writer {
-                if let Err(e) = self.drain_file(&f).await {
-                    tracing::warn!(id, error = %e, "gathered writes not sent at unmount");
-                }
+            if let Err(e) = r.await {
+                tracing::warn!(id, error = %e, "written bytes not sent at unmount");
             }
         }
     }

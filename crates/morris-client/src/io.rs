@@ -549,10 +549,23 @@ impl Client {
         offset: u64,
         data: Bytes,
     ) -> Result<()> {
+        let round = self.reap_rounds.load(Ordering::SeqCst);
         match self.store_data(f, e, offset, data.clone()).await {
-            Err(err) if err.code == ErrorCode::NoSpace && !self.reaps.lock().is_empty() => {
-                tracing::debug!(id = f.id, "out of space: removing orphans first");
-                self.reap_pending().await;
+            Err(err) if err.code == ErrorCode::NoSpace => {
+                // Several writes of this client may be out of space at
+                // once: one removes the orphans, the others wait for it;
+                // all try again if a round of removals ended meanwhile.
+                let freed = {
+                    let _one_round = self.reap_gate.lock().await;
+                    if !self.reaps.lock().is_empty() {
+                        tracing::debug!(id = f.id, "out of space: removing orphans first");
+                        self.reap_pending_gated().await;
+                    }
+                    self.reap_rounds.load(Ordering::SeqCst) != round
+                };
+                if !freed {
+                    return Err(err);
+                }
                 self.store_data(f, e, offset, data).await
             }
             r => r,

@@ -159,7 +159,10 @@ impl LeaseGuard {
 /// client, called by [`Leases`] before it stores the size.
 pub(crate) trait Drain: Send + Sync {
     /// Sends the writes of `entry`'s file gathered here, under `entry`.
-    fn drain<'a>(&'a self, entry: &'a LeaseEntry) -> futures::future::BoxFuture<'a, Result<()>>;
+    fn drain<'a>(
+        &'a self,
+        entry: &'a Arc<LeaseEntry>,
+    ) -> futures::future::BoxFuture<'a, Result<()>>;
 }
 
 const ACQUIRE_SHARDS: usize = 256;

@@ -259,6 +259,11 @@ pub struct Client {
     pub(crate) reaps: Mutex<HashSet<Handle>>,
     /// Reaps running at once (`reaper.rs`).
     pub(crate) reaping: tokio::sync::Semaphore,
+    /// One round of removing this client's pending orphans at a time, and
+    /// how many rounds have removed something (`reaper.rs`): writes out of
+    /// space wait for a round and try again after one.
+    pub(crate) reap_gate: tokio::sync::Mutex<()>,
+    pub(crate) reap_rounds: AtomicU64,
     /// Files a front end looked up a moment ago, and when: an `open()`
     /// that follows such a lookup may open the file even if another
     /// mount has removed its name since (`Client::opened_by_name`).
@@ -335,6 +340,8 @@ impl Client {
             opens,
             reaps: Mutex::new(HashSet::new()),
             reaping: tokio::sync::Semaphore::new(reaper::REAPS_AT_ONCE),
+            reap_gate: tokio::sync::Mutex::new(()),
+            reap_rounds: AtomicU64::new(0),
             looked_up: Mutex::new(RecentLookups::default()),
             me: OnceLock::new(),
             cache: cache::CacheView::default(),
@@ -720,9 +727,11 @@ impl Client {
     }
 
     /// Writes `data` at `offset`; returns the count taken. A small write
-    /// may be gathered with the next ones and sent with them (`behind.rs`):
-    /// it is on every server holding a part of it once `flush` or `fsync`
-    /// of the file returns, or another client uses the file.
+    /// may be gathered with the next ones, and a large one sent without
+    /// waiting for its answer (`behind.rs`): it is on every server holding
+    /// a part of it once `flush` or `fsync` of the file returns, or
+    /// another client uses the file. A failed earlier write of the file is
+    /// this call's error.
     pub async fn write(&self, fh: u64, offset: u64, data: Bytes) -> Result<u32> {
         self.do_write(fh, offset, data).await
     }

@@ -60,10 +60,22 @@ impl Client {
 
     /// Reaps every orphan waiting for its delay (shutdown).
     pub(crate) async fn reap_pending(&self) {
+        let _one_round = self.reap_gate.lock().await;
+        self.reap_pending_gated().await;
+    }
+
+    /// [`Client::reap_pending`] with `reap_gate` held; counts the round in
+    /// `reap_rounds` if it had anything to do.
+    pub(crate) async fn reap_pending_gated(&self) {
         let pending: Vec<Handle> = self.reaps.lock().drain().collect();
+        if pending.is_empty() {
+            return;
+        }
         for h in pending {
             self.reap_now(h).await;
         }
+        self.reap_rounds
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Asks the owner to remove the orphan `h` and deletes its data if it did.
