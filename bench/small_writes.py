@@ -11,6 +11,7 @@ each, one process at a time:
              append_reader; bench/lib/smallio.c)          -> appends/s
   write100   200,000 sequential 100-byte writes + close    -> writes/s
   write4k    50,000 sequential 4 KiB writes + close        -> MiB/s
+  write1m    1,024 sequential 1 MiB writes + fsync + close -> MiB/s
   untar      `tar xf` of a tree of 14,015 entries (715 directories, 13,300
              files of 64 B to 64 KiB, log-uniform, ~125 MiB; made once per
              bench run, deterministic) into an empty directory -> s
@@ -41,8 +42,8 @@ sys.path.insert(0, BENCH)
 from lib.loopback import BenchError, Volume, require_root_fuse  # noqa: E402
 from lib.util import drop_caches  # noqa: E402
 
-TESTS = ["append4", "write100", "write4k", "untar", "untar+sync", "rm"]
-UNITS = {"append4": "appends/s", "write100": "writes/s", "write4k": "MiB/s",
+TESTS = ["append4", "write100", "write4k", "write1m", "untar", "untar+sync", "rm"]
+UNITS = {"append4": "appends/s", "write100": "writes/s", "write4k": "MiB/s", "write1m": "MiB/s",
          "untar": "s", "untar+sync": "s", "rm": "s"}
 
 
@@ -89,6 +90,7 @@ def workload(where, smallio, tarball, appends, timeout):
     r["write100"] = 200_000 / seconds(run([smallio, "write", os.path.join(where, "w100"), "100", "200000"], timeout))
     r["write4k"] = 50_000 * 4096 / 2**20 / seconds(
         run([smallio, "write", os.path.join(where, "w4k"), "4096", "50000"], timeout))
+    r["write1m"] = 1024 / seconds(run([smallio, "syncwrite", os.path.join(where, "w1m"), str(1 << 20), "1024"], timeout))
     for name in ("x1", "x2"):
         os.mkdir(os.path.join(where, name))
     t = time.perf_counter()

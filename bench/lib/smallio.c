@@ -5,8 +5,9 @@
  *                                reads the file back and checks every value
  *                                (its append_reader)
  *   smallio write FILE SIZE N    N sequential SIZE-byte writes
+ *   smallio syncwrite FILE SIZE N  the same, then fsync
  *
- * Prints "seconds=S" for the writes and the close (the close sends what the
+ * Prints "seconds=S" for the writes, the fsync if asked, and the close (the close sends what the
  * file system gathered), and for append "verified=N" or exits 1.
  */
 #include <fcntl.h>
@@ -57,7 +58,7 @@ int main(int argc, char **argv) {
         printf("verified=%ld\n", seen);
         return 0;
     }
-    if (argc == 5 && strcmp(argv[1], "write") == 0) {
+    if (argc == 5 && (strcmp(argv[1], "write") == 0 || strcmp(argv[1], "syncwrite") == 0)) {
         long size = atol(argv[3]), n = atol(argv[4]);
         char *buf = malloc(size);
         if (!buf) die("malloc");
@@ -67,10 +68,11 @@ int main(int argc, char **argv) {
         double t = now();
         for (long i = 0; i < n; i++)
             if (write(fd, buf, size) != size) die("write");
+        if (argv[1][0] == 's' && fsync(fd) != 0) die("fsync");
         if (close(fd) != 0) die("close");
         printf("seconds=%.6f\n", now() - t);
         return 0;
     }
-    fprintf(stderr, "usage: smallio append FILE N | smallio write FILE SIZE N\n");
+    fprintf(stderr, "usage: smallio append FILE N | smallio [sync]write FILE SIZE N\n");
     return 2;
 }
