@@ -8,7 +8,8 @@
 //! lease no other client may read or write the file, so this client may
 //! hold bytes back a moment, or send them without waiting for the answer.
 //! Per file, one run of contiguous small writes is gathered, and up to
-//! [`WINDOW`] bytes of writes are in flight (sent, not yet answered):
+//! [`WINDOW`] bytes of writes are in flight (sent, not yet answered; on a
+//! volume with one copy — with copies, one write of a file at a time):
 //!
 //! | state | event | next |
 //! |---|---|---|
@@ -272,7 +273,14 @@ impl Client {
         self.behind
             .total
             .fetch_sub(r.data.len() as u64, Ordering::Relaxed);
-        self.launch(e, p, r.writer, r.start, r.data.freeze()).await
+        let (id, start, len) = (e.id, r.start, r.data.len());
+        let res = self.launch(e, p, r.writer, r.start, r.data.freeze()).await;
+        if let Err(err) = &res {
+            // Bytes of earlier writes: their close must hear of it too.
+            tracing::warn!(id, offset = start, len, error = %err, "gathered writes lost");
+            self.lost(id, err);
+        }
+        res
     }
 
     /// Sends `data` at `start` under write lease `e` without waiting for the
@@ -296,6 +304,16 @@ impl Client {
             );
             self.lost(e.id, &err);
             return Err(err);
+        }
+        if self.layout.replicas > 1 {
+            // With copies, one write of a file at a time, as before: the
+            // stale-copy records a write makes when a copy server misses
+            // it (`copies.rs` `mark_missed`) start at the block it missed
+            // and must be made in the order of the writes; writes of one
+            // file in flight together made them out of order (a copy then
+            // read as current though it missed blocks).
+            self.land(e.id, p, usize::MAX).await?;
+            return self.write_or_reap(&writer, e, start, data).await;
         }
         let end = start + data.len() as u64;
         if let Some(last) = p
