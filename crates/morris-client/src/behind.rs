@@ -30,8 +30,13 @@
 //! recall, `set_inode`) runs with the gathered bytes sent, every flight
 //! answered and no new write let in ([`Client::drained`]). A send that
 //! fails loses the bytes it held (as a kernel's failed writeback does);
-//! the error is returned by the file's next `write` here and by its next
-//! close or `fsync`.
+//! the error is then returned by every later `write`, close (flush) and
+//! `fsync` through each open file of it that was open when it happened,
+//! until that open file is released; a later open starts clean. Sticky,
+//! not reported once: a close sends a flush for every descriptor closed,
+//! including copies a `fork` made and its `exec` closed, and reporting the
+//! error once would tell a child that ignores it and not the program that
+//! wrote.
 //!
 //! Lock order: a lease use, then the file's slot; nothing waits for a
 //! lease while holding a slot.
@@ -115,8 +120,10 @@ pub(crate) struct Behind {
     /// Bytes gathered, all files.
     total: AtomicU64,
     serial: AtomicU64,
-    /// The first failed send per file, for its next write, close or `fsync`.
-    errors: Mutex<HashMap<FileId, Error>>,
+    /// The latest failed send per file, numbered from [`Behind::errors_now`]
+    /// so that open files know whether it happened while they were open.
+    errors: Mutex<HashMap<FileId, (u64, Error)>>,
+    error_serial: AtomicU64,
     /// KiB in flight, all files.
     flying: Arc<tokio::sync::Semaphore>,
 }
@@ -128,6 +135,7 @@ impl Default for Behind {
             total: AtomicU64::new(0),
             serial: AtomicU64::new(0),
             errors: Mutex::default(),
+            error_serial: AtomicU64::new(0),
             flying: Arc::new(tokio::sync::Semaphore::new(MAX_FLYING_KIB)),
         }
     }
@@ -152,9 +160,25 @@ impl Behind {
         }
     }
 
-    /// Takes the failure of a send of `id`'s gathered bytes, if one failed.
-    pub(crate) fn take_error(&self, id: FileId) -> Option<Error> {
-        self.errors.lock().remove(&id)
+    /// The number of the latest lost write of any file: an open file
+    /// records it when it is opened ([`Behind::error_since`]).
+    pub(crate) fn errors_now(&self) -> u64 {
+        self.error_serial.load(Ordering::Acquire)
+    }
+
+    /// The error of the latest lost write of `id`, if it happened after
+    /// [`Behind::errors_now`] answered `seen`.
+    pub(crate) fn error_since(&self, id: FileId, seen: u64) -> Option<Error> {
+        match self.errors.lock().get(&id) {
+            Some((n, e)) if *n > seen => Some(e.clone()),
+            _ => None,
+        }
+    }
+
+    /// `id`'s last open file here was released: its lost writes have been
+    /// reported to every open file that was open when they happened.
+    pub(crate) fn closed(&self, id: FileId) {
+        self.errors.lock().remove(&id);
     }
 
     /// Forgets `id` (removed for good): its gathered bytes go nowhere.
@@ -202,10 +226,10 @@ impl Client {
         offset: u64,
         data: Bytes,
     ) -> Result<u32> {
-        if let Some(e) = self.behind.errors.lock().get(&f.id) {
+        if let Some(e) = self.behind.error_since(f.id, f.errors_seen) {
             // An earlier write of this file was lost: say so now (and at
             // close), as an NFS client does.
-            return Err(e.clone());
+            return Err(e);
         }
         let len = data.len();
         let end = offset + len as u64;
@@ -377,11 +401,9 @@ impl Client {
     }
 
     fn lost(&self, id: FileId, err: &Error) {
-        self.behind
-            .errors
-            .lock()
-            .entry(id)
-            .or_insert_with(|| err.clone());
+        let mut errors = self.behind.errors.lock();
+        let n = self.behind.error_serial.fetch_add(1, Ordering::AcqRel) + 1;
+        errors.insert(id, (n, err.clone()));
     }
 
     /// Everything pending of `e`'s file sent and answered.

@@ -42,6 +42,9 @@ pub(crate) struct OpenFile {
     ra: tokio::sync::Mutex<ReadAhead>,
     /// Lock owners that took locks through this open file (`locks.rs`).
     pub lockers: parking_lot::Mutex<crate::locks::Lockers>,
+    /// [`crate::behind::Behind::errors_now`] when it was opened: writes of
+    /// the file lost after that are this open file's errors.
+    pub errors_seen: u64,
 }
 
 /// How much of a stream's delivered rate its readahead may keep in flight.
@@ -259,6 +262,7 @@ impl Client {
                 unsynced_from: AtomicU64::new(u64::MAX),
                 ra: tokio::sync::Mutex::new(ReadAhead::default()),
                 lockers: parking_lot::Mutex::new(Default::default()),
+                errors_seen: self.behind.errors_now(),
             }),
         );
         Ok(fh)
@@ -271,6 +275,7 @@ impl Client {
         if !closed.last {
             return;
         }
+        self.behind.closed(h.id);
         if closed.recorded {
             if let Err(e) = self.opens.reconcile(h.id).await {
                 tracing::warn!(id = h.id, error = %e, "could not forget an open record; it lapses with this client");
@@ -692,7 +697,8 @@ impl Client {
     /// lease they were made under was lost (owner restarted, expired), takes
     /// the write lease again first: a successful close means they are stored.
     /// Writes gathered here are sent first (`behind.rs`); a send of them
-    /// that failed before is this flush's error.
+    /// that failed while `fh` was open is this flush's error (every
+    /// flush's, until `fh` is released).
     pub(crate) async fn do_flush(&self, fh: u64) -> Result<()> {
         let f = self.open_file(fh)?;
         let stored = if self.leases.has_unstored(f.id) || self.behind.holds(f.id) {
@@ -702,7 +708,7 @@ impl Client {
         } else {
             Ok(())
         };
-        match self.behind.take_error(f.id) {
+        match self.behind.error_since(f.id, f.errors_seen) {
             Some(e) => Err(e),
             None => stored,
         }

@@ -826,9 +826,13 @@ impl NfsFileSystem for MorrisNfs {
                 .await
                 .map_err(|e| fail("commit", id.id(), &e))?,
         };
-        self.client
-            .fsync(fh.fh(), false)
-            .await
-            .map_err(|e| fail("commit", id.id(), &e))
+        if let Err(e) = self.client.fsync(fh.fh(), false).await {
+            // A lost write sticks to the open file that saw it: the next
+            // call gets a fresh one.
+            drop(fh);
+            self.files.drop_file(id.id()).await;
+            return Err(fail("commit", id.id(), &e));
+        }
+        Ok(())
     }
 }
