@@ -8,8 +8,9 @@
 //! lease no other client may read or write the file, so this client may
 //! hold bytes back a moment, or send them without waiting for the answer.
 //! Per file, one run of contiguous small writes is gathered, and up to
-//! [`WINDOW`] bytes of writes are in flight (sent, not yet answered; on a
-//! volume with one copy — with copies, one write of a file at a time):
+//! [`WINDOW`] bytes of writes are in flight (sent, not yet answered; with
+//! copies, their stale-copy records are merged, never replaced, and made
+//! one at a time: `copies.rs`):
 //!
 //! | state | event | next |
 //! |---|---|---|
@@ -69,6 +70,9 @@ pub(crate) const WINDOW: u64 = 8 << 20;
 /// Most bytes in flight at once in one client, in KiB (a semaphore's
 /// permits).
 const MAX_FLYING_KIB: usize = 64 << 10;
+/// Times a write, flush or drain takes a lapsed write lease again before
+/// it fails.
+pub(crate) const RETAKES: u32 = 3;
 
 /// One file's gathered run of bytes.
 pub(crate) struct Run {
@@ -264,7 +268,11 @@ impl Client {
                 f.unsynced_from
                     .fetch_min(self.layout.block_of(offset).0, Ordering::Relaxed);
                 if r.data.len() == MAX_GATHERED {
-                    return self.launch_run(e, p).await;
+                    return match self.launch_run(e, p).await {
+                        // Taken, and kept gathered: sent under the next lease.
+                        Err(err) if self.lapsed(&err, e) => Ok(()),
+                        r => r,
+                    };
                 }
                 return Ok(());
             }
@@ -289,28 +297,90 @@ impl Client {
         Ok(())
     }
 
-    /// Puts the gathered run (if any) in flight.
+    /// Puts the gathered run (if any) in flight. If that cannot be done
+    /// now (an earlier flight failed, or `e` lapsed while it waited for
+    /// room), the run stays gathered, for a send under the next lease.
     async fn launch_run(&self, e: &Arc<LeaseEntry>, p: &mut Pending) -> Result<()> {
+        let Some((start, end)) = p.run.as_ref().map(|r| (r.start, r.end())) else {
+            return Ok(());
+        };
+        if e.mode != Mode::Write {
+            let err = self.no_write_lease(e);
+            if let Some(r) = p.run.take() {
+                self.behind
+                    .total
+                    .fetch_sub(r.data.len() as u64, Ordering::Relaxed);
+            }
+            return Err(err);
+        }
+        let permit = self.room(e, p, start, end).await?;
+        self.check_lapsed(e)?;
         let Some(r) = p.run.take() else {
             return Ok(());
         };
         self.behind
             .total
             .fetch_sub(r.data.len() as u64, Ordering::Relaxed);
-        let (id, start, len) = (e.id, r.start, r.data.len());
-        let res = self.launch(e, p, r.writer, r.start, r.data.freeze()).await;
-        if let Err(err) = &res {
-            // Bytes of earlier writes: their close must hear of it too.
-            tracing::warn!(id, offset = start, len, error = %err, "gathered writes lost");
-            self.lost(id, err);
+        self.fly(e, p, r.writer, r.start, r.data.freeze(), permit)
+    }
+
+    /// The error of bytes written under a lease that is not a write lease
+    /// (callers take one first; a read lease's fence is no grant's): they
+    /// are lost.
+    fn no_write_lease(&self, e: &LeaseEntry) -> Error {
+        let err = Error::new(
+            ErrorCode::NoLease,
+            format!("writes of file {} without a write lease", e.id),
+        );
+        self.lost(e.id, &err);
+        err
+    }
+
+    /// `NoLease` if `e` may have passed to another client (its owner has
+    /// not answered for a lease time): nothing more is sent under it. The
+    /// caller takes the write lease again and retries ([`Lapsed`]); bytes
+    /// not yet sent are kept.
+    fn check_lapsed(&self, e: &LeaseEntry) -> Result<()> {
+        let f = e.fence();
+        if self.pool.lease_valid(f.owner, f.term) {
+            return Ok(());
         }
-        res
+        Err(Error::new(
+            ErrorCode::NoLease,
+            format!(
+                "the write lease on file {} lapsed before its writes could be sent; \
+                 taking it again",
+                e.id
+            ),
+        ))
+    }
+
+    /// True if `err` says that `e` lapsed before what was to be sent under
+    /// it was sent: the caller takes the write lease again
+    /// ([`Client::retake`]) and retries.
+    pub(crate) fn lapsed(&self, err: &Error, e: &LeaseEntry) -> bool {
+        err.code == ErrorCode::NoLease && self.check_lapsed(e).is_err()
+    }
+
+    /// After [`Client::lapsed`]: waits for the answers of what is in flight
+    /// of `e`'s file under it (sent while it held), so that nothing under
+    /// the old lease lands after writes under the next.
+    pub(crate) async fn retake(&self, e: &LeaseEntry) {
+        let slot = self.behind.slot(e.id);
+        {
+            let mut p = slot.lock().await;
+            // Failures are kept for the file's next write, close or fsync.
+            let _ = self.land(e.id, &mut p, usize::MAX).await;
+        }
+        self.behind.tidy(e.id, slot);
+        tracing::info!(
+            id = e.id,
+            "write lease lapsed under pending writes; taking it again"
+        );
     }
 
     /// Sends `data` at `start` under write lease `e` without waiting for the
-    /// answer: first waits for the flights it overlaps (their bytes must
-    /// land before its own) and for room in the file's and the client's
-    /// windows.
+    /// answer: first waits for room ([`Client::room`]).
     async fn launch(
         &self,
         e: &Arc<LeaseEntry>,
@@ -320,26 +390,24 @@ impl Client {
         data: Bytes,
     ) -> Result<()> {
         if e.mode != Mode::Write {
-            // Callers take a write lease first; a read lease cannot carry
-            // data (its fence is no grant's).
-            let err = Error::new(
-                ErrorCode::NoLease,
-                format!("writes of file {} without a write lease", e.id),
-            );
-            self.lost(e.id, &err);
-            return Err(err);
-        }
-        if self.layout.replicas > 1 {
-            // With copies, one write of a file at a time, as before: the
-            // stale-copy records a write makes when a copy server misses
-            // it (`copies.rs` `mark_missed`) start at the block it missed
-            // and must be made in the order of the writes; writes of one
-            // file in flight together made them out of order (a copy then
-            // read as current though it missed blocks).
-            self.land(e.id, p, usize::MAX).await?;
-            return self.write_or_reap(&writer, e, start, data).await;
+            return Err(self.no_write_lease(e));
         }
         let end = start + data.len() as u64;
+        let permit = self.room(e, p, start, end).await?;
+        self.check_lapsed(e)?;
+        self.fly(e, p, writer, start, data, permit)
+    }
+
+    /// Waits for the flights that `[start, end)` overlaps (their bytes
+    /// must land before its own) and for room in the file's and the
+    /// client's windows; the client's room is the permit returned.
+    async fn room(
+        &self,
+        e: &Arc<LeaseEntry>,
+        p: &mut Pending,
+        start: u64,
+        end: u64,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit> {
         if let Some(last) = p
             .flights
             .iter()
@@ -350,15 +418,27 @@ impl Client {
         while !p.flights.is_empty() && p.flying() + (end - start) > WINDOW {
             self.land(e.id, p, 1).await?;
         }
-        let kib =
-            u32::try_from(data.len().div_ceil(1024).clamp(1, MAX_FLYING_KIB)).unwrap_or(u32::MAX);
-        let permit = self
-            .behind
+        let len = usize::try_from(end - start).unwrap_or(usize::MAX);
+        let kib = u32::try_from(len.div_ceil(1024).clamp(1, MAX_FLYING_KIB)).unwrap_or(u32::MAX);
+        self.behind
             .flying
             .clone()
             .acquire_many_owned(kib)
             .await
-            .map_err(|_| Error::new(ErrorCode::Io, "client shutting down"))?;
+            .map_err(|_| Error::new(ErrorCode::Io, "client shutting down"))
+    }
+
+    /// Puts `data` at `start` in flight under `e`, holding `permit`.
+    fn fly(
+        &self,
+        e: &Arc<LeaseEntry>,
+        p: &mut Pending,
+        writer: Arc<OpenFile>,
+        start: u64,
+        data: Bytes,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) -> Result<()> {
+        let end = start + data.len() as u64;
         let me = self
             .me
             .get()
@@ -439,8 +519,19 @@ impl Client {
         if !self.behind.holds(f.id) {
             return Ok(());
         }
-        let g = self.leases.get(f.h, Mode::Write).await?;
-        self.drained(&g.entry, async { Ok(()) }).await
+        let mut tries = 0;
+        loop {
+            let g = self.leases.get(f.h, Mode::Write).await?;
+            match self.drained(&g.entry, async { Ok(()) }).await {
+                Err(err) if tries < RETAKES && self.lapsed(&err, &g.entry) => {
+                    tries += 1;
+                    let e = g.entry.clone();
+                    drop(g);
+                    self.retake(&e).await;
+                }
+                r => return r,
+            }
+        }
     }
 
     /// Sends the run numbered `serial` of `f`'s file once it is [`AGE`]

@@ -42,6 +42,26 @@ pub(crate) fn covered(stale: &[StaleCopy], server: u32, index: u64) -> bool {
     stale.iter().any(|r| r.covers(server, index))
 }
 
+/// Takes into `fresh` (an owner's answer) the stale-copy records of `kept`
+/// (this client's view): per server, the lower first block. Under a write
+/// lease the owner's records of the file only grow — a resync clears them
+/// under a read lease, which cannot be held meanwhile — so an answer that
+/// lacks a record, or starts it higher, is older than one this client
+/// already took (writes in flight make `MarkStale`s, and so their answers,
+/// overlap), and must not narrow what readers here skip.
+pub(crate) fn merge_stale(kept: &[StaleCopy], fresh: &mut Vec<StaleCopy>) {
+    for k in kept {
+        match fresh.iter_mut().find(|f| f.server == k.server) {
+            Some(f) if k.from < f.from => {
+                f.from = k.from;
+                f.seq = f.seq.max(k.seq);
+            }
+            Some(_) => {}
+            None => fresh.push(*k),
+        }
+    }
+}
+
 /// True if, with the servers in `down` not current, some block of a file
 /// would have no current copy left (`replicas` ring neighbours all down).
 fn loses_a_block(layout: &Layout, down: &HashSet<u32>) -> bool {
@@ -260,6 +280,9 @@ impl Client {
         if missed.is_empty() {
             return Ok(());
         }
+        // Writes of the file in flight together miss servers together: one
+        // decides at a time, on the records the others made.
+        let _one = g.marking.lock().await;
         let h = g.handle();
         let mut down: HashSet<u32> = missed.keys().copied().collect();
         down.extend(g.state.lock().inode.stale.iter().map(|r| r.server));
@@ -296,7 +319,10 @@ impl Client {
             let Reply::Inode(inode) = reply else {
                 return Err(unexpected(&reply));
             };
-            g.state.lock().inode.stale = inode.stale;
+            let mut st = g.state.lock();
+            let mut stale = inode.stale;
+            merge_stale(&st.inode.stale, &mut stale);
+            st.inode.stale = stale;
         }
         Ok(())
     }
@@ -423,5 +449,35 @@ impl Client {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(server: u32, from: u64, seq: u64) -> StaleCopy {
+        StaleCopy { server, from, seq }
+    }
+
+    #[test]
+    fn an_older_answer_never_narrows_the_records_kept() {
+        // Kept: server 2 from block 178 (a later answer came first).
+        let kept = vec![rec(2, 178, 7), rec(3, 40, 2)];
+        // The older answer: server 2 from 226 only.
+        let mut fresh = vec![rec(2, 226, 5)];
+        merge_stale(&kept, &mut fresh);
+        fresh.sort_by_key(|r| r.server);
+        assert_eq!(fresh, vec![rec(2, 178, 7), rec(3, 40, 2)]);
+        assert!(covered(&fresh, 2, 200), "block 200 of server 2 is stale");
+    }
+
+    #[test]
+    fn a_newer_answer_widens_what_is_kept() {
+        let kept = vec![rec(1, 50, 3)];
+        let mut fresh = vec![rec(1, 10, 4), rec(0, 5, 6)];
+        merge_stale(&kept, &mut fresh);
+        fresh.sort_by_key(|r| r.server);
+        assert_eq!(fresh, vec![rec(0, 5, 6), rec(1, 10, 4)]);
     }
 }

@@ -230,6 +230,9 @@ impl Client {
                         inode.attr.mtime = st.inode.attr.mtime;
                         inode.attr.ctime = st.inode.attr.ctime;
                     }
+                    if g.entry.mode == Mode::Write {
+                        crate::copies::merge_stale(&st.inode.stale, &mut inode.stale);
+                    }
                     st.inode = inode.clone();
                     st.attr_valid = true;
                     return Ok(inode);

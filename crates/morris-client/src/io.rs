@@ -538,8 +538,23 @@ impl Client {
         if len == 0 {
             return Ok(0);
         }
-        let g = self.leases.get(f.h, Mode::Write).await?;
-        self.write_behind(&f, &g, offset, data).await
+        let mut tries = 0;
+        loop {
+            let g = self.leases.get(f.h, Mode::Write).await?;
+            match self.write_behind(&f, &g, offset, data.clone()).await {
+                // The lease lapsed (its owner silent for a lease time: a
+                // takeover, a restart) before this write or the bytes
+                // gathered before it could be sent: nothing was sent under
+                // it; they go under the next one.
+                Err(err) if tries < crate::behind::RETAKES && self.lapsed(&err, &g.entry) => {
+                    tries += 1;
+                    let e = g.entry.clone();
+                    drop(g);
+                    self.retake(&e).await;
+                }
+                r => return r,
+            }
+        }
     }
 
     /// Stores `data` at `offset` on the servers under a held write lease
@@ -701,12 +716,24 @@ impl Client {
     /// flush's, until `fh` is released).
     pub(crate) async fn do_flush(&self, fh: u64) -> Result<()> {
         let f = self.open_file(fh)?;
-        let stored = if self.leases.has_unstored(f.id) || self.behind.holds(f.id) {
+        let mut tries = 0;
+        let stored = loop {
+            if !self.leases.has_unstored(f.id) && !self.behind.holds(f.id) {
+                break Ok(());
+            }
             let g = self.leases.get(f.h, Mode::Write).await?;
-            self.drained(&g.entry, self.leases.write_back(&g.entry))
+            match self
+                .drained(&g.entry, self.leases.write_back(&g.entry))
                 .await
-        } else {
-            Ok(())
+            {
+                Err(err) if tries < crate::behind::RETAKES && self.lapsed(&err, &g.entry) => {
+                    tries += 1;
+                    let e = g.entry.clone();
+                    drop(g);
+                    self.retake(&e).await;
+                }
+                r => break r,
+            }
         };
         match self.behind.error_since(f.id, f.errors_seen) {
             Some(e) => Err(e),

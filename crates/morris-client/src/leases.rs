@@ -98,6 +98,10 @@ pub(crate) struct LeaseEntry {
     /// invalidation needs).
     waiting: std::sync::atomic::AtomicUsize,
     waited: tokio::sync::Notify,
+    /// One stale-copy record of the file made at a time (`copies.rs`
+    /// `mark_missed`): whether a block would be left with no current copy
+    /// is decided on every record made before.
+    pub marking: tokio::sync::Mutex<()>,
 }
 
 impl LeaseEntry {
@@ -318,6 +322,10 @@ impl Leases {
         let mut unstored = self.unstored.lock();
         let now = unstored.get(&entry.id).map(|u| u.seq);
         let keep = st.inode.attr.clone();
+        let mut inode = inode;
+        if entry.mode == Mode::Write {
+            crate::copies::merge_stale(&st.inode.stale, &mut inode.stale);
+        }
         st.inode = inode;
         st.attr_valid = true;
         st.changed();
@@ -341,6 +349,9 @@ impl Leases {
             inode.attr.size = st.inode.attr.size;
             inode.attr.mtime = st.inode.attr.mtime;
             inode.attr.ctime = st.inode.attr.ctime;
+        }
+        if entry.mode == Mode::Write {
+            crate::copies::merge_stale(&st.inode.stale, &mut inode.stale);
         }
         st.inode = inode;
         st.attr_valid = true;
@@ -696,6 +707,7 @@ impl Leases {
             }),
             gone: tokio::sync::watch::channel(false).0,
             waiting: std::sync::atomic::AtomicUsize::new(0),
+            marking: tokio::sync::Mutex::new(()),
             waited: tokio::sync::Notify::new(),
         });
         if mode == Mode::Write {
