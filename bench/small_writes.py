@@ -2,8 +2,8 @@
 """Small writes and small files: morris builds side by side with local disk.
 
 For each of --runs rounds, in order: a local directory under --base-dir, then
-for each --exe a fresh 4-server loopback volume (one copy) with one FUSE
-mount (bench/lib/loopback.py). Page caches dropped before each system. On
+for each --exe a fresh 4-server loopback volume (--replicas copies, default
+one) with one FUSE mount (bench/lib/loopback.py). Page caches dropped before each system. On
 each, one process at a time:
 
   append4    --appends four-byte O_APPEND writes of 0, 1, 2, ... then close,
@@ -22,7 +22,9 @@ Prints medians per system and the ratio to local disk; writes JSON with every
 figure (--out). Needs root (FUSE, drop_caches), gcc, tar.
 Usage:
   sudo python3 bench/small_writes.py --exe target/release/morris [--exe OTHER ...]
-           [--runs 3] [--appends 3000000] [--base-dir /var/tmp] [--out FILE]
+           (an --exe may carry mount options: --exe "target/release/morris --entry-ttl-ms 10000")
+           [--runs 3] [--appends 3000000] [--replicas 1] [--tests write1m,untar,...]
+           [--base-dir /var/tmp] [--out FILE]
 """
 
 import argparse
@@ -81,31 +83,42 @@ def seconds(out):
     raise BenchError(f"no seconds= in {out!r}")
 
 
-def workload(where, smallio, tarball, appends, timeout):
+def workload(where, smallio, tarball, appends, timeout, tests):
     r = {}
-    out = run([smallio, "append", os.path.join(where, "appends"), str(appends)], timeout)
-    if f"verified={appends}" not in out:
-        raise BenchError(f"append check failed: {out}")
-    r["append4"] = appends / seconds(out)
-    r["write100"] = 200_000 / seconds(run([smallio, "write", os.path.join(where, "w100"), "100", "200000"], timeout))
-    r["write4k"] = 50_000 * 4096 / 2**20 / seconds(
-        run([smallio, "write", os.path.join(where, "w4k"), "4096", "50000"], timeout))
-    r["write1m"] = 1024 / seconds(run([smallio, "syncwrite", os.path.join(where, "w1m"), str(1 << 20), "1024"], timeout))
-    for name in ("x1", "x2"):
-        os.mkdir(os.path.join(where, name))
-    t = time.perf_counter()
-    run(["tar", "xf", tarball, "-C", os.path.join(where, "x1")], timeout)
-    r["untar"] = time.perf_counter() - t
-    t = time.perf_counter()
-    run(["tar", "xf", tarball, "-C", os.path.join(where, "x2")], timeout)
-    run(["sync", "-f", os.path.join(where, "x2")], timeout)
-    r["untar+sync"] = time.perf_counter() - t
-    n = sum(len(fs) + len(ds) for _, ds, fs in os.walk(os.path.join(where, "x1")))
-    if n != 14_015:
-        raise BenchError(f"untar made {n} entries, want 14,015")
-    t = time.perf_counter()
-    run(["rm", "-rf", os.path.join(where, "x1")], timeout)
-    r["rm"] = time.perf_counter() - t
+    if "append4" in tests:
+        out = run([smallio, "append", os.path.join(where, "appends"), str(appends)], timeout)
+        if f"verified={appends}" not in out:
+            raise BenchError(f"append check failed: {out}")
+        r["append4"] = appends / seconds(out)
+    if "write100" in tests:
+        r["write100"] = 200_000 / seconds(
+            run([smallio, "write", os.path.join(where, "w100"), "100", "200000"], timeout))
+    if "write4k" in tests:
+        r["write4k"] = 50_000 * 4096 / 2**20 / seconds(
+            run([smallio, "write", os.path.join(where, "w4k"), "4096", "50000"], timeout))
+    if "write1m" in tests:
+        r["write1m"] = 1024 / seconds(
+            run([smallio, "syncwrite", os.path.join(where, "w1m"), str(1 << 20), "1024"], timeout))
+    if "untar" in tests or "rm" in tests:
+        # `rm` removes what `untar` made (made untimed if only `rm` is asked).
+        os.mkdir(os.path.join(where, "x1"))
+        t = time.perf_counter()
+        run(["tar", "xf", tarball, "-C", os.path.join(where, "x1")], timeout)
+        if "untar" in tests:
+            r["untar"] = time.perf_counter() - t
+        n = sum(len(fs) + len(ds) for _, ds, fs in os.walk(os.path.join(where, "x1")))
+        if n != 14_015:
+            raise BenchError(f"untar made {n} entries, want 14,015")
+    if "untar+sync" in tests:
+        os.mkdir(os.path.join(where, "x2"))
+        t = time.perf_counter()
+        run(["tar", "xf", tarball, "-C", os.path.join(where, "x2")], timeout)
+        run(["sync", "-f", os.path.join(where, "x2")], timeout)
+        r["untar+sync"] = time.perf_counter() - t
+    if "rm" in tests:
+        t = time.perf_counter()
+        run(["rm", "-rf", os.path.join(where, "x1")], timeout)
+        r["rm"] = time.perf_counter() - t
     return {k: round(v, 3) for k, v in r.items()}
 
 
@@ -114,55 +127,65 @@ def main():
     ap.add_argument("--exe", action="append", help="morris binary (repeat to compare builds)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--appends", type=int, default=3_000_000)
+    ap.add_argument("--replicas", type=int, default=1, help="copies of each block (morris)")
+    ap.add_argument("--tests", default=",".join(TESTS), help="comma-separated subset of " + ",".join(TESTS))
     ap.add_argument("--base-dir", default="/var/tmp")
     ap.add_argument("--timeout", type=float, default=900, help="seconds one step may take")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    exes = [os.path.abspath(e) for e in (a.exe or ["target/release/morris"])]
+    tests = [t for t in a.tests.split(",") if t]
+    unknown = [t for t in tests if t not in TESTS]
+    if unknown:
+        ap.error(f"unknown tests {unknown}; known: {TESTS}")
+    specs = [e.split() for e in (a.exe or ["target/release/morris"])]
+    exes = [os.path.abspath(s[0]) for s in specs]
+    mount_args = {" ".join([os.path.basename(os.path.abspath(s[0]))] + s[1:]): s[1:] for s in specs}
     for e in exes:
         require_root_fuse("small_writes.py", e)
     base = tempfile.mkdtemp(prefix="morris-sw-", dir=a.base_dir)
     smallio = os.path.join(base, "smallio")
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(sys.argv),
-              "exes": exes, "appends": a.appends, "base_dir": a.base_dir, "runs": []}
+              "exes": exes, "appends": a.appends, "base_dir": a.base_dir, "replicas": a.replicas,
+              "tests": tests, "runs": []}
     failure = None
     try:
         run(["gcc", "-O2", "-Wall", "-o", smallio, os.path.join(BENCH, "lib", "smallio.c")], 120)
         tarball = os.path.join(base, "tree.tar")
         make_tree_tar(tarball)
         for r in range(a.runs):
-            systems = [("local", None)] + [(os.path.basename(e), e) for e in exes]
+            systems = [("local", None)] + [(n, e) for n, e in zip(mount_args, exes)]
             for name, exe in systems:
                 drop_caches()
                 log(f"run {r + 1}/{a.runs}: {name}")
                 if exe is None:
                     where = os.path.join(base, f"local{r}")
                     os.mkdir(where)
-                    res = workload(where, smallio, tarball, a.appends, a.timeout)
+                    res = workload(where, smallio, tarball, a.appends, a.timeout, tests)
                     shutil.rmtree(where)
                 else:
-                    vol = Volume(exe, os.path.join(base, f"vol{r}-{name}"), 4, 1)
+                    tag = f"{r}-{len(result['runs'])}"
+                    vol = Volume(exe, os.path.join(base, f"vol{tag}"), 4, a.replicas)
                     try:
-                        mnt = vol.mount(os.path.join(base, f"mnt{r}-{name}"))
-                        res = workload(mnt, smallio, tarball, a.appends, a.timeout)
+                        mnt = vol.mount(os.path.join(base, f"mnt{tag}"), mount_args[name])
+                        res = workload(mnt, smallio, tarball, a.appends, a.timeout, tests)
                     finally:
                         vol.stop()
-                    shutil.rmtree(os.path.join(base, f"vol{r}-{name}"), ignore_errors=True)
+                    shutil.rmtree(os.path.join(base, f"vol{tag}"), ignore_errors=True)
                 log(f"  {res}")
                 result["runs"].append({"run": r, "system": name, **res})
     except (BenchError, subprocess.TimeoutExpired, OSError) as e:
         failure = str(e)
     except KeyboardInterrupt:
         failure = "interrupted"
-    names = ["local"] + [os.path.basename(e) for e in exes]
+    names = ["local"] + list(mount_args)
     summary = {}
     for n in names:
         rows = [x for x in result["runs"] if x["system"] == n]
-        summary[n] = {t: statistics.median([x[t] for x in rows]) for t in TESTS if rows}
+        summary[n] = {t: statistics.median([x[t] for x in rows]) for t in tests if rows}
     result["median"] = summary
     print(f"\n{'test':12} {'unit':10}" + "".join(f" {n[:22]:>22}" for n in names)
           + "".join(f" {n[:14] + '/local':>20}" for n in names[1:]))
-    for t in TESTS:
+    for t in tests:
         if not all(t in summary[n] for n in names):
             continue
         row = f"{t:12} {UNITS[t]:10}" + "".join(f" {summary[n][t]:22.3f}" for n in names)

@@ -192,10 +192,11 @@ class Volume:
         p.wait()
         self.procs[i] = None
 
-    def mount(self, path):
+    def mount(self, path, extra=()):
+        """Mounts the volume at `path` (`extra`: more `morris mount` options)."""
         os.makedirs(path, exist_ok=True)
         lf = open(self.mount_log, "ab")
-        p = subprocess.Popen([self.exe, "mount", "--key", self.keys.client, self.live, path], stdout=lf, stderr=lf,
+        p = subprocess.Popen([self.exe, "mount", "--key", self.keys.client, *extra, self.live, path], stdout=lf, stderr=lf,
                              start_new_session=self.own_session)
         lf.close()
         self.mounts.append((path, p))

@@ -338,7 +338,7 @@ impl Client {
 
     /// `NoLease` if `e` may have passed to another client (its owner has
     /// not answered for a lease time): nothing more is sent under it. The
-    /// caller takes the write lease again and retries ([`Lapsed`]); bytes
+    /// caller takes the write lease again and retries ([`Client::lapsed`]); bytes
     /// not yet sent are kept.
     fn check_lapsed(&self, e: &LeaseEntry) -> Result<()> {
         let f = e.fence();
