@@ -102,6 +102,8 @@ impl MountTuning {
             Atime::Relative
         };
         c.name = name;
+        // A mount keeps attribute changes with the size (`behind.rs`).
+        c.attrs_behind = true;
         c
     }
 

@@ -164,6 +164,61 @@ fn times_and_modes_set_after_small_writes_stay_set() {
     }
 }
 
+#[test]
+fn owner_mode_and_times_set_after_close_are_seen_at_once_and_survive_a_kill() {
+    // What `tar x` does as root after closing each file: chown, chmod,
+    // utimes by path. The mount keeps them with the lease (`set_behind`):
+    // another mount must see them at once, and they must be stored within
+    // a second even if the mount is then killed with -9.
+    let mut t = Two::long_ttl();
+    let then = 978_307_200; // 2001-01-01
+    let set = |name: &str, uid: u32, mode: u32| {
+        let p = t.a.path.join(name);
+        fs::write(&p, b"data").expect("write");
+        std::os::unix::fs::chown(&p, Some(uid), Some(uid + 1)).expect("chown");
+        fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(mode)).expect("chmod");
+        let f = File::options().write(true).open(&p).expect("open");
+        f.set_times(
+            fs::FileTimes::new()
+                .set_accessed(SystemTime::UNIX_EPOCH + Duration::from_secs(then + 1))
+                .set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(then)),
+        )
+        .expect("futimens");
+        drop(f);
+        // Changed again after the last close: only the timer stores this.
+        fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(mode | 0o4))
+            .expect("chmod after close");
+    };
+    let check =
+        |m: &Mount, name: &str, uid: u32, mode: u32, who: &str, logs: &dyn Fn() -> String| {
+            let md = fs::metadata(m.path.join(name)).expect("stat");
+            assert_eq!(
+                (
+                    md.uid(),
+                    md.gid(),
+                    md.mode() & 0o7777,
+                    md.mtime(),
+                    md.atime(),
+                    md.len()
+                ),
+                (uid, uid + 1, mode | 0o4, then as i64, then as i64 + 1, 4),
+                "{who}: {name}: owner, group, mode, mtime, atime, size\n{}",
+                logs()
+            );
+        };
+    set("seen", 1234, 0o640);
+    check(&t.a, "seen", 1234, 0o640, "A", &|| t.logs());
+    check(&t.b, "seen", 1234, 0o640, "B", &|| t.logs());
+
+    set("kept", 4321, 0o600);
+    std::thread::sleep(Duration::from_millis(2500));
+    let b_logs = read_log(&t.b.log);
+    t.a.kill9();
+    check(&t.b, "kept", 4321, 0o600, "B after A was killed", &|| {
+        b_logs.clone()
+    });
+}
+
 /// `lseek(fd, offset, whence)`.
 fn seek(f: &File, offset: i64, whence: i32) -> std::io::Result<i64> {
     // SAFETY: lseek on a descriptor we own; no memory is passed.

@@ -22,7 +22,8 @@
 //! | gathered | [`AGE`] after the run started | in flight (the timer) |
 //! | in flight | a new write overlaps it | the new write waits for its answer |
 //! | in flight | the file's flights pass [`WINDOW`] bytes, or the client's [`MAX_FLYING`] | the next write waits for the oldest |
-//! | any | read, `SEEK_DATA`, `fallocate`, `setattr` of the file here | everything sent and answered first |
+//! | any | read, `SEEK_DATA`, `fallocate`, `setattr` not kept (a size, ...) of the file here | everything sent and answered first |
+//! | any | `chmod`/`chown`/`utimes` of a regular file ([`Client::set_behind`]) | kept with the size; stored with it, or [`AGE`] later |
 //! | any | close (flush), `fsync`, lease recalled or given up, unmount | everything sent and answered before the size is stored |
 //!
 //! Each write still moves the cached size and times at once (the kernel
@@ -42,7 +43,7 @@
 //! Lock order: a lease use, then the file's slot; nothing waits for a
 //! lease while holding a slot.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -130,6 +131,9 @@ pub(crate) struct Behind {
     error_serial: AtomicU64,
     /// KiB in flight, all files.
     flying: Arc<tokio::sync::Semaphore>,
+    /// Files with attribute changes kept here whose store is timed
+    /// ([`Client::store_attrs_soon`]).
+    attr_timers: Mutex<HashSet<FileId>>,
 }
 
 impl Default for Behind {
@@ -141,6 +145,7 @@ impl Default for Behind {
             errors: Mutex::default(),
             error_serial: AtomicU64::new(0),
             flying: Arc::new(tokio::sync::Semaphore::new(MAX_FLYING_KIB)),
+            attr_timers: Mutex::default(),
         }
     }
 }
@@ -572,6 +577,86 @@ impl Client {
             };
             if let Err(e) = r.await {
                 tracing::debug!(id = f.id, error = %e, "gathered writes not sent on time");
+            }
+        });
+    }
+
+    /// `setattr` of a regular file under write lease `g`, kept here
+    /// (`ClientConfig::attrs_behind`): mode, owners and times change in the
+    /// cached inode at once and are stored with the size — at close,
+    /// `fsync`, recall or give-back of the lease, or [`AGE`] later — so a
+    /// program that sets owner, mode and times of each file it writes
+    /// (`tar`, `cp -p`, `rsync`) pays no request for them. `None` when the
+    /// change must be stored now: a size change (data is cut), a directory
+    /// or other kind, an object cached from a home (its changes queue for
+    /// home), a `chmod` of a file with an access ACL (the owner rewrites
+    /// the ACL).
+    pub(crate) async fn set_behind(
+        &self,
+        g: &LeaseGuard,
+        set: &morris_proto::SetAttr,
+        caller: &crate::Caller,
+    ) -> Result<Option<morris_proto::Inode>> {
+        if !self.config.attrs_behind
+            || g.entry.mode != Mode::Write
+            || set.size.is_some()
+            || set.nlink.is_some()
+            || set.parent.is_some()
+        {
+            return Ok(None);
+        }
+        let cur = self.fresh(g).await?;
+        if cur.attr.kind != morris_proto::FileKind::File || cur.home.is_some() {
+            return Ok(None);
+        }
+        let acl = self.acl_under(g, &cur, caller).await?;
+        let set = crate::perm::check_setattr(&cur, acl.as_ref(), set, caller)?;
+        if set.mode.is_some() {
+            let list = self.xattrs_under(g).await?;
+            if list.iter().any(|x| x.name == morris_proto::acl::ACCESS) {
+                return Ok(None);
+            }
+        }
+        let attrs = crate::leases::PendingAttrs {
+            mode: set.mode,
+            uid: set.uid,
+            gid: set.gid,
+            atime: set.atime,
+        };
+        {
+            let mut st = g.entry.state.lock();
+            if let Some(t) = set.mtime {
+                st.inode.attr.mtime = t;
+            }
+            st.inode.attr.ctime = set.ctime.unwrap_or_else(morris_proto::Timestamp::now);
+            self.leases.local_attrs(g.entry.id, &mut st, attrs);
+        }
+        self.store_attrs_soon(g.entry.state.lock().inode.handle());
+        Ok(Some(g.inode()))
+    }
+
+    /// Stores `h`'s changes kept here [`AGE`] from now, if they are still
+    /// kept then (one timer per file at a time).
+    fn store_attrs_soon(&self, h: morris_proto::Handle) {
+        if !self.behind.attr_timers.lock().insert(h.id) {
+            return;
+        }
+        let Some(me) = self.me.get().cloned() else {
+            return;
+        };
+        tokio::spawn(async move {
+            tokio::time::sleep(AGE).await;
+            let Some(c) = me.upgrade() else { return };
+            c.behind.attr_timers.lock().remove(&h.id);
+            if !c.leases.has_unstored(h.id) {
+                return;
+            }
+            let r = async {
+                let g = c.leases.get(h, Mode::Write).await?;
+                c.drained(&g.entry, c.leases.write_back(&g.entry)).await
+            };
+            if let Err(e) = r.await {
+                tracing::debug!(id = h.id, error = %e, "attribute changes not stored on time");
             }
         });
     }

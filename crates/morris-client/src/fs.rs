@@ -225,10 +225,9 @@ impl Client {
                 // A change of ours applied meanwhile is newer: ask again.
                 if st.version == version {
                     if st.dirty {
-                        // Local size/mtime not yet stored win over the server's copy.
-                        inode.attr.size = st.inode.attr.size;
-                        inode.attr.mtime = st.inode.attr.mtime;
-                        inode.attr.ctime = st.inode.attr.ctime;
+                        // Local changes not yet stored win over the server's copy.
+                        let local = st.inode.attr.clone();
+                        self.leases.keep_local(g.entry.id, &local, &mut inode.attr);
                     }
                     if g.entry.mode == Mode::Write {
                         crate::copies::merge_stale(&st.inode.stale, &mut inode.stale);
@@ -697,6 +696,7 @@ impl Client {
             if st.dirty {
                 set.size.get_or_insert(st.inode.attr.size);
                 set.mtime.get_or_insert(st.inode.attr.mtime);
+                self.leases.pending_attrs(g.entry.id).fill(&mut set);
             }
             (st.inode.handle(), self.leases.unstored_seq(g.entry.id))
         };
@@ -883,6 +883,9 @@ impl Client {
         }
         let h = self.leases.handle(id)?;
         let g = self.leases.get(h, Mode::Write).await?;
+        if let Some(inode) = self.set_behind(&g, &set, caller).await? {
+            return Ok(inode);
+        }
         // Gathered writes land before a truncation (`behind.rs`).
         self.drained(&g.entry, async { Ok(()) }).await?;
         let cur = self.fresh(&g).await?;

@@ -319,6 +319,15 @@ impl Client {
                 return;
             }
             st.inode.attr.atime = now;
+            if self.leases.pending_attrs(g.entry.id).atime.is_some() {
+                // An access time set here and not stored yet (`set_behind`)
+                // would put it back when stored: it moves too.
+                let moved = crate::leases::PendingAttrs {
+                    atime: Some(now),
+                    ..Default::default()
+                };
+                self.leases.local_attrs(g.entry.id, &mut st, moved);
+            }
             st.inode.handle()
         };
         let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {

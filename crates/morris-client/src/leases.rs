@@ -193,7 +193,55 @@ struct Unstored {
     size: u64,
     mtime: morris_proto::Timestamp,
     ctime: morris_proto::Timestamp,
+    /// Mode, owners and access time changed here and not yet stored.
+    attrs: PendingAttrs,
     seq: u64,
+}
+
+/// Attribute changes beyond size and times that a client made under a write
+/// lease and has not stored yet (`fs.rs` `set_behind`): stored with the
+/// size, at close, `fsync`, recall, give-back, or a second after they were
+/// made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct PendingAttrs {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub atime: Option<morris_proto::Timestamp>,
+}
+
+impl PendingAttrs {
+    /// Puts these changes into `a`.
+    pub(crate) fn apply(&self, a: &mut morris_proto::Attr) {
+        if let Some(m) = self.mode {
+            a.mode = m & 0o7777;
+        }
+        if let Some(u) = self.uid {
+            a.uid = u;
+        }
+        if let Some(g) = self.gid {
+            a.gid = g;
+        }
+        if let Some(t) = self.atime {
+            a.atime = t;
+        }
+    }
+
+    /// Adds `newer`'s changes (they win).
+    fn merge(&mut self, newer: PendingAttrs) {
+        self.mode = newer.mode.or(self.mode);
+        self.uid = newer.uid.or(self.uid);
+        self.gid = newer.gid.or(self.gid);
+        self.atime = newer.atime.or(self.atime);
+    }
+
+    /// Adds these changes to `set` where it does not set the field itself.
+    pub(crate) fn fill(&self, set: &mut SetAttr) {
+        set.mode = set.mode.or(self.mode);
+        set.uid = set.uid.or(self.uid);
+        set.gid = set.gid.or(self.gid);
+        set.atime = set.atime.or(self.atime);
+    }
 }
 
 /// The lease cache of one client.
@@ -290,18 +338,53 @@ impl Leases {
     /// Records that the cached inode in `st` (of `id`) changed locally: it is
     /// dirty until a write-back that saw this change succeeds.
     pub(crate) fn local_change(&self, id: FileId, st: &mut EntryState) {
+        self.local_attrs(id, st, PendingAttrs::default());
+    }
+
+    /// [`Leases::local_change`] that also changes the attributes `attrs`
+    /// names (already applied to nothing: applied here).
+    pub(crate) fn local_attrs(&self, id: FileId, st: &mut EntryState, attrs: PendingAttrs) {
+        attrs.apply(&mut st.inode.attr);
         st.dirty = true;
         st.changed();
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-        self.unstored.lock().insert(
+        let mut unstored = self.unstored.lock();
+        let mut all = unstored.get(&id).map(|u| u.attrs).unwrap_or_default();
+        all.merge(attrs);
+        unstored.insert(
             id,
             Unstored {
                 size: st.inode.attr.size,
                 mtime: st.inode.attr.mtime,
                 ctime: st.inode.attr.ctime,
+                attrs: all,
                 seq,
             },
         );
+    }
+
+    /// The attribute changes of `id` not yet stored, beyond size and times.
+    pub(crate) fn pending_attrs(&self, id: FileId) -> PendingAttrs {
+        self.unstored
+            .lock()
+            .get(&id)
+            .map(|u| u.attrs)
+            .unwrap_or_default()
+    }
+
+    /// Puts what this client changed of `id` and has not stored (`local`'s
+    /// size and times, the pending attributes) into `server`, an inode the
+    /// owner sent.
+    pub(crate) fn keep_local(
+        &self,
+        id: FileId,
+        local: &morris_proto::Attr,
+        server: &mut morris_proto::Attr,
+    ) {
+        server.size = local.size;
+        server.mtime = local.mtime;
+        server.ctime = local.ctime;
+        self.pending_attrs(id).apply(server);
     }
 
     /// True while `id` has local changes not yet stored at its owner.
@@ -333,6 +416,9 @@ impl Leases {
             st.inode.attr.size = keep.size;
             st.inode.attr.mtime = keep.mtime;
             st.inode.attr.ctime = keep.ctime;
+            if let Some(u) = unstored.get(&entry.id) {
+                u.attrs.apply(&mut st.inode.attr);
+            }
             st.dirty = true;
         } else {
             unstored.remove(&entry.id);
@@ -346,9 +432,8 @@ impl Leases {
     pub(crate) fn refreshed(&self, entry: &LeaseEntry, mut inode: Inode) {
         let mut st = entry.state.lock();
         if st.dirty {
-            inode.attr.size = st.inode.attr.size;
-            inode.attr.mtime = st.inode.attr.mtime;
-            inode.attr.ctime = st.inode.attr.ctime;
+            let local = st.inode.attr.clone();
+            self.keep_local(entry.id, &local, &mut inode.attr);
         }
         if entry.mode == Mode::Write {
             crate::copies::merge_stale(&st.inode.stale, &mut inode.stale);
@@ -717,6 +802,7 @@ impl Leases {
                 st.inode.attr.size = u.size;
                 st.inode.attr.mtime = u.mtime;
                 st.inode.attr.ctime = u.ctime;
+                u.attrs.apply(&mut st.inode.attr);
                 st.dirty = true;
             }
         }
@@ -911,16 +997,14 @@ impl Leases {
             if !st.dirty || entry.mode != Mode::Write {
                 return Ok(());
             }
-            (
-                st.inode.handle(),
-                SetAttr {
-                    size: Some(st.inode.attr.size),
-                    mtime: Some(st.inode.attr.mtime),
-                    ctime: Some(st.inode.attr.ctime),
-                    ..SetAttr::default()
-                },
-                self.unstored_seq(entry.id),
-            )
+            let mut set = SetAttr {
+                size: Some(st.inode.attr.size),
+                mtime: Some(st.inode.attr.mtime),
+                ctime: Some(st.inode.attr.ctime),
+                ..SetAttr::default()
+            };
+            self.pending_attrs(entry.id).fill(&mut set);
+            (st.inode.handle(), set, self.unstored_seq(entry.id))
         };
         // To whoever serves the inode's range now: after a takeover that
         // is the copy, not the server that granted the lease.

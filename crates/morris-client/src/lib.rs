@@ -138,6 +138,13 @@ pub struct ClientConfig {
     pub max_cached_leases: usize,
     /// When reads move access times.
     pub atime: Atime,
+    /// Keep `chmod`, `chown`, `utimes` of a regular file this client holds
+    /// the write lease on in the client, and store them with its size (at
+    /// close, `fsync`, recall, or within a second: `behind.rs`), instead of
+    /// one request each. A client killed in that second loses them, as it
+    /// loses gathered writes. Off by default (the NFS gateway: NFSv3 wants
+    /// SETATTR stored when answered); mounts turn it on.
+    pub attrs_behind: bool,
 }
 
 /// When a read moves a file's access time (the mount options of the same
@@ -164,6 +171,7 @@ impl ClientConfig {
             readahead_max: 64 << 20,
             max_cached_leases: 100_000,
             atime: Atime::Relative,
+            attrs_behind: false,
         }
     }
 }

@@ -151,7 +151,7 @@ impl Client {
     }
 
     /// The attribute list of the object `g` holds a lease on.
-    async fn xattrs_under(&self, g: &LeaseGuard) -> Result<Arc<Vec<Xattr>>> {
+    pub(crate) async fn xattrs_under(&self, g: &LeaseGuard) -> Result<Arc<Vec<Xattr>>> {
         let h = g.entry.state.lock().inode.handle();
         let id = h.id;
         let version = {
