@@ -25,7 +25,7 @@ const CHUNK: u64 = 8 << 20;
 pub const MAX_COPY: u64 = 1 << 30;
 
 impl Client {
-    /// Copies up to `len` bytes (at most [`MAX_COPY`]) from open file
+    /// Copies up to `len` bytes (at most 1 GiB: `MAX_COPY`) from open file
     /// `fh_in` at `off_in` to open file `fh_out` at `off_out`; returns the
     /// count copied, short only where the source ends. Overlapping ranges
     /// of one file are `Invalid`, as Linux has it.
