@@ -149,7 +149,13 @@ fn a_full_disk_gives_enospc_and_keeps_what_was_stored() {
         )
     });
     let after = pattern(2, 0, 8 * 1024 * 1024);
-    write_closed(&m.path.join("after"), &after).expect("writing 8 MiB after removing the big file");
+    if let Err(e) = write_closed(&m.path.join("after"), &after) {
+        panic!(
+            "writing 8 MiB after removing the big file: {e}\n--- mount log\n{}{}",
+            common::read_log(&m.log),
+            c.logs()
+        );
+    }
     let got = fs::read(m.path.join("after")).expect("read it back");
     assert!(got == after, "the file written after freeing space differs");
     assert!(

@@ -367,10 +367,30 @@ impl Client {
         err.code == ErrorCode::NoLease && self.check_lapsed(e).is_err()
     }
 
+    /// Whether what failed with `err` under `g` is to be tried again under
+    /// a new write lease: `g`'s lapsed before it could send, fewer than
+    /// [`RETAKES`] times so far (counted in `tries`). `g` is given up
+    /// first, and what is in flight under it landed ([`Client::retake`]).
+    pub(crate) async fn again_after_lapse(
+        &self,
+        g: LeaseGuard,
+        err: &Error,
+        tries: &mut u32,
+    ) -> bool {
+        if *tries >= RETAKES || !self.lapsed(err, &g.entry) {
+            return false;
+        }
+        *tries += 1;
+        let e = g.entry.clone();
+        drop(g);
+        self.retake(&e).await;
+        true
+    }
+
     /// After [`Client::lapsed`]: waits for the answers of what is in flight
     /// of `e`'s file under it (sent while it held), so that nothing under
     /// the old lease lands after writes under the next.
-    pub(crate) async fn retake(&self, e: &LeaseEntry) {
+    async fn retake(&self, e: &LeaseEntry) {
         let slot = self.behind.slot(e.id);
         {
             let mut p = slot.lock().await;
@@ -528,12 +548,7 @@ impl Client {
         loop {
             let g = self.leases.get(f.h, Mode::Write).await?;
             match self.drained(&g.entry, async { Ok(()) }).await {
-                Err(err) if tries < RETAKES && self.lapsed(&err, &g.entry) => {
-                    tries += 1;
-                    let e = g.entry.clone();
-                    drop(g);
-                    self.retake(&e).await;
-                }
+                Err(err) if self.again_after_lapse(g, &err, &mut tries).await => {}
                 r => return r,
             }
         }

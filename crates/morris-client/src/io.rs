@@ -555,12 +555,7 @@ impl Client {
                 // takeover, a restart) before this write or the bytes
                 // gathered before it could be sent: nothing was sent under
                 // it; they go under the next one.
-                Err(err) if tries < crate::behind::RETAKES && self.lapsed(&err, &g.entry) => {
-                    tries += 1;
-                    let e = g.entry.clone();
-                    drop(g);
-                    self.retake(&e).await;
-                }
+                Err(err) if self.again_after_lapse(g, &err, &mut tries).await => {}
                 r => return r,
             }
         }
@@ -584,15 +579,7 @@ impl Client {
                 // Several writes of this client may be out of space at
                 // once: one removes the orphans, the others wait for it;
                 // all try again if a round of removals ended meanwhile.
-                let freed = {
-                    let _one_round = self.reap_gate.lock().await;
-                    if !self.reaps.lock().is_empty() {
-                        tracing::debug!(id = f.id, "out of space: removing orphans first");
-                        self.reap_pending_gated().await;
-                    }
-                    self.reap_rounds.load(Ordering::SeqCst) != round
-                };
-                if !freed {
+                if !self.room_made(round).await {
                     return Err(err);
                 }
                 self.store_data(f, e, offset, data).await
@@ -731,16 +718,11 @@ impl Client {
                 break Ok(());
             }
             let g = self.leases.get(f.h, Mode::Write).await?;
-            match self
+            let r = self
                 .drained(&g.entry, self.leases.write_back(&g.entry))
-                .await
-            {
-                Err(err) if tries < crate::behind::RETAKES && self.lapsed(&err, &g.entry) => {
-                    tries += 1;
-                    let e = g.entry.clone();
-                    drop(g);
-                    self.retake(&e).await;
-                }
+                .await;
+            match r {
+                Err(err) if self.again_after_lapse(g, &err, &mut tries).await => {}
                 r => break r,
             }
         };

@@ -615,8 +615,18 @@ impl Client {
         exclusive: bool,
         caller: &Caller,
     ) -> Result<Inode> {
-        self.do_create(dir, name, kind, mode, rdev, exclusive, caller)
+        let round = self.reap_rounds.load(Ordering::SeqCst);
+        match self
+            .do_create(dir, name, kind, mode, rdev, exclusive, caller)
             .await
+        {
+            // Room that a removal here is about to give back.
+            Err(e) if e.code == ErrorCode::NoSpace && self.room_made(round).await => {
+                self.do_create(dir, name, kind, mode, rdev, exclusive, caller)
+                    .await
+            }
+            r => r,
+        }
     }
 
     /// Creates a directory.
@@ -627,7 +637,13 @@ impl Client {
         mode: u32,
         caller: &Caller,
     ) -> Result<Inode> {
-        self.do_mkdir(dir, name, mode, caller).await
+        let round = self.reap_rounds.load(Ordering::SeqCst);
+        match self.do_mkdir(dir, name, mode, caller).await {
+            Err(e) if e.code == ErrorCode::NoSpace && self.room_made(round).await => {
+                self.do_mkdir(dir, name, mode, caller).await
+            }
+            r => r,
+        }
     }
 
     /// Creates a symlink.

@@ -54,8 +54,29 @@ impl Client {
             };
             if me.reaps.lock().remove(&h) {
                 me.reap_now(h).await;
+                // A write out of space waiting for room counts it
+                // (`io.rs` `write_or_reap`).
+                me.reap_rounds
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
         });
+    }
+
+    /// After a change refused for want of room (`NoSpace`) that began when
+    /// `reap_rounds` was `round`: removes this client's orphans still
+    /// waiting for their delay and waits for those being removed in the
+    /// background; true if a round of removals ended since `round`, so
+    /// that trying again may succeed (`rm big; write` or `rm big; touch
+    /// new` on a full volume must work, though removal is deferred).
+    pub(crate) async fn room_made(&self, round: u64) -> bool {
+        let _one_round = self.reap_gate.lock().await;
+        if !self.reaps.lock().is_empty() {
+            debug!("out of space: removing orphans first");
+            self.reap_pending_gated().await;
+        }
+        let all = u32::try_from(REAPS_AT_ONCE).unwrap_or(u32::MAX);
+        drop(self.reaping.acquire_many(all).await);
+        self.reap_rounds.load(std::sync::atomic::Ordering::SeqCst) != round
     }
 
     /// Reaps every orphan waiting for its delay (shutdown).

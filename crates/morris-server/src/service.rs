@@ -1581,14 +1581,20 @@ impl Server {
     }
 
     /// Refuses a data write that would eat into the space kept for metadata:
-    /// the last 1 % of the disk (at least 1 MiB, at most 1 GiB) stays free so
-    /// that a full volume can still commit the unlinks that empty it.
+    /// the last 1 % of the disk (at least 16 MiB or an eighth of a smaller
+    /// disk, at most 1 GiB) stays free so that a full volume can still
+    /// commit the unlinks that empty it.
+    /// At least 16 MiB because the check sees neither the writes admitted
+    /// with it nor other processes' (a client keeps up to 8 MiB of a file's
+    /// writes in flight, and a `morris up` volume's servers share one
+    /// disk): with 1 MiB, writes admitted together filled the disk and the
+    /// metadata store then refused the removals that would empty it.
     fn check_reserve(&self, len: u64) -> Result<(), WireError> {
         let (total, free) = self.disk();
         if total == 0 {
             return Ok(());
         }
-        let reserve = (total / 100).clamp(1 << 20, 1 << 30);
+        let reserve = (total / 100).max((16 << 20).min(total / 8)).min(1 << 30);
         if free < reserve.saturating_add(len) {
             return Err(err(
                 ErrorCode::NoSpace,
