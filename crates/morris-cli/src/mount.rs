@@ -42,6 +42,13 @@ pub struct MountTuning {
     /// FUSE request threads (default: the FUSE adapter's default).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub threads: Option<u64>,
+    /// Worker threads of the mount's async runtime: it reads the servers'
+    /// replies, finishes requests that had to wait for one, and runs
+    /// background work (write-behind, lease renewals); a request answered
+    /// at once never leaves its FUSE thread (default: a quarter of the
+    /// CPUs, at least 1).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub runtime_threads: Option<u64>,
     /// Only the mounting user may access the mount (by default every user may,
     /// which needs root or `user_allow_other` in /etc/fuse.conf).
     #[arg(long)]
@@ -196,7 +203,7 @@ pub fn hostname() -> String {
 
 /// Connects, mounts, reports readiness, serves until stopped.
 fn serve(args: &MountArgs, keys: Keys, mp: &Path, notifier: &mut Option<Notifier>) -> Result<()> {
-    let rt = runtime::build()?;
+    let rt = runtime::build_mount(args.tuning.runtime_threads.map(|n| n as usize))?;
     let mut term = {
         let _enter = rt.enter();
         Terminate::install()?

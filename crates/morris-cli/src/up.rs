@@ -186,7 +186,8 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
     check_ports(args.port, args.servers)?;
     let exe = std::env::current_exe().context("cannot find the morris executable")?;
 
-    let rt = runtime::build()?;
+    // This process is the mount (its servers are processes of their own).
+    let rt = runtime::build_mount(args.tuning.runtime_threads.map(|n| n as usize))?;
     let mut term = {
         let _enter = rt.enter();
         Terminate::install()?
