@@ -32,7 +32,7 @@ use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
 use super::{
     check_dir, check_handle, cookies, db_err, encode_inode, find_entry, load_dir_row, load_inode,
-    sql_id, store_dir_row, Store,
+    sql_id, store_dir_row, Cached, Store,
 };
 
 /// The tables of this module (run at every open).
@@ -174,7 +174,7 @@ pub(super) fn forget_inode(tx: &Transaction<'_>, id: FileId) -> Result<(), WireE
         "DELETE FROM cache_links WHERE id = ?1",
         "DELETE FROM cache_seeds WHERE dir = ?1",
     ] {
-        tx.execute(sql, params![sql_id(id)]).map_err(db_err)?;
+        tx.exec(sql, params![sql_id(id)]).map_err(db_err)?;
     }
     Ok(())
 }
@@ -511,14 +511,14 @@ impl Store {
                     // and listed from home again (`iw`: home kept it, as
                     // another writer's names were in it): alive again, as
                     // home has it; the orphan's reaping must not take it.
-                    tx.execute(
+                    tx.exec(
                         "DELETE FROM orphans WHERE ino = ?1",
                         params![sql_id(seed.id)],
                     )
                     .map_err(db_err)?;
                     let mut new = seed.clone();
                     new.stale.clear();
-                    tx.execute(
+                    tx.exec(
                         "UPDATE inodes SET data = ?2 WHERE id = ?1",
                         params![sql_id(new.id), encode_inode(&new)?],
                     )
@@ -537,7 +537,7 @@ impl Store {
                     new.gen = old.gen.wrapping_add(1).max(1);
                 }
                 new.stale.clear();
-                tx.execute(
+                tx.exec(
                     "UPDATE inodes SET gen = ?2, data = ?3 WHERE id = ?1",
                     params![sql_id(new.id), i64::from(new.gen), encode_inode(&new)?],
                 )
@@ -547,7 +547,7 @@ impl Store {
             }
             let mut new = seed.clone();
             new.stale.clear();
-            tx.execute(
+            tx.exec(
                 "INSERT INTO inodes (id, gen, data, next_cookie) VALUES (?1, ?2, ?3, 1)",
                 params![sql_id(new.id), i64::from(new.gen), encode_inode(&new)?],
             )
@@ -582,7 +582,7 @@ impl Store {
             if target.is_some() {
                 ino.target = target.clone();
             }
-            tx.execute(
+            tx.exec(
                 "UPDATE inodes SET data = ?2 WHERE id = ?1",
                 params![sql_id(ino.id), encode_inode(&ino)?],
             )
@@ -622,9 +622,9 @@ impl Store {
             let mut inodes = 0u64;
             for &id in &ids {
                 entries += tx
-                    .execute("DELETE FROM entries WHERE dir = ?1", params![sql_id(id)])
+                    .exec("DELETE FROM entries WHERE dir = ?1", params![sql_id(id)])
                     .map_err(db_err)? as u64;
-                tx.execute(
+                tx.exec(
                     "DELETE FROM cache_seeds WHERE dir = ?1",
                     params![sql_id(id)],
                 )
@@ -633,7 +633,7 @@ impl Store {
                     continue;
                 }
                 inodes += tx
-                    .execute("DELETE FROM inodes WHERE id = ?1", params![sql_id(id)])
+                    .exec("DELETE FROM inodes WHERE id = ?1", params![sql_id(id)])
                     .map_err(db_err)? as u64;
                 for sql in [
                     "DELETE FROM orphans WHERE ino = ?1",
@@ -642,7 +642,7 @@ impl Store {
                     "DELETE FROM cache_links WHERE id = ?1",
                     "DELETE FROM xattrs WHERE id = ?1",
                 ] {
-                    tx.execute(sql, params![sql_id(id)]).map_err(db_err)?;
+                    tx.exec(sql, params![sql_id(id)]).map_err(db_err)?;
                 }
             }
             // The write-back's records of the binding go with it (`unbind`
@@ -652,7 +652,7 @@ impl Store {
                 "DELETE FROM wb_homes WHERE binding = ?1",
                 "DELETE FROM wb_gone WHERE binding = ?1",
             ] {
-                tx.execute(sql, params![sql_id(binding)]).map_err(db_err)?;
+                tx.exec(sql, params![sql_id(binding)]).map_err(db_err)?;
             }
             Ok((entries, inodes))
         })?;
@@ -715,7 +715,7 @@ impl Store {
     pub fn remember_binding(&self, binding: FileId, spec: &Binding) -> Result<(), WireError> {
         let b = encode(spec)?;
         self.write_txn(|tx| {
-            tx.execute(
+            tx.exec(
                 "INSERT OR REPLACE INTO cache_bindings (binding, spec) VALUES (?1, ?2)",
                 params![sql_id(binding), b],
             )
@@ -727,7 +727,7 @@ impl Store {
     /// Forgets the settings of binding `binding`.
     pub fn forget_binding_spec(&self, binding: FileId) -> Result<(), WireError> {
         self.write_txn(|tx| {
-            tx.execute(
+            tx.exec(
                 "DELETE FROM cache_bindings WHERE binding = ?1",
                 params![sql_id(binding)],
             )
@@ -762,7 +762,7 @@ impl Store {
     /// Forgets every unit of file `id` (its extent files were removed).
     pub fn drop_units_of(&self, id: FileId) -> Result<(), WireError> {
         self.write_txn(|tx| {
-            tx.execute("DELETE FROM cache_units WHERE id = ?1", params![sql_id(id)])
+            tx.exec("DELETE FROM cache_units WHERE id = ?1", params![sql_id(id)])
                 .map_err(db_err)?;
             Ok(())
         })
@@ -979,7 +979,7 @@ impl Store {
                 ino.attr.size = 0;
                 ino.attr.mtime = now;
                 ino.attr.ctime = now;
-                tx.execute(
+                tx.exec(
                     "UPDATE inodes SET data = ?2 WHERE id = ?1",
                     params![sql_id(h.id), super::encode_inode(&ino)?],
                 )

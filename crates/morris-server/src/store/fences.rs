@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 
 use rusqlite::params;
 
-use super::{db_err, Store};
+use super::{db_err, Cached, Store};
 use morris_proto::WireError;
 
 /// How far ahead of the number being answered a reservation reaches (µs
@@ -30,7 +30,7 @@ impl Store {
     pub fn fence_floor(&self) -> Result<u64, WireError> {
         let conn = self.conn();
         let hw: i64 = conn
-            .query_row("SELECT coalesce(max(hw), 0) FROM fence_reserve", [], |r| {
+            .row("SELECT coalesce(max(hw), 0) FROM fence_reserve", [], |r| {
                 r.get(0)
             })
             .map_err(db_err)?;
@@ -52,7 +52,7 @@ impl Store {
         {
             let conn = self.conn();
             self.captured_txn(&conn, |tx| {
-                tx.execute(
+                tx.exec(
                     "INSERT INTO fence_reserve (one, hw) VALUES (1, ?1)
                      ON CONFLICT (one) DO UPDATE SET hw = ?1 WHERE hw < ?1",
                     params![upto as i64],

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use morris_proto::{ErrorCode, FileId, Handle, Inode, StaleCopy, WireError};
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::{check_handle, db_err, load_inode, sql_id, Store, MAX_PAGE};
+use super::{check_handle, db_err, load_inode, sql_id, Cached, Store, MAX_PAGE};
 
 /// Last `seq` handed out by this process; seqs grow across restarts because
 /// they start from the wall clock.
@@ -24,7 +24,7 @@ static LAST_SEQ: AtomicU64 = AtomicU64::new(0);
 /// the clock stood still or went back).
 fn next_seq(c: &Connection) -> Result<u64, WireError> {
     let stored: i64 = c
-        .query_row("SELECT COALESCE(MAX(seq), 0) FROM stale_copies", [], |r| {
+        .row("SELECT COALESCE(MAX(seq), 0) FROM stale_copies", [], |r| {
             r.get(0)
         })
         .map_err(db_err)?;
@@ -69,7 +69,7 @@ pub(super) fn records_of(c: &Connection, id: FileId) -> Result<Vec<StaleCopy>, W
 /// Inserts or widens the record of (`id`, `server`) to `from`.
 fn widen(c: &Connection, id: FileId, server: u32, from: u64) -> Result<(), WireError> {
     let seq = next_seq(c)?;
-    c.execute(
+    c.exec(
         "INSERT INTO stale_copies (id, server, from_block, seq) VALUES (?1, ?2, ?3, ?4)
          ON CONFLICT (id, server) DO UPDATE SET
              from_block = MIN(from_block, excluded.from_block), seq = excluded.seq",
@@ -159,7 +159,7 @@ impl Store {
     ) -> Result<(), WireError> {
         self.write_txn(|tx| {
             let cur: Option<i64> = tx
-                .query_row(
+                .row(
                     "SELECT seq FROM stale_copies WHERE id = ?1 AND server = ?2",
                     params![sql_id(id), i64::from(server)],
                     |r| r.get(0),
@@ -173,11 +173,11 @@ impl Store {
                 ));
             }
             match upto {
-                None => tx.execute(
+                None => tx.exec(
                     "DELETE FROM stale_copies WHERE id = ?1 AND server = ?2",
                     params![sql_id(id), i64::from(server)],
                 ),
-                Some(upto) => tx.execute(
+                Some(upto) => tx.exec(
                     "UPDATE stale_copies SET from_block = MAX(from_block, ?3)
                      WHERE id = ?1 AND server = ?2",
                     params![sql_id(id), i64::from(server), to_sql(upto)],

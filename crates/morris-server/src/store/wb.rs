@@ -28,7 +28,7 @@ use morris_proto::home::{is_cache_id, HomeStamp};
 use morris_proto::{Attr, ErrorCode, FileId, WbHome, WbMark, WireError};
 use rusqlite::{params, OptionalExtension, Transaction};
 
-use super::{db_err, encode_inode, from_sql_id, load_inode, sql_id, Store};
+use super::{db_err, encode_inode, from_sql_id, load_inode, sql_id, Cached, Store};
 
 /// What one binding's write-back queue holds in one store.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -146,7 +146,7 @@ pub(super) fn mark(
 /// name at home for its own). The names that left a directory being
 /// deleted stay too: its removal at home removes just those.
 pub(super) fn forget(tx: &Transaction<'_>, id: FileId) -> Result<(), WireError> {
-    tx.execute(
+    tx.exec(
         "INSERT OR REPLACE INTO wb_gone (dir, name, id, binding, fileid)
          SELECT dir, name, id, binding, fileid FROM wb_homes WHERE id = ?1 AND dir != 0",
         params![sql_id(id)],
@@ -156,7 +156,7 @@ pub(super) fn forget(tx: &Transaction<'_>, id: FileId) -> Result<(), WireError> 
         "DELETE FROM wb_marks WHERE id = ?1",
         "DELETE FROM wb_homes WHERE id = ?1",
     ] {
-        tx.execute(sql, params![sql_id(id)]).map_err(db_err)?;
+        tx.exec(sql, params![sql_id(id)]).map_err(db_err)?;
     }
     Ok(())
 }
@@ -477,7 +477,7 @@ impl Store {
                         format!("object {id} changed in the cache meanwhile"),
                     ));
                 }
-                tx.execute("DELETE FROM wb_marks WHERE id = ?1", params![sql_id(id)])
+                tx.exec("DELETE FROM wb_marks WHERE id = ?1", params![sql_id(id)])
                     .map_err(db_err)?;
             }
             let Some((handle, stamp, attr)) = now else {
@@ -510,7 +510,7 @@ impl Store {
                 if let Some(f) = fileid {
                     link.fileid = from_sql_id(f);
                 }
-                tx.execute(
+                tx.exec(
                     "DELETE FROM wb_homes WHERE id = ?1 AND dir = 0",
                     params![sql_id(id)],
                 )
@@ -519,7 +519,7 @@ impl Store {
             if ino.attr.kind != morris_proto::FileKind::Dir {
                 super::cached::apply_home_attr(&mut ino.attr, attr);
             }
-            tx.execute(
+            tx.exec(
                 "UPDATE inodes SET data = ?2 WHERE id = ?1",
                 params![sql_id(id), encode_inode(&ino)?],
             )
