@@ -83,11 +83,30 @@ pub(crate) struct Run {
     writer: Arc<OpenFile>,
     /// Tells this run from a later one (the timer's).
     serial: u64,
+    /// [`Behind::total`], which counts `data` until the run is sent or
+    /// dropped.
+    total: Arc<AtomicU64>,
 }
 
 impl Run {
     fn end(&self) -> u64 {
         self.start + self.data.len() as u64
+    }
+
+    /// Takes the gathered bytes out (to be sent): no longer counted.
+    fn take_data(&mut self) -> Bytes {
+        let data = std::mem::take(&mut self.data);
+        self.total.fetch_sub(data.len() as u64, Ordering::Relaxed);
+        data.freeze()
+    }
+}
+
+impl Drop for Run {
+    /// Bytes dropped unsent (their file removed, or lost) are not counted
+    /// any more, whoever drops them.
+    fn drop(&mut self) {
+        self.total
+            .fetch_sub(self.data.len() as u64, Ordering::Relaxed);
     }
 }
 
@@ -123,7 +142,7 @@ pub(crate) struct Behind {
     /// Files with a slot: gathering, in flight, or being drained right now.
     slots: Mutex<HashMap<FileId, Slot>>,
     /// Bytes gathered, all files.
-    total: AtomicU64,
+    total: Arc<AtomicU64>,
     serial: AtomicU64,
     /// The latest failed send per file, numbered from [`Behind::errors_now`]
     /// so that open files know whether it happened while they were open.
@@ -140,7 +159,7 @@ impl Default for Behind {
     fn default() -> Self {
         Behind {
             slots: Mutex::default(),
-            total: AtomicU64::new(0),
+            total: Arc::new(AtomicU64::new(0)),
             serial: AtomicU64::new(0),
             errors: Mutex::default(),
             error_serial: AtomicU64::new(0),
@@ -193,11 +212,9 @@ impl Behind {
     /// Forgets `id` (removed for good): its gathered bytes go nowhere.
     pub(crate) fn forget(&self, id: FileId) {
         if let Some(slot) = self.slots.lock().remove(&id) {
+            // (Else whoever holds it sends or drops the run.)
             if let Ok(mut p) = slot.try_lock() {
-                if let Some(run) = p.run.take() {
-                    self.total
-                        .fetch_sub(run.data.len() as u64, Ordering::Relaxed);
-                }
+                p.run = None;
             }
         }
         self.errors.lock().remove(&id);
@@ -297,6 +314,7 @@ impl Client {
             data: buf,
             writer: f.clone(),
             serial,
+            total: self.behind.total.clone(),
         });
         self.send_when_old(f.clone(), serial);
         Ok(())
@@ -311,22 +329,16 @@ impl Client {
         };
         if e.mode != Mode::Write {
             let err = self.no_write_lease(e);
-            if let Some(r) = p.run.take() {
-                self.behind
-                    .total
-                    .fetch_sub(r.data.len() as u64, Ordering::Relaxed);
-            }
+            p.run = None;
             return Err(err);
         }
         let permit = self.room(e, p, start, end).await?;
         self.check_lapsed(e)?;
-        let Some(r) = p.run.take() else {
+        let Some(mut r) = p.run.take() else {
             return Ok(());
         };
-        self.behind
-            .total
-            .fetch_sub(r.data.len() as u64, Ordering::Relaxed);
-        self.fly(e, p, r.writer, r.start, r.data.freeze(), permit)
+        let data = r.take_data();
+        self.fly(e, p, r.writer.clone(), r.start, data, permit)
     }
 
     /// The error of bytes written under a lease that is not a write lease
@@ -688,5 +700,49 @@ impl Client {
                 tracing::warn!(id, error = %e, "written bytes not sent at unmount");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_of(b: &Behind, id: FileId, bytes: &[u8]) -> Run {
+        b.total.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        Run {
+            start: 0,
+            data: BytesMut::from(bytes),
+            writer: OpenFile::for_test(id),
+            serial: 0,
+            total: b.total.clone(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_removed_files_gathered_bytes_stop_counting_whoever_holds_them() {
+        let b = Behind::default();
+        // Forgotten while nobody holds its slot: dropped at once.
+        let slot = b.slot(1);
+        slot.lock().await.run = Some(run_of(&b, 1, b"abcd"));
+        drop(slot);
+        b.forget(1);
+        assert_eq!(b.total.load(Ordering::Relaxed), 0);
+        // Forgotten while a writer holds its slot: dropped with the slot.
+        let slot = b.slot(2);
+        let mut p = slot.lock().await;
+        p.run = Some(run_of(&b, 2, b"efgh"));
+        b.forget(2);
+        assert_eq!(b.total.load(Ordering::Relaxed), 4);
+        drop(p);
+        drop(slot);
+        assert_eq!(b.total.load(Ordering::Relaxed), 0);
+        // Sent: counted no more, and not twice.
+        let slot = b.slot(3);
+        let mut p = slot.lock().await;
+        p.run = Some(run_of(&b, 3, b"ijkl"));
+        let mut r = p.run.take().unwrap();
+        assert_eq!(&r.take_data()[..], b"ijkl");
+        drop(r);
+        assert_eq!(b.total.load(Ordering::Relaxed), 0);
     }
 }

@@ -47,6 +47,23 @@ pub(crate) struct OpenFile {
     pub errors_seen: u64,
 }
 
+#[cfg(test)]
+impl OpenFile {
+    /// An open file of `id` for unit tests, belonging to no client.
+    pub(crate) fn for_test(id: FileId) -> Arc<OpenFile> {
+        Arc::new(OpenFile {
+            id,
+            h: Handle { id, gen: 1 },
+            write: true,
+            wrote: AtomicBool::new(false),
+            unsynced_from: AtomicU64::new(u64::MAX),
+            ra: tokio::sync::Mutex::new(ReadAhead::default()),
+            lockers: parking_lot::Mutex::new(Default::default()),
+            errors_seen: 0,
+        })
+    }
+}
+
 /// How much of a stream's delivered rate its readahead may keep in flight.
 const RA_QUEUE: std::time::Duration = std::time::Duration::from_secs(1);
 
