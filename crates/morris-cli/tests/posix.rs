@@ -858,6 +858,37 @@ fn statfs_reports_the_volume() {
         total <= disk && disk - total < u128::from(UNIT),
         "volume total {total} bytes for the one disk its servers share ({disk} bytes)"
     );
+    // Free inodes: as many files as both the space (a 4 KiB block each)
+    // and the shared disk's own free inodes (two per file: its extent and
+    // checksums) allow; before, one per free stripe unit (1 MiB).
+    let by_space = (st.f_bavail + 1) * (st.f_frsize / 4096);
+    let by_inodes = if local.f_files == 0 {
+        u64::MAX
+    } else {
+        local.f_favail / 2
+    };
+    // (The servers make files of their own between the two statvfs calls.)
+    let slack = 10_000;
+    assert!(
+        st.f_ffree <= by_space && st.f_ffree <= by_inodes.saturating_add(slack),
+        "f_ffree {} for {} bytes available and {} free inodes on the disk",
+        st.f_ffree,
+        st.f_bavail * st.f_frsize,
+        local.f_favail
+    );
+    assert!(
+        st.f_ffree >= (st.f_bavail * (st.f_frsize / 4096)).min(by_inodes.saturating_sub(slack)),
+        "f_ffree {} for {} bytes available and {} free inodes on the disk",
+        st.f_ffree,
+        st.f_bavail * st.f_frsize,
+        local.f_favail
+    );
+    assert!(
+        st.f_files > st.f_ffree,
+        "f_files {} f_ffree {}",
+        st.f_files,
+        st.f_ffree
+    );
 }
 
 #[test]

@@ -1045,8 +1045,12 @@ impl Client {
             free: 0,
             avail: 0,
             files: 0,
+            files_free: 0,
             block_size: self.layout.unit,
         };
+        // Free inodes of the servers' file systems, each disk once; `None`
+        // once one does not count them.
+        let mut inodes: Option<u64> = Some(0);
         let mut answered = 0;
         let mut last_err = None;
         let mut disks = std::collections::HashSet::new();
@@ -1057,6 +1061,7 @@ impl Client {
                     free,
                     avail,
                     files,
+                    inodes_free,
                     disk,
                 }) => {
                     // Servers sharing a disk share its space.
@@ -1064,6 +1069,10 @@ impl Client {
                         st.total += total;
                         st.free += free;
                         st.avail += avail;
+                        inodes = match inodes_free {
+                            u64::MAX => None,
+                            n => inodes.map(|sum| sum.saturating_add(n)),
+                        };
                     }
                     st.files += files;
                     answered += 1;
@@ -1083,6 +1092,7 @@ impl Client {
         st.total /= copies;
         st.free /= copies;
         st.avail /= copies;
+        st.files_free = crate::files_free(inodes, st.avail, copies);
         Ok(st)
     }
 }

@@ -201,8 +201,29 @@ pub struct FsStat {
     pub avail: u64,
     /// Inodes in use.
     pub files: u64,
+    /// Files that can still be made ([`files_free`]).
+    pub files_free: u64,
     /// Stripe unit (preferred I/O size).
     pub block_size: u32,
+}
+
+/// Smallest space a file with data takes on a data server's disk, per copy
+/// (a 4 KiB block of its extent; its checksums take another inode).
+const FILE_BYTES: u64 = 4096;
+
+/// How many more files a volume can hold (`df -i`'s free inodes): as many
+/// as both its space (`avail` bytes, after copies) and its servers' file
+/// systems' free inodes (`inodes`, summed over the disks, each counted
+/// once; `None` if one makes inodes as needed) allow, at one 4 KiB block
+/// and two inodes (extent and checksums) per copy of a file with data. An
+/// empty file takes neither (only a few hundred bytes of metadata), so
+/// this is the floor of what can be made, as a disk's own count is.
+pub fn files_free(inodes: Option<u64>, avail: u64, copies: u64) -> u64 {
+    let by_space = avail / FILE_BYTES;
+    match inodes {
+        Some(n) => by_space.min(n / (2 * copies.max(1))),
+        None => by_space,
+    }
 }
 
 /// Counters for `stats` and benchmarks.
@@ -811,5 +832,23 @@ impl Client {
         for t in self.tasks.lock().drain(..) {
             t.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::files_free;
+
+    #[test]
+    fn free_files_are_bounded_by_space_and_by_the_disks_inodes() {
+        // 1 GiB free: 262,144 files of one 4 KiB block.
+        assert_eq!(files_free(None, 1 << 30, 1), 262_144);
+        // Inodes scarcer than space: two per copy of a file.
+        assert_eq!(files_free(Some(1000), 1 << 30, 1), 500);
+        assert_eq!(files_free(Some(1000), 1 << 30, 2), 250);
+        // Space scarcer than inodes.
+        assert_eq!(files_free(Some(u64::MAX - 1), 8192, 1), 2);
+        assert_eq!(files_free(Some(0), 1 << 30, 1), 0);
+        assert_eq!(files_free(Some(7), 1 << 30, 0), 3);
     }
 }

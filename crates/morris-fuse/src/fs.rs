@@ -309,8 +309,8 @@ fn statfs_numbers(st: &morris_client::FsStat) -> (u64, u64, u64, u64, u64, u32) 
         blocks,
         bfree,
         bavail,
-        st.files.saturating_add(bavail),
-        bavail,
+        st.files.saturating_add(st.files_free),
+        st.files_free,
         bsize,
     )
 }
@@ -1179,24 +1179,19 @@ mod tests {
             free: (4 << 30) + 100,
             avail: 3 << 30,
             files: 1234,
+            files_free: 5678,
             block_size: 1 << 20,
         };
         assert_eq!(
             statfs_numbers(&st),
-            (
-                10 << 10,
-                4 << 10,
-                3 << 10,
-                1234 + (3 << 10),
-                3 << 10,
-                1 << 20
-            )
+            (10 << 10, 4 << 10, 3 << 10, 1234 + 5678, 5678, 1 << 20)
         );
         let zero = morris_client::FsStat {
             total: 8192,
             free: 4096,
             avail: 4096,
             files: 0,
+            files_free: 1,
             block_size: 0,
         };
         assert_eq!(statfs_numbers(&zero), (2, 1, 1, 1, 1, 4096));

@@ -451,9 +451,9 @@ async fn fsstat(nfs: &MorrisNfs, handles: Handles, a: FSSTAT3args) -> FSSTAT3res
             tbytes: st.total,
             fbytes: st.free,
             abytes: st.avail,
-            tfiles: st.files + st.avail / 4096,
-            ffiles: st.avail / 4096,
-            afiles: st.avail / 4096,
+            tfiles: st.files.saturating_add(st.files_free),
+            ffiles: st.files_free,
+            afiles: st.files_free,
             invarsec: 0,
         }),
         Err(e) => FSSTAT3res::Err((

@@ -1136,6 +1136,12 @@ pub enum Reply {
         avail: u64,
         /// Inodes stored on this server.
         files: u64,
+        /// Inodes free to unprivileged users on the data directory's file
+        /// system (`f_favail`): each file with data takes two of them per
+        /// copy (its extent and its checksums). `u64::MAX` when that file
+        /// system does not count them (`f_files` 0: it makes them as
+        /// needed).
+        inodes_free: u64,
         /// Names the file system the data directory is on (its `f_fsid`
         /// and the host's machine id, hashed): servers sharing a disk
         /// answer the same, and it is counted once.

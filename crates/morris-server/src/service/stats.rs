@@ -30,6 +30,7 @@ impl Server {
             total,
             free,
             avail,
+            inodes_free,
             fsid,
         } = self.disk_space();
         let disk = disk_id(fsid);
@@ -46,6 +47,7 @@ impl Server {
             free,
             avail,
             files,
+            inodes_free,
             disk,
         })
     }
@@ -141,6 +143,8 @@ struct DiskSpace {
     total: u64,
     free: u64,
     avail: u64,
+    /// `f_favail`, or `u64::MAX` if the file system does not count inodes.
+    inodes_free: u64,
     fsid: u64,
 }
 
@@ -183,6 +187,7 @@ fn statvfs(path: &std::path::Path) -> std::io::Result<DiskSpace> {
         total: v.f_blocks.saturating_mul(frsize),
         free: v.f_bfree.saturating_mul(frsize),
         avail: v.f_bavail.saturating_mul(frsize),
+        inodes_free: if v.f_files == 0 { u64::MAX } else { v.f_favail },
         fsid: v.f_fsid,
     })
 }
