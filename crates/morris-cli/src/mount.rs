@@ -45,8 +45,7 @@ pub struct MountTuning {
     /// Worker threads of the mount's async runtime: it reads the servers'
     /// replies, finishes requests that had to wait for one, and runs
     /// background work (write-behind, lease renewals); a request answered
-    /// at once never leaves its FUSE thread (default: a quarter of the
-    /// CPUs, at least 1).
+    /// at once never leaves its FUSE thread (default: one per CPU).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub runtime_threads: Option<u64>,
     /// Only the mounting user may access the mount (by default every user may,

@@ -13,26 +13,22 @@ pub fn build() -> Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
-/// Builds the runtime of a mount: `threads` workers, by default
-/// [`mount_threads`].
+/// Builds the runtime of a mount: `threads` workers, by default one per
+/// CPU. A mount's requests start on its FUSE threads; the runtime reads
+/// replies, finishes the requests that waited for one and runs background
+/// work (lease renewals and recalls among it). Fewer workers save thread
+/// switches (tokio wakes a second idle worker whenever one finds work:
+/// docs/benchmarks.md, "A mount's runtime threads") but leave that work
+/// fewer threads.
 pub fn build_mount(threads: Option<usize>) -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads.unwrap_or_else(mount_threads).max(1))
-        .enable_all()
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = threads {
+        b.worker_threads(n.max(1));
+    }
+    b.enable_all()
         .thread_name("morris-rt")
         .build()
         .context("cannot start the async runtime")
-}
-
-/// A mount's default runtime workers: a quarter of the CPUs, at least one.
-/// A mount's requests start on its FUSE threads; the runtime reads
-/// replies, finishes the requests that waited for one and runs background
-/// work. Every idle worker beyond what that needs is woken for each reply
-/// (tokio wakes a second worker whenever one finds work), two more thread
-/// switches per server request (docs/benchmarks.md, "A mount's runtime
-/// threads").
-pub fn mount_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| (n.get() / 4).max(1))
 }
 
 /// SIGINT and SIGTERM, installed once so that none is lost between waits.
