@@ -414,6 +414,45 @@ fn kill_9_of_each_server_during_a_push_loses_nothing() {
     }
 }
 
+/// A file removed in the cache while still open (or not reaped yet) with
+/// changes queued: its name goes at home, and nothing of it is taken for
+/// a conflict (before, its queued data was pushed after the removal and
+/// kept at home in `.conflicts/`).
+#[test]
+fn a_file_removed_while_open_with_changes_queued_is_only_removed_at_home() {
+    require_fuse();
+    let home = tempdir();
+    let (_cl, m) = bound(home.path(), &["--mode", "sw", "--sync-lag", "1h"]);
+    let c = m.path.join("c");
+    write_file(&c.join("f"), b"pushed once");
+    write_file(&c.join("g"), b"stays");
+    flush(&m);
+    assert_eq!(
+        fs::read(home.path().join("f")).expect("read"),
+        b"pushed once"
+    );
+    let mut open = fs::OpenOptions::new()
+        .append(true)
+        .open(c.join("f"))
+        .expect("open");
+    open.write_all(b", then written").expect("write");
+    open.sync_all().expect("fsync");
+    fs::remove_file(c.join("f")).expect("unlink");
+    flush(&m);
+    assert!(
+        !home.path().join(".conflicts").exists(),
+        "a removed file was taken for a conflict"
+    );
+    assert_same_tree(home.path(), &c);
+    // Still the writer's while open; nothing of it goes home after either.
+    open.write_all(b", and again").expect("write");
+    open.sync_all().expect("fsync");
+    drop(open);
+    flush(&m);
+    assert!(!home.path().join(".conflicts").exists());
+    assert_same_tree(home.path(), &c);
+}
+
 #[test]
 fn with_mirrored_metadata_the_push_goes_on_while_any_one_server_is_down() {
     require_fuse();

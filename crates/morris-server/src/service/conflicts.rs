@@ -20,6 +20,10 @@
 //! | a name the cache made (`iw`) | another file under it | home's file is moved into `.conflicts/`; the cache's takes the name |
 //! | a file fetched from home, changed in the cache | removed at home | home's change wins (the cache may not hold all of its data): as the first table |
 //!
+//! A file removed in the cache (no name left, kept while open or until
+//! reaped) is in no conflict: nothing of it is pushed; its directory's
+//! push removes its name at home.
+//!
 //! The loser's version is never lost: it is at home before the winner's
 //! replaces it. With home winning, the cache's version is at home before
 //! the cached object changes, and the change (`WbRebase`, at the object's owner,

@@ -911,6 +911,13 @@ impl Server {
         let Some(i) = self.inode(r, id).await? else {
             return Ok(None);
         };
+        if i.attr.nlink == 0 {
+            // Removed in the cache, kept while open or until reaped: it
+            // has no name, so nothing of it goes home (its directory's
+            // push removes its name there; pushed, its changes would be
+            // taken for a conflict with that removal).
+            return Ok(None);
+        }
         let Some(link) = i.home.as_deref().cloned() else {
             return Ok(None);
         };
