@@ -231,13 +231,6 @@ pub fn db_err(e: rusqlite::Error) -> WireError {
     }
 }
 
-fn corrupt(id: FileId, e: impl std::fmt::Display) -> WireError {
-    WireError::new(
-        ErrorCode::Io,
-        format!("inode {id} is corrupt in the store: {e}"),
-    )
-}
-
 /// Ids are stored as SQLite integers (i64) with the same bits.
 fn sql_id(id: FileId) -> i64 {
     id as i64
@@ -302,56 +295,6 @@ pub fn check_new_name(name: &[u8]) -> Result<(), WireError> {
         ));
     }
     Ok(())
-}
-
-/// An inode as stored in the `inodes` table: the wire [`Inode`] without its
-/// stale-copy records, which live in their own table. This layout is the
-/// on-disk format; it must not change.
-#[derive(serde::Serialize)]
-struct StoredInodeRef<'a> {
-    id: FileId,
-    gen: u32,
-    parent: FileId,
-    attr: &'a Attr,
-    target: &'a Option<Vec<u8>>,
-}
-
-/// The owned counterpart of [`StoredInodeRef`], for decoding.
-#[derive(serde::Deserialize)]
-struct StoredInode {
-    id: FileId,
-    gen: u32,
-    parent: FileId,
-    attr: Attr,
-    target: Option<Vec<u8>>,
-}
-
-fn encode_inode(ino: &Inode) -> Result<Vec<u8>, WireError> {
-    let stored = StoredInodeRef {
-        id: ino.id,
-        gen: ino.gen,
-        parent: ino.parent,
-        attr: &ino.attr,
-        target: &ino.target,
-    };
-    postcard::to_stdvec(&stored).map_err(|e| corrupt(ino.id, e))
-}
-
-/// Decodes a stored inode (its `stale` list empty: see [`load_inode`]).
-fn decode_inode(id: FileId, data: &[u8]) -> Result<Inode, WireError> {
-    let s: StoredInode = postcard::from_bytes(data).map_err(|e| corrupt(id, e))?;
-    if s.id != id {
-        return Err(corrupt(id, format!("record names id {}", s.id)));
-    }
-    Ok(Inode {
-        id: s.id,
-        gen: s.gen,
-        parent: s.parent,
-        attr: s.attr,
-        target: s.target,
-        stale: Vec::new(),
-        home: None,
-    })
 }
 
 /// A directory inode loaded inside a write transaction.
@@ -1540,6 +1483,7 @@ mod replica;
 #[cfg(test)]
 mod replica_tests;
 mod stale;
+mod stored;
 #[cfg(test)]
 mod tests;
 mod wb;
@@ -1551,4 +1495,5 @@ pub use cached::UnitRec;
 pub use cached::{is_own_for, local_tag};
 pub use once::OpKey;
 pub use replica::Captured;
+use stored::{decode_inode, encode_inode};
 pub use wb::WbQueue;

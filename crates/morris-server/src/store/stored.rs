@@ -1,0 +1,260 @@
+//! What a server keeps of an inode on its disk, in types of its own.
+//!
+//! The wire types (`morris_proto`) change with the protocol; these do not:
+//! they are the layout of the `data` column of the `inodes` table since
+//! store format 1 (postcard, fields in this order), so a protocol change
+//! is no longer a disk-format change by accident. A field added here is a
+//! new store format: a new type, the old one kept for reading (as
+//! `cached.rs` does with its links' format byte), and `STORE_FORMAT`
+//! raised. `tests/fixtures/store-v2.sql` and the golden bytes below check
+//! that stores already written read as they were written.
+
+use morris_proto::{Attr, ErrorCode, FileId, FileKind, Inode, Timestamp, WireError};
+use serde::{Deserialize, Serialize};
+
+/// An object's kind as stored (variant order is the encoding).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+enum StoredKind {
+    File,
+    Dir,
+    Symlink,
+    Fifo,
+    Socket,
+    CharDev,
+    BlockDev,
+}
+
+impl From<FileKind> for StoredKind {
+    fn from(k: FileKind) -> Self {
+        match k {
+            FileKind::File => StoredKind::File,
+            FileKind::Dir => StoredKind::Dir,
+            FileKind::Symlink => StoredKind::Symlink,
+            FileKind::Fifo => StoredKind::Fifo,
+            FileKind::Socket => StoredKind::Socket,
+            FileKind::CharDev => StoredKind::CharDev,
+            FileKind::BlockDev => StoredKind::BlockDev,
+        }
+    }
+}
+
+impl From<StoredKind> for FileKind {
+    fn from(k: StoredKind) -> Self {
+        match k {
+            StoredKind::File => FileKind::File,
+            StoredKind::Dir => FileKind::Dir,
+            StoredKind::Symlink => FileKind::Symlink,
+            StoredKind::Fifo => FileKind::Fifo,
+            StoredKind::Socket => FileKind::Socket,
+            StoredKind::CharDev => FileKind::CharDev,
+            StoredKind::BlockDev => FileKind::BlockDev,
+        }
+    }
+}
+
+/// A time as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct StoredTime {
+    secs: i64,
+    nanos: u32,
+}
+
+impl From<Timestamp> for StoredTime {
+    fn from(t: Timestamp) -> Self {
+        StoredTime {
+            secs: t.secs,
+            nanos: t.nanos,
+        }
+    }
+}
+
+impl From<StoredTime> for Timestamp {
+    fn from(t: StoredTime) -> Self {
+        Timestamp {
+            secs: t.secs,
+            nanos: t.nanos,
+        }
+    }
+}
+
+/// An inode's attributes as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct StoredAttr {
+    kind: StoredKind,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    nlink: u32,
+    size: u64,
+    atime: StoredTime,
+    mtime: StoredTime,
+    ctime: StoredTime,
+    rdev: u32,
+}
+
+impl From<&Attr> for StoredAttr {
+    fn from(a: &Attr) -> Self {
+        StoredAttr {
+            kind: a.kind.into(),
+            mode: a.mode,
+            uid: a.uid,
+            gid: a.gid,
+            nlink: a.nlink,
+            size: a.size,
+            atime: a.atime.into(),
+            mtime: a.mtime.into(),
+            ctime: a.ctime.into(),
+            rdev: a.rdev,
+        }
+    }
+}
+
+impl From<StoredAttr> for Attr {
+    fn from(a: StoredAttr) -> Self {
+        Attr {
+            kind: a.kind.into(),
+            mode: a.mode,
+            uid: a.uid,
+            gid: a.gid,
+            nlink: a.nlink,
+            size: a.size,
+            atime: a.atime.into(),
+            mtime: a.mtime.into(),
+            ctime: a.ctime.into(),
+            rdev: a.rdev,
+        }
+    }
+}
+
+/// An inode as stored: the wire [`Inode`] without what lives in tables of
+/// its own (stale-copy records, a cached object's home link).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct StoredInode {
+    id: FileId,
+    gen: u32,
+    parent: FileId,
+    attr: StoredAttr,
+    target: Option<Vec<u8>>,
+}
+
+fn corrupt(id: FileId, e: impl std::fmt::Display) -> WireError {
+    WireError::new(
+        ErrorCode::Io,
+        format!("inode {id} is corrupt in the store: {e}"),
+    )
+}
+
+/// The `data` column for inode `ino`.
+pub(super) fn encode_inode(ino: &Inode) -> Result<Vec<u8>, WireError> {
+    let stored = StoredInode {
+        id: ino.id,
+        gen: ino.gen,
+        parent: ino.parent,
+        attr: (&ino.attr).into(),
+        target: ino.target.clone(),
+    };
+    postcard::to_stdvec(&stored).map_err(|e| corrupt(ino.id, e))
+}
+
+/// Decodes the `data` column of inode `id` (its `stale` list empty and no
+/// home link: the callers fill them from their tables).
+pub(super) fn decode_inode(id: FileId, data: &[u8]) -> Result<Inode, WireError> {
+    let s: StoredInode = postcard::from_bytes(data).map_err(|e| corrupt(id, e))?;
+    if s.id != id {
+        return Err(corrupt(id, format!("record names id {}", s.id)));
+    }
+    Ok(Inode {
+        id: s.id,
+        gen: s.gen,
+        parent: s.parent,
+        attr: s.attr.into(),
+        target: s.target,
+        stale: Vec::new(),
+        home: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(secs: i64, nanos: u32) -> Timestamp {
+        Timestamp { secs, nanos }
+    }
+
+    fn symlink() -> Inode {
+        Inode {
+            id: 300,
+            gen: 7,
+            parent: 1,
+            attr: Attr {
+                kind: FileKind::Symlink,
+                mode: 0o777,
+                uid: 1000,
+                gid: 100,
+                nlink: 1,
+                size: 3,
+                atime: t(1_577_934_245, 5),
+                mtime: t(-2, 999_999_999),
+                ctime: t(0, 0),
+                rdev: 0,
+            },
+            target: Some(b"d/f".to_vec()),
+            stale: Vec::new(),
+            home: None,
+        }
+    }
+
+    /// The bytes format 1 and 2 stores hold for [`symlink`]: postcard,
+    /// varints, fields in order. Written down once; must never change.
+    const GOLDEN: &[u8] = &[
+        0xac, 0x02, // id 300
+        0x07, // gen
+        0x01, // parent
+        0x02, // kind: Symlink
+        0xff, 0x03, // mode 0o777
+        0xe8, 0x07, // uid 1000
+        0x64, // gid 100
+        0x01, // nlink
+        0x03, // size
+        0xca, 0xf6, 0xea, 0xe0, 0x0b, 0x05, // atime (zigzag secs, nanos)
+        0x03, 0xff, 0x93, 0xeb, 0xdc, 0x03, // mtime -2 s + 999,999,999 ns
+        0x00, 0x00, // ctime
+        0x00, // rdev
+        0x01, 0x03, b'd', b'/', b'f', // target: Some, 3 bytes
+    ];
+
+    #[test]
+    fn an_inode_is_stored_in_the_layout_stores_already_hold() {
+        assert_eq!(encode_inode(&symlink()).unwrap(), GOLDEN);
+        assert_eq!(decode_inode(300, GOLDEN).unwrap(), symlink());
+    }
+
+    #[test]
+    fn every_kind_keeps_its_stored_number() {
+        let kinds = [
+            FileKind::File,
+            FileKind::Dir,
+            FileKind::Symlink,
+            FileKind::Fifo,
+            FileKind::Socket,
+            FileKind::CharDev,
+            FileKind::BlockDev,
+        ];
+        for (n, k) in kinds.into_iter().enumerate() {
+            let mut i = symlink();
+            i.attr.kind = k;
+            assert_eq!(encode_inode(&i).unwrap()[4], n as u8, "{k:?}");
+            assert_eq!(FileKind::from(StoredKind::from(k)), k);
+        }
+    }
+
+    #[test]
+    fn a_record_of_another_id_or_cut_short_is_an_error_not_a_panic() {
+        let e = decode_inode(301, GOLDEN).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Io);
+        for n in 0..GOLDEN.len() {
+            assert!(decode_inode(300, &GOLDEN[..n]).is_err(), "{n} bytes");
+        }
+    }
+}
