@@ -23,6 +23,7 @@ mod size;
 mod status;
 mod umount;
 mod up;
+mod volume;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -66,6 +67,8 @@ enum Command {
     Cache(cache::CacheArgs),
     /// Make and inspect the volume's key files.
     Key(key::KeyArgs),
+    /// Change the servers of a running volume: replace a lost one.
+    Volume(volume::VolumeArgs),
 }
 
 /// How verbose logging is when `RUST_LOG` is not set.
@@ -117,6 +120,7 @@ fn main() -> ExitCode {
         Command::Nfs(a) => nfs::run(a),
         Command::Cache(a) => cache::run(a),
         Command::Key(a) => key::run(a),
+        Command::Volume(a) => volume::run(a),
     };
     match result {
         Ok(code) => code,

@@ -285,6 +285,24 @@ async fn resync_loop(
             }
         }
         diverged = again;
+        // A replacement (`morris volume replace`): every file with blocks
+        // here recorded stale before it serves reads of them again.
+        if damage.rebuild_pending() {
+            match c.record_rebuild(index).await {
+                Ok(n) => {
+                    info!(
+                        files = n,
+                        "replacement: the copies here of every file are recorded stale; resync rebuilds them"
+                    );
+                    if let Err(e) = damage.rebuild_recorded() {
+                        warn!(error = %e, "replacement: cannot clear the rebuild mark; retrying");
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %e, "replacement: recording this server's copies stale is incomplete; retrying")
+                }
+            }
+        }
         if let Err(e) = c.resync(index, &status).await {
             warn!(error = %e, "resync pass incomplete; retrying");
         }

@@ -185,14 +185,18 @@ fn redundancy(servers: &mut [ServerReport], mirrored: bool) -> &'static str {
     for (s, n) in servers.iter_mut().zip(stale) {
         s.stale_files = n;
         let running = s.stats.as_ref().is_some_and(|st| st.resync.running);
+        let rebuilding = s.stats.as_ref().is_some_and(|st| st.rebuilding);
         s.copies = match (n, running) {
+            _ if rebuilding => "rebuilding",
             (0, _) => "current",
             (_, true) => "resyncing",
             (_, false) => "stale",
         };
         resyncing |= n > 0 && running;
     }
-    if servers.iter().any(|s| s.state != "up") || !metadata_whole(servers, mirrored) {
+    // A replacement not yet rebuilt holds copies nobody may read yet.
+    let rebuilding = servers.iter().any(|s| s.copies == "rebuilding");
+    if servers.iter().any(|s| s.state != "up") || !metadata_whole(servers, mirrored) || rebuilding {
         "degraded"
     } else if resyncing {
         "resyncing"
@@ -689,6 +693,12 @@ mod tests {
             ranges: vec![serving(1, true), copy(0)],
             ..ServerStats::default()
         });
+        assert_eq!(redundancy(&mut r.servers, true), "healthy");
+        // A replacement not yet rebuilt: degraded, whatever else holds.
+        r.servers[1].stats.as_mut().unwrap().rebuilding = true;
+        assert_eq!(redundancy(&mut r.servers, true), "degraded");
+        assert_eq!(copies_cell(&r.servers[1]), "rebuilding");
+        r.servers[1].stats.as_mut().unwrap().rebuilding = false;
         assert_eq!(redundancy(&mut r.servers, true), "healthy");
         assert_eq!(metadata_cell(&r.servers[0]), "0:primary 1:copy");
         // Server 0 restarted and server 1 has not called it yet: server 1

@@ -105,3 +105,81 @@ fn truncated_and_regrown_files_read_zeros_from_either_copy() {
         "regrown file differs with server {v} killed"
     );
 }
+
+/// A server whose disk died comes back empty at its address (`--replicas
+/// 2`) and `morris volume replace` makes it a member again: no read
+/// returns the zeros of its empty disk (also for files written since,
+/// whose extent files there have holes), a kill -9 in the middle of its
+/// rebuild does not stop it, fsck finds the volume clean, and then its
+/// copies stand in for a different lost server.
+#[test]
+fn an_empty_replacement_server_serves_no_zeros_and_is_rebuilt() {
+    let mut c = Cluster::start_mirrored(K as usize);
+    let m = c.mount();
+    let mut files: Vec<(std::path::PathBuf, Vec<u8>)> = (0..6u64)
+        .map(|i| {
+            let d = pattern(70 + i, 0, (3 << 20) + 12_345 * i as usize);
+            let p = m.path.join(format!("f{i}"));
+            std::fs::write(&p, &d).expect("write");
+            (p, d)
+        })
+        .collect();
+    drop(m);
+    c.kill9(1);
+    std::fs::remove_dir_all(&c.servers[1].data).expect("wipe server 1");
+    c.restart(1);
+    let o = common::morris(&["volume", "replace", c.addr(0), "1"]);
+    assert!(o.status.success(), "volume replace: {}", common::both(&o));
+    // Killed before its rebuild could finish: it goes on after a restart.
+    c.kill9(1);
+    c.restart(1);
+    let m = c.mount();
+    // Written now, these blocks land on the replacement too: its extent
+    // files then have holes where the older blocks were.
+    for (i, (p, d)) in files.iter_mut().enumerate() {
+        use std::io::Write;
+        let more = pattern(90 + i as u64, d.len() as u64, 300_000);
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(m.path.join(p.file_name().expect("name")))
+            .expect("open");
+        f.write_all(&more).expect("append");
+        f.sync_all().expect("fsync");
+        d.extend_from_slice(&more);
+    }
+    for (p, d) in &files {
+        let p = m.path.join(p.file_name().expect("name"));
+        assert!(
+            read_all(&p) == *d,
+            "{} differs right after the replacement",
+            p.display()
+        );
+    }
+    drop(m);
+    common::wait_healthy(&c);
+    // The replacement holds its share again.
+    let st = common::status(&c);
+    let per: Vec<u64> = st["servers"]
+        .as_array()
+        .expect("servers")
+        .iter()
+        .map(|s| s["stats"]["data_bytes"].as_u64().unwrap_or(0))
+        .collect();
+    assert!(
+        per[1] * 5 >= per[0] * 4,
+        "server 1 holds {} bytes, server 0 {}: not rebuilt",
+        per[1],
+        per[0]
+    );
+    common::fsck_clean(&c);
+    c.kill9(2);
+    let m = c.mount();
+    for (p, d) in &files {
+        let p = m.path.join(p.file_name().expect("name"));
+        assert!(
+            read_all(&p) == *d,
+            "{} differs with server 2 lost after the rebuild",
+            p.display()
+        );
+    }
+}

@@ -27,6 +27,7 @@ mod opens;
 pub mod perm;
 mod pool;
 mod reaper;
+mod rebuild;
 mod replicas;
 mod resync;
 mod slow;

@@ -94,6 +94,20 @@ pub enum Request {
         /// This server's position in `descriptor.servers`.
         index: u32,
     },
+    /// Makes this empty, unformatted server server `index` of an existing
+    /// volume in place of one whose disk was lost (`morris volume
+    /// replace`): it keeps every metadata range as a copy to be brought up
+    /// to date (never as their primary), reads none of its data blocks
+    /// until every file with blocks on it has them recorded stale (then
+    /// resync rebuilds them from the other copies). Refused with
+    /// `WrongVolume` if it belongs to another volume, `Invalid` if it is
+    /// already formatted otherwise; a repeat is a no-op. [`Reply::Ok`].
+    Replace {
+        /// The volume's descriptor (from a running member).
+        descriptor: VolumeDescriptor,
+        /// This server's position in `descriptor.servers`.
+        index: u32,
+    },
     /// Counters for `morris status`. Answered by [`Reply::Status`].
     Status,
     /// Capacity of this server's disk. Answered by [`Reply::Statfs`].
@@ -1004,6 +1018,7 @@ impl Request {
         matches!(
             self,
             Request::Format { .. }
+                | Request::Replace { .. }
                 | Request::PeerSync { .. }
                 | Request::Replicate { .. }
                 | Request::SnapshotChunk { .. }
@@ -1029,6 +1044,7 @@ impl Request {
         match self {
             Request::Hello { .. } => "Hello",
             Request::Format { .. } => "Format",
+            Request::Replace { .. } => "Replace",
             Request::Status => "Status",
             Request::Statfs => "Statfs",
             Request::Renew => "Renew",

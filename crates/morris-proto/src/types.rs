@@ -415,6 +415,9 @@ pub struct ServerStats {
     pub connections_stalled: u64,
     /// Checksums of the data kept here: what failed, what was repaired.
     pub integrity: IntegrityStatus,
+    /// A replacement for a lost server whose copies are not yet all
+    /// recorded stale: it answers no read of its blocks (`Replace`).
+    pub rebuilding: bool,
 }
 
 /// What a server's checksums found (`morris status`, `morris scrub`).

@@ -242,6 +242,20 @@ impl Damage {
         self.server.blocks().damage_found()
     }
 
+    /// Whether this server replaces a lost one and its blocks are not yet
+    /// all recorded stale (`Request::Replace`): the resync loop then
+    /// records them (`Client::record_rebuild`) and says so with
+    /// [`Damage::rebuild_recorded`].
+    pub fn rebuild_pending(&self) -> bool {
+        self.server.rebuild_pending()
+    }
+
+    /// Every file with blocks on this server is recorded stale: it serves
+    /// reads again.
+    pub fn rebuild_recorded(&self) -> Result<(), morris_proto::WireError> {
+        self.server.rebuild_recorded()
+    }
+
     /// Counts a damaged copy handed to resync (`repaired`), or left as it is
     /// for want of another copy, for `Status`.
     pub fn note_repair(&self, repaired: bool) {

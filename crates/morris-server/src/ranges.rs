@@ -171,7 +171,7 @@ fn load_role(path: &Path) -> Result<Option<(u64, Role)>, WireError> {
 }
 
 /// Writes a role file durably (temp file, fsync, rename, fsync directory).
-fn save_role(path: &Path, gen: u64, role: Role) -> Result<(), WireError> {
+pub(crate) fn save_role(path: &Path, gen: u64, role: Role) -> Result<(), WireError> {
     use std::io::Write;
     let tmp = path.with_extension("tmp");
     let text = format!(

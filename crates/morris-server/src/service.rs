@@ -38,6 +38,7 @@ mod peer;
 mod peer_calls;
 mod push_names;
 mod pusher;
+mod replace;
 mod scrub_peers;
 mod sessions;
 mod space;
@@ -171,6 +172,9 @@ pub(crate) struct Server {
     /// The wall clock, in microseconds, at `started`: write grants are
     /// numbered from it (`LeaseTable::fenced_from`).
     fence_base: u64,
+    /// A replacement whose blocks are not yet all recorded stale: it reads
+    /// none of them (`replace.rs`).
+    pub(crate) rebuilding: AtomicBool,
 }
 
 type Outcome = (Result<Reply, WireError>, Bytes);
@@ -279,6 +283,9 @@ impl Server {
                 break e;
             }
         };
+        // An unreadable mark counts as set: reading none of the blocks is
+        // safe, answering zeros for them is not.
+        let rebuilding = store.rebuild_pending().unwrap_or(true);
         let started = Instant::now();
         let fence_base = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -317,6 +324,7 @@ impl Server {
             fences: Default::default(),
             diverged: Mutex::new(Vec::new()),
             fence_base,
+            rebuilding: AtomicBool::new(rebuilding),
         }
     }
 
@@ -443,7 +451,7 @@ impl Server {
             me,
             peers_of(me),
             self.store.clone(),
-            self.data_dir.join("range-home.state"),
+            self.data_dir.join(replace::range_state_file(0)),
             Role::Primary,
             grace,
             arbiter.clone(),
@@ -461,7 +469,7 @@ impl Server {
                 r,
                 peers_of(r),
                 Arc::new(mirror),
-                self.data_dir.join(format!("range-mirror{suffix}.state")),
+                self.data_dir.join(replace::range_state_file(back)),
                 Role::Secondary,
                 grace,
                 arbiter.clone(),
@@ -561,6 +569,9 @@ impl Server {
                 }
                 return plain(r.map(|_| Reply::Ok));
             }
+            Request::Replace { descriptor, index } => {
+                return plain(self.replace(descriptor, index).await);
+            }
             Request::Status => {
                 return plain(self.status().await.map(|s| Reply::Status(Box::new(s))))
             }
@@ -606,6 +617,9 @@ impl Server {
                 "this server is not formatted",
             )));
         };
+        if let Some(e) = self.refuse_while_rebuilding(&req) {
+            return plain(Err(e));
+        }
         // Grace is checked with the request's range, in `metadata_op`.
         if admin && takes_lease(&req) {
             return plain(Err(err(
@@ -1554,6 +1568,7 @@ impl Server {
             }
             Request::Hello { .. }
             | Request::Format { .. }
+            | Request::Replace { .. }
             | Request::Status
             | Request::Statfs
             | Request::Read { .. }

@@ -120,9 +120,11 @@ CREATE TABLE IF NOT EXISTS opens (
 
 /// The store format this code reads and writes (`PRAGMA user_version`).
 /// Format 1 stores lack tables format 2 added; opening one adds them (the
-/// schema is `CREATE ... IF NOT EXISTS`). A store of a later format is
-/// refused: this code could misread it.
-pub const STORE_FORMAT: i64 = 2;
+/// schema is `CREATE ... IF NOT EXISTS`). Format 3 adds `rebuild` (a
+/// replacement's mark, `store/rebuild.rs`: a server of format 2 would
+/// ignore it and answer zeros for the blocks it lacks). A store of a later
+/// format is refused: this code could misread it.
+pub const STORE_FORMAT: i64 = 3;
 
 /// A failure opening the store.
 #[derive(Debug, thiserror::Error)]
@@ -171,7 +173,8 @@ pub struct Formatted {
 }
 
 impl Formatted {
-    fn new(descriptor: VolumeDescriptor, index: u32) -> Self {
+    /// Server `index` of the volume `descriptor` describes.
+    pub fn new(descriptor: VolumeDescriptor, index: u32) -> Self {
         let layout = Layout::new(
             descriptor.servers.len() as u32,
             descriptor.stripe_unit,
@@ -408,6 +411,7 @@ impl Store {
         write.execute_batch(cached::SCHEMA).map_err(err)?;
         write.execute_batch(wb::SCHEMA).map_err(err)?;
         write.execute_batch(xattrs::SCHEMA).map_err(err)?;
+        write.execute_batch(rebuild::SCHEMA).map_err(err)?;
         if found < STORE_FORMAT {
             write
                 .execute_batch(&format!("PRAGMA user_version = {STORE_FORMAT};"))
@@ -560,6 +564,28 @@ impl Store {
         index: u32,
         root_gen: u32,
     ) -> Result<FormatOutcome, WireError> {
+        self.format_as(descriptor, index, root_gen, false)
+    }
+
+    /// [`Store::format`] for a server taking the place of a lost one
+    /// (`Replace`): no root directory (it comes with the metadata copied
+    /// from the range's primary), and the rebuild mark set in the same
+    /// transaction (`rebuild.rs`).
+    pub fn format_replacement(
+        &self,
+        descriptor: &VolumeDescriptor,
+        index: u32,
+    ) -> Result<FormatOutcome, WireError> {
+        self.format_as(descriptor, index, 0, true)
+    }
+
+    fn format_as(
+        &self,
+        descriptor: &VolumeDescriptor,
+        index: u32,
+        root_gen: u32,
+        replacement: bool,
+    ) -> Result<FormatOutcome, WireError> {
         descriptor
             .validate()
             .map_err(|m| WireError::new(ErrorCode::Invalid, m))?;
@@ -601,13 +627,16 @@ impl Store {
         let blob = postcard::to_stdvec(descriptor)
             .map_err(|e| WireError::new(ErrorCode::Invalid, e.to_string()))?;
         let formatted = Formatted::new(descriptor.clone(), index);
-        let owns_root = formatted.layout.inode_server(ROOT_ID) == index;
+        let owns_root = formatted.layout.inode_server(ROOT_ID) == index && !replacement;
         self.txn_locked(&mut conn, |tx| {
             tx.exec(
                 "INSERT INTO volume (one, descriptor, own_index, counter) VALUES (1, ?1, ?2, ?3)",
                 params![blob, i64::from(index), FIRST_COUNTER as i64],
             )
             .map_err(db_err)?;
+            if replacement {
+                rebuild::mark(tx)?;
+            }
             if owns_root {
                 let now = Timestamp::now();
                 let root = Inode {
@@ -1479,6 +1508,7 @@ mod fences;
 mod format_tests;
 mod once;
 mod orphans;
+mod rebuild;
 mod replica;
 #[cfg(test)]
 mod replica_tests;

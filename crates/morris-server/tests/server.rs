@@ -1337,3 +1337,75 @@ async fn an_orphan_is_kept_while_a_live_client_has_it_open() {
     );
     h.shutdown().await;
 }
+
+/// `Replace` makes an empty server a member again without serving what it
+/// lacks: its ranges are copies (never a primary on an empty store), it
+/// answers no read of block data until its copies are recorded stale, and
+/// both survive a restart.
+#[tokio::test]
+async fn a_replacement_reads_no_block_and_holds_no_range_until_rebuilt() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = server(dir.path()).await;
+    let admin = connect(&h).await;
+    admin.hello(None, 1).await.expect("hello");
+    let mut d = descriptor(vec![h.local_addr().to_string(), "127.0.0.1:9".into()]);
+    let one = d.clone();
+    assert_eq!(
+        admin
+            .code(Request::Replace {
+                descriptor: one,
+                index: 0
+            })
+            .await,
+        ErrorCode::Invalid,
+        "a volume with one copy has nothing to rebuild from"
+    );
+    d.replicas = 2;
+    let replace = Request::Replace {
+        descriptor: d.clone(),
+        index: 0,
+    };
+    admin.ok(replace.clone()).await;
+    admin.ok(replace.clone()).await;
+    for f in ["range-home.state", "range-mirror.state"] {
+        let text = std::fs::read_to_string(dir.path().join(f)).expect(f);
+        assert_eq!(text.trim(), "0 secondary", "{f}");
+    }
+    let l = morris_proto::layout::Layout::new(2, UNIT, 2);
+    let id = 4242;
+    let replica = l
+        .placement(id, 1)
+        .iter()
+        .position(|&s| s == 0)
+        .expect("a copy here") as u8;
+    let read = Request::Read {
+        id,
+        index: 1,
+        replica,
+        offset: 0,
+        len: 16,
+    };
+    let c = connect(&h).await;
+    c.hello(Some(d.uuid), 2).await.expect("hello");
+    assert_eq!(c.code(read.clone()).await, ErrorCode::Unavailable);
+    // Its own range is not served: it holds no copy of it yet.
+    assert_eq!(
+        c.code(Request::GetInode { ino: ROOT_ID }).await,
+        ErrorCode::NotOwner
+    );
+    drop((c, admin));
+    let h = restarted(h, dir.path()).await;
+    let c = connect(&h).await;
+    c.hello(Some(d.uuid), 3).await.expect("hello");
+    assert_eq!(c.code(read).await, ErrorCode::Unavailable);
+    // Not a new volume's server either: formatting it is refused.
+    assert_eq!(
+        c.code(Request::Replace {
+            descriptor: descriptor(vec![h.local_addr().to_string()]),
+            index: 0
+        })
+        .await,
+        ErrorCode::WrongVolume
+    );
+    h.shutdown().await;
+}

@@ -110,6 +110,7 @@ impl Server {
             write_service_us: self.load.service_us().1,
             stale_by_server,
             resync: self.resync.lock().clone(),
+            rebuilding: self.rebuild_pending(),
             ranges: self
                 .ranges()
                 .map(|r| r.list.iter().map(|x| x.status(self.now_ms())).collect())

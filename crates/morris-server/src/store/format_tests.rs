@@ -65,7 +65,7 @@ fn a_format_2_store_opens_and_reads_as_it_was_written() {
     listed.sort();
     assert_eq!(listed, vec![b"d".to_vec(), b"l".to_vec(), b"p".to_vec()]);
 
-    // Opened once, it is format 2 still, and opens again.
+    // Opened once, it is of the current format, and opens again.
     drop(s);
     let c = Connection::open(&path).unwrap();
     let v: i64 = c
