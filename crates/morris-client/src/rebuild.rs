@@ -15,7 +15,8 @@ const PAGE: u32 = 1000;
 impl Client {
     /// Records stale, at each file's owner and under its write lease, the
     /// copies server `server` keeps of every file with blocks on it; walks
-    /// every metadata range through whichever copy serves it. Returns the
+    /// every metadata range through the copy that serves it (`ScanRange`:
+    /// a copy that is behind would answer a short list). Returns the
     /// files recorded. An error leaves the pass to be run again (recording
     /// a copy stale twice is harmless).
     pub async fn record_rebuild(&self, server: u32) -> Result<u64> {
@@ -24,7 +25,11 @@ impl Client {
         for range in 0..l.servers {
             let mut after = 0;
             loop {
-                let req = Request::ScanInodes { after, max: PAGE };
+                let req = Request::ScanRange {
+                    range,
+                    after,
+                    max: PAGE,
+                };
                 let page = match self.pool.call_range(range, req, Bytes::new()).await?.1 {
                     Reply::Inodes(v) => v,
                     other => return Err(unexpected(&other)),

@@ -305,6 +305,17 @@ pub enum Request {
         /// Most to return.
         max: u32,
     },
+    /// Lists the inodes of metadata range `range` with id > `after`,
+    /// ascending, at most `max`, from the copy that serves the range
+    /// (`NotOwner` from any other). [`Reply::Inodes`].
+    ScanRange {
+        /// The metadata range.
+        range: u32,
+        /// Continue after this id (0: from the start).
+        after: FileId,
+        /// Most to return.
+        max: u32,
+    },
     /// Lists directory entries after `(dir, cookie)`, ascending. [`Reply::ScanEntries`].
     ScanEntries {
         /// Continue after this directory ...
@@ -1066,6 +1077,7 @@ impl Request {
             Request::DeleteData { .. } => "DeleteData",
             Request::Sync { .. } => "Sync",
             Request::ScanInodes { .. } => "ScanInodes",
+            Request::ScanRange { .. } => "ScanRange",
             Request::ScanEntries { .. } => "ScanEntries",
             Request::ScanData { .. } => "ScanData",
             Request::MarkStale { .. } => "MarkStale",

@@ -49,7 +49,7 @@ mod stats;
 const LIST_PAGE_WAIT: Duration = Duration::from_secs(2);
 
 /// Every request name, in a fixed order, for the per-request counters.
-const OPS: [&str; 59] = [
+const OPS: [&str; 60] = [
     "Hello",
     "Format",
     "Status",
@@ -73,6 +73,7 @@ const OPS: [&str; 59] = [
     "DeleteData",
     "Sync",
     "ScanInodes",
+    "ScanRange",
     "ScanEntries",
     "ScanData",
     "MarkStale",
@@ -896,6 +897,15 @@ impl Server {
                 self.release(client, *ino);
                 return Ok(Reply::Ok);
             }
+            Request::ScanRange { range, after, max } => {
+                // Only from the copy serving the range: another (one that
+                // is behind, or empty) would answer a short list.
+                let store = ranges.serving_id(FileId::from(*range), now)?.store.clone();
+                let (after, max) = (*after, *max);
+                return blocking(move || store.scan_inodes(after, max))
+                    .await
+                    .map(Reply::Inodes);
+            }
             _ => {}
         }
         let range = match &req {
@@ -1441,9 +1451,11 @@ impl Server {
                 .await?;
                 Ok(Reply::Ok)
             }
-            Request::ScanInodes { after, max } => blocking(move || store.scan_inodes(after, max))
-                .await
-                .map(Reply::Inodes),
+            Request::ScanInodes { after, max } | Request::ScanRange { after, max, .. } => {
+                blocking(move || store.scan_inodes(after, max))
+                    .await
+                    .map(Reply::Inodes)
+            }
             Request::ScanEntries {
                 after_dir,
                 after_cookie,

@@ -1388,11 +1388,28 @@ async fn a_replacement_reads_no_block_and_holds_no_range_until_rebuilt() {
     let c = connect(&h).await;
     c.hello(Some(d.uuid), 2).await.expect("hello");
     assert_eq!(c.code(read.clone()).await, ErrorCode::Unavailable);
-    // Its own range is not served: it holds no copy of it yet.
+    // Its ranges are not served: it holds no copy of them yet. A list of a
+    // range's inodes comes only from the copy serving it (where a scan of
+    // every range served here answers an empty list).
     assert_eq!(
         c.code(Request::GetInode { ino: ROOT_ID }).await,
         ErrorCode::NotOwner
     );
+    for range in 0..2 {
+        assert_eq!(
+            c.code(Request::ScanRange {
+                range,
+                after: 0,
+                max: 10
+            })
+            .await,
+            ErrorCode::NotOwner
+        );
+    }
+    match c.ok(Request::ScanInodes { after: 0, max: 10 }).await {
+        Reply::Inodes(v) => assert!(v.is_empty()),
+        r => panic!("unexpected {r:?}"),
+    }
     drop((c, admin));
     let h = restarted(h, dir.path()).await;
     let c = connect(&h).await;
