@@ -136,6 +136,22 @@ fn an_empty_replacement_server_serves_no_zeros_and_is_rebuilt() {
     c.kill9(1);
     std::fs::remove_dir_all(&c.servers[1].data).expect("wipe server 1");
     c.restart(1);
+    // Until it is made a member, the empty server holds no copy: the range
+    // it kept a copy of goes on without it, as with its process gone
+    // (before, its primary stopped serving within ten lease times).
+    std::thread::sleep(std::time::Duration::from_millis(10 * 1500));
+    let st = common::status(&c);
+    let range0 = st["servers"][0]["stats"]["ranges"]
+        .as_array()
+        .expect("ranges")
+        .iter()
+        .find(|r| r["range"] == 0)
+        .cloned()
+        .expect("range 0 at server 0");
+    assert!(
+        range0["primary"] == true && range0["ready"] == true,
+        "range 0 not served while an empty server answers at server 1's address: {range0}"
+    );
     let o = common::morris(&["volume", "replace", c.addr(0), "1"]);
     assert!(o.status.success(), "volume replace: {}", common::both(&o));
     // Killed before its rebuild could finish: it goes on after a restart.

@@ -38,7 +38,11 @@ enum Hand {
 
 /// Why the forwarder's connection is gone.
 enum Lost {
-    /// The peer's process is not running (connection refused).
+    /// The peer's process is not running (connection refused), or the
+    /// process at its address holds no copy of this volume (it answers
+    /// `WrongVolume`: unformatted — an empty replacement not yet made a
+    /// member — or another volume's). Either way the copy that process
+    /// kept is gone with it.
     Refused,
     /// Anything else (timeout, reset, refusal of a request).
     Other(String),
@@ -51,6 +55,7 @@ fn lost(e: RpcError) -> Lost {
         {
             Lost::Refused
         }
+        RpcError::Remote(w) if w.code == ErrorCode::WrongVolume => Lost::Refused,
         _ => Lost::Other(e.to_string()),
     }
 }
