@@ -152,6 +152,14 @@ fn an_empty_replacement_server_serves_no_zeros_and_is_rebuilt() {
         range0["primary"] == true && range0["ready"] == true,
         "range 0 not served while an empty server answers at server 1's address: {range0}"
     );
+    // A mount starts and reads meanwhile, as with server 1 down.
+    let m = c.mount();
+    let (p, d) = &files[0];
+    assert!(
+        read_all(&m.path.join(p.file_name().expect("name"))) == *d,
+        "read before the replacement"
+    );
+    drop(m);
     let o = common::morris(&["volume", "replace", c.addr(0), "1"]);
     assert!(o.status.success(), "volume replace: {}", common::both(&o));
     // Killed before its rebuild could finish: it goes on after a restart.

@@ -671,8 +671,13 @@ impl Pool {
                     }
                 }
             };
-            if failure.code == ErrorCode::Unavailable {
-                // Not reachable: its range may have moved to the other copy.
+            if matches!(
+                failure.code,
+                ErrorCode::Unavailable | ErrorCode::WrongVolume
+            ) {
+                // Not reachable, or a process there that holds nothing of
+                // this volume (an empty server not yet made a member): its
+                // range may have moved to the other copy.
                 switch(s);
             }
             if Instant::now() >= deadline {
