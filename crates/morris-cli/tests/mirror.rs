@@ -190,14 +190,7 @@ fn an_empty_replacement_server_serves_no_zeros_and_is_rebuilt() {
         f.sync_all().expect("fsync");
         d.extend_from_slice(&more);
     }
-    for (p, d) in &files {
-        let p = m.path.join(p.file_name().expect("name"));
-        assert!(
-            read_all(&p) == *d,
-            "{} differs right after the replacement",
-            p.display()
-        );
-    }
+    read_back(&m.path, &files, "right after the replacement");
     drop(m);
     common::wait_healthy(&c);
     // The replacement holds its share again.
@@ -217,12 +210,14 @@ fn an_empty_replacement_server_serves_no_zeros_and_is_rebuilt() {
     common::fsck_clean(&c);
     c.kill9(2);
     let m = c.mount();
-    for (p, d) in &files {
-        let p = m.path.join(p.file_name().expect("name"));
-        assert!(
-            read_all(&p) == *d,
-            "{} differs with server 2 lost after the rebuild",
-            p.display()
-        );
+    read_back(&m.path, &files, "with server 2 lost after the rebuild");
+}
+
+/// Reads every one of `files` (paths of another mount, and their bytes)
+/// through the mount at `mnt`.
+fn read_back(mnt: &std::path::Path, files: &[(std::path::PathBuf, Vec<u8>)], when: &str) {
+    for (p, d) in files {
+        let p = mnt.join(p.file_name().expect("name"));
+        assert!(read_all(&p) == *d, "{} differs {when}", p.display());
     }
 }
