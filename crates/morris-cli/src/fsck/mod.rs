@@ -92,12 +92,86 @@ fn progress(total: u64, what: &str) -> ProgressBar {
     bar
 }
 
+/// Reads every server, while the same servers serve the same metadata
+/// ranges before and after (a scan during a takeover could miss a range).
 async fn scan_all(sessions: &[Session], what: &str) -> Result<Snapshot> {
-    let total = scan::count(sessions).await;
-    let bar = progress(total, what);
-    let snap = scan::scan(sessions, &bar).await;
-    bar.finish_and_clear();
-    snap
+    for _ in 0..3 {
+        let before = serving_wait(sessions).await?;
+        let total = scan::count(sessions).await;
+        let bar = progress(total, what);
+        let snap = scan::scan(sessions, &bar).await;
+        bar.finish_and_clear();
+        let snap = snap?;
+        if serving_wait(sessions).await? == before {
+            return Ok(snap);
+        }
+        eprintln!(
+            "fsck: a metadata range changed hands while the servers were read; reading again"
+        );
+    }
+    anyhow::bail!(
+        "metadata ranges kept changing hands while fsck read the servers; nothing was changed, try again"
+    )
+}
+
+/// [`serving`], waiting up to a few lease times for every range to be
+/// served (after a restart or a takeover).
+async fn serving_wait(sessions: &[Session]) -> Result<Vec<(usize, u64)>> {
+    let lease = sessions.first().map_or(10_000, |s| u64::from(s.lease_ms));
+    let until = std::time::Instant::now() + Duration::from_millis(4 * lease + 5_000);
+    loop {
+        match serving(sessions).await {
+            Ok(v) => return Ok(v),
+            Err(e) if std::time::Instant::now() >= until => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+}
+
+/// Which server serves each metadata range, and at which generation. A
+/// server lists the inodes and entries of the ranges it serves; one that
+/// nobody serves (a takeover or a lapsed ownership under way) would be
+/// missing from the scan, its entries' inodes taken for lost: fsck
+/// refuses to go on then.
+async fn serving(sessions: &[Session]) -> Result<Vec<(usize, u64)>> {
+    let mut all = Vec::with_capacity(sessions.len());
+    for s in sessions {
+        let req = morris_proto::Request::Status;
+        match s.ask(&req).await? {
+            morris_proto::Reply::Status(st) => all.push(st.ranges),
+            other => return Err(admin::unexpected(&req, &s.addr, &other)),
+        }
+    }
+    served_by(&all)
+}
+
+/// [`serving`] from each server's ranges (in server order).
+fn served_by(servers: &[Vec<morris_proto::RangeStatus>]) -> Result<Vec<(usize, u64)>> {
+    let mut by_range: Vec<Option<(usize, u64)>> = vec![None; servers.len()];
+    for (i, ranges) in servers.iter().enumerate() {
+        for r in ranges.iter().filter(|r| r.primary && r.ready) {
+            if let Some(slot) = by_range.get_mut(r.range as usize) {
+                if slot.is_some() {
+                    anyhow::bail!(
+                        "metadata range {} is served by two servers at once by their word; nothing was changed, try again",
+                        r.range
+                    );
+                }
+                *slot = Some((i, r.gen));
+            }
+        }
+    }
+    by_range
+        .into_iter()
+        .enumerate()
+        .map(|(r, x)| {
+            x.ok_or_else(|| {
+                anyhow!(
+                    "metadata range {r} is served by no server now (a takeover, or a primary whose ownership lapsed): its inodes and entries cannot be read; nothing was changed, try again when `morris status` shows it served"
+                )
+            })
+        })
+        .collect()
 }
 
 fn name(n: &[u8]) -> String {
@@ -362,4 +436,46 @@ async fn fsck(args: &FsckArgs) -> Result<ExitCode> {
 pub fn run(args: FsckArgs) -> Result<ExitCode> {
     let rt = runtime::build()?;
     rt.block_on(fsck(&args))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::served_by;
+    use morris_proto::RangeStatus;
+
+    fn primary(range: u32, gen: u64, ready: bool) -> RangeStatus {
+        RangeStatus {
+            range,
+            primary: true,
+            ready,
+            gen,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn every_range_must_have_one_serving_primary() {
+        let copy = RangeStatus {
+            range: 0,
+            ready: true,
+            ..Default::default()
+        };
+        let ok = vec![
+            vec![primary(0, 1, true)],
+            vec![primary(1, 2, true), copy.clone()],
+        ];
+        assert_eq!(served_by(&ok).unwrap(), vec![(0, 1), (1, 2)]);
+        // Range 1's primary not serving yet (restarted, lapsed): refused.
+        let gap = vec![vec![primary(0, 1, true)], vec![primary(1, 2, false), copy]];
+        assert!(served_by(&gap).unwrap_err().to_string().contains("range 1"));
+        // Taken over: the new server and generation differ from before.
+        let moved = vec![vec![primary(0, 1, true), primary(1, 3, true)], vec![]];
+        assert_ne!(served_by(&moved).unwrap(), served_by(&ok).unwrap());
+        // Two at once by their word: refused.
+        let two = vec![
+            vec![primary(0, 1, true)],
+            vec![primary(0, 2, true), primary(1, 1, true)],
+        ];
+        assert!(served_by(&two).is_err());
+    }
 }
