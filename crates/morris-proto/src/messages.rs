@@ -738,6 +738,9 @@ pub enum Request {
         /// Servers that do not answer: the units whose first copy is on
         /// one of them are pushed from their next copy instead.
         down: Vec<u32>,
+        /// The file's stale-copy records: a copy they cover pushes
+        /// nothing (the next current copy does).
+        stale: Vec<StaleCopy>,
     },
     /// Before cached file `id` is first written in a writable cache: this
     /// server fetches every unit of it it holds a copy of that it does not

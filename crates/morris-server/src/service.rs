@@ -357,7 +357,9 @@ impl Server {
             let Some(vol) = self.store.formatted() else {
                 continue;
             };
-            if self.scrubber.due(every) {
+            // Not on a replacement not yet rebuilt: its comparison would
+            // take its empty copies for the first ones.
+            if self.scrubber.due(every) && !self.rebuild_pending() {
                 self.scrubber.start(
                     self.blocks.clone(),
                     self.store.clone(),
@@ -745,8 +747,9 @@ impl Server {
                 handle,
                 size,
                 down,
+                stale,
             } => plain(
-                self.push_data_here(&vol, binding, spec, id, handle, size, down)
+                self.push_data_here(&vol, binding, spec, id, handle, size, (&down, &stale))
                     .await,
             ),
             Request::Flush { binding } => plain(self.flush(binding).await),

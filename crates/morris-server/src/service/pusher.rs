@@ -26,7 +26,8 @@ use futures::{FutureExt, StreamExt};
 use morris_home::{Home, HomeError, HomeHandle, HomeKind, HomeNew, HomeSetAttr, HomeTime};
 use morris_proto::home::{wall_ms, Binding, OnDisconnect};
 use morris_proto::{
-    DirEntry, ErrorCode, FileId, FileKind, Inode, Reply, Request, WbHome, WbMark, WireError,
+    DirEntry, ErrorCode, FileId, FileKind, Inode, Reply, Request, StaleCopy, WbHome, WbMark,
+    WireError,
 };
 use parking_lot::Mutex;
 use tracing::{debug, warn};
@@ -1088,10 +1089,28 @@ impl Server {
         }
         let vol = r.vol.clone();
         let k = vol.layout.servers;
+        // Read now, not when the round began: a copy recorded stale since
+        // (a server back from an outage, a replacement being rebuilt)
+        // must not push its units.
+        let stale = match self
+            .range_ask(&vol, id, &Request::GetInode { ino: id })
+            .await?
+        {
+            Reply::Inode(i) => i.stale,
+            other => return Err(err(ErrorCode::Protocol, format!("unexpected {other:?}"))),
+        };
         let mut down: Vec<u32> = Vec::new();
         let mut left: Vec<u32> = (0..k).collect();
         let mut total = 0;
         for _ in 0..vol.layout.replicas.max(1) {
+            if let Some(i) = uncovered(&vol.layout, id, size, &down, &stale) {
+                return Err(err(
+                    ErrorCode::Unavailable,
+                    format!(
+                        "block {i} of file {id} has no current copy that answers; not pushed yet"
+                    ),
+                ));
+            }
             let req = |_: u32| Request::PushData {
                 binding: r.binding,
                 spec: r.b.spec.clone(),
@@ -1099,6 +1118,7 @@ impl Server {
                 handle: h.0.clone(),
                 size,
                 down: down.clone(),
+                stale: stale.clone(),
             };
             let calls = left.iter().map(|&s| {
                 let req = req(s);
@@ -1141,7 +1161,7 @@ impl Server {
         id: FileId,
         handle: Vec<u8>,
         size: u64,
-        down: Vec<u32>,
+        (down, stale): (&[u32], &[StaleCopy]),
     ) -> Result<Reply, WireError> {
         if self.bound(binding).is_err() {
             self.open_home(binding, spec);
@@ -1153,9 +1173,8 @@ impl Server {
         let blocks = size.div_ceil(unit);
         let mine: Vec<(u64, u8)> = (1..=blocks)
             .filter_map(|i| {
-                let pl = vol.layout.placement(id, i);
-                let (r, s) = pl.iter().enumerate().find(|(_, s)| !down.contains(s))?;
-                (*s == vol.index).then_some((i, r as u8))
+                let (r, s) = pusher_of(&vol.layout, id, i, down, stale)?;
+                (s == vol.index).then_some((i, r))
             })
             .collect();
         if mine.is_empty() {
@@ -1213,5 +1232,66 @@ impl Server {
             }
             self.push_tick().await;
         }
+    }
+}
+
+/// The copy (its number and server) that pushes block `i` of file `id`:
+/// the first one on a server not `down` and not recorded stale for it.
+fn pusher_of(
+    l: &morris_proto::layout::Layout,
+    id: FileId,
+    i: u64,
+    down: &[u32],
+    stale: &[StaleCopy],
+) -> Option<(u8, u32)> {
+    l.placement(id, i)
+        .into_iter()
+        .enumerate()
+        .find(|&(_, s)| !down.contains(&s) && !stale.iter().any(|rec| rec.covers(s, i)))
+        .map(|(r, s)| (r as u8, s))
+}
+
+/// A block of the first `size` bytes of file `id` that no copy can push
+/// ([`pusher_of`]), if any.
+fn uncovered(
+    l: &morris_proto::layout::Layout,
+    id: FileId,
+    size: u64,
+    down: &[u32],
+    stale: &[StaleCopy],
+) -> Option<u64> {
+    let blocks = size.div_ceil(u64::from(l.unit.max(1)));
+    (1..=blocks).find(|&i| pusher_of(l, id, i, down, stale).is_none())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{pusher_of, uncovered};
+    use morris_proto::layout::Layout;
+    use morris_proto::StaleCopy;
+
+    #[test]
+    fn a_stale_or_down_copy_pushes_nothing_and_a_block_without_a_current_copy_is_not_pushed() {
+        let l = Layout::new(4, 1 << 20, 2);
+        let id = 8;
+        let first = l.placement(id, 3);
+        assert_eq!(pusher_of(&l, id, 3, &[], &[]), Some((0, first[0])));
+        // The first copy recorded stale from block 2 on: the second pushes.
+        let stale = [StaleCopy {
+            server: first[0],
+            from: 2,
+            seq: 1,
+        }];
+        assert_eq!(pusher_of(&l, id, 3, &[], &stale), Some((1, first[1])));
+        // ... and below its `from`, the first still does.
+        let b1 = l.placement(id, 1);
+        if b1[0] == first[0] {
+            assert_eq!(pusher_of(&l, id, 1, &[], &stale), Some((0, b1[0])));
+        }
+        // Its other copy down as well: block 3 has no copy to push it.
+        assert_eq!(pusher_of(&l, id, 3, &[first[1]], &stale), None);
+        assert_eq!(uncovered(&l, id, 4 << 20, &[first[1]], &stale), Some(3));
+        assert_eq!(uncovered(&l, id, 4 << 20, &[], &stale), None);
+        assert_eq!(uncovered(&l, id, 0, &[first[0], first[1]], &[]), None);
     }
 }

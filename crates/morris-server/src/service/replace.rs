@@ -6,7 +6,7 @@
 //! |---|---|
 //! | role files written (every range copy here: secondary, generation 0), then the store formatted with the rebuild mark in one transaction | a crash in between leaves an unformatted server (run the command again); a formatted replacement never starts as the primary of a range it holds no copy of |
 //! | ranges opened as secondaries | each range's primary (or the copy that took it over) sends this server a snapshot, as to a copy back from an outage |
-//! | rebuild mark set | `Read`, `ReadCached`, `Seek` and `ChunkSums` answered `Unavailable`: clients read another copy, a scrub compares later. Writes are taken (a file written now has its blocks here) |
+//! | rebuild mark set | `Read`, `ReadCached`, `Seek`, `ChunkSums`, `PushData` (cache mode's write-back) and `Scrub` answered `Unavailable`: clients read another copy, the write-back pushes from another copy, a scrub (whose comparison would take the empty copy for the first one) waits. Writes are taken (a file written now has its blocks here) |
 //! | the server's resync loop (`Client::record_rebuild`) records every file with blocks here stale, under each file's write lease | readers skip this server's copies of those files from then on |
 //! | mark cleared | reads served again: every copy here is either recorded stale or was written since the replacement |
 //! | resync (as after an outage) | the stale copies rewritten from the others, the records dropped |
@@ -39,6 +39,8 @@ fn reads_blocks(req: &Request) -> bool {
             | Request::ReadCached { .. }
             | Request::Seek { .. }
             | Request::ChunkSums { .. }
+            | Request::PushData { .. }
+            | Request::Scrub { .. }
     )
 }
 
