@@ -19,7 +19,7 @@ use tracing::info;
 
 use super::{blocking, err, Server};
 use crate::ranges::{save_role, Role};
-use crate::store::Formatted;
+use crate::store::{FormatOutcome, Formatted};
 
 /// The role file of the range copy kept `back` servers behind its home
 /// (0: this server's own range).
@@ -98,16 +98,21 @@ impl Server {
             .meta_copies();
         let (store, dir) = (self.store.clone(), self.data_dir.clone());
         let d = descriptor.clone();
-        blocking(move || {
+        let outcome = blocking(move || {
             // Role files first: a crash before the store is formatted
             // leaves an unformatted server; after, its ranges open as
             // copies that are behind.
             for back in 0..copies {
                 save_role(&dir.join(range_state_file(back)), 0, Role::Secondary)?;
             }
-            store.format_replacement(&d, index).map(|_| ())
+            store.format_replacement(&d, index)
         })
         .await?;
+        if outcome == FormatOutcome::AlreadyFormatted {
+            // A second `Replace` that ran alongside the first: that one
+            // opens the ranges.
+            return Ok(Reply::Ok);
+        }
         self.rebuilding.store(true, Ordering::Release);
         info!(
             index,
