@@ -175,7 +175,7 @@ pub(crate) struct Server {
     fence_base: u64,
     /// A replacement whose blocks are not yet all recorded stale: it reads
     /// none of them (`replace.rs`).
-    pub(crate) rebuilding: AtomicBool,
+    rebuilding: AtomicBool,
 }
 
 type Outcome = (Result<Reply, WireError>, Bytes);

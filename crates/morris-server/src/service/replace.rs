@@ -102,10 +102,19 @@ impl Server {
             // Role files first: a crash before the store is formatted
             // leaves an unformatted server; after, its ranges open as
             // copies that are behind.
-            for back in 0..copies {
-                save_role(&dir.join(range_state_file(back)), 0, Role::Secondary)?;
+            let files: Vec<_> = (0..copies)
+                .map(|back| dir.join(range_state_file(back)))
+                .collect();
+            for f in &files {
+                save_role(f, 0, Role::Secondary)?;
             }
-            store.format_replacement(&d, index)
+            store.format_replacement(&d, index).inspect_err(|_| {
+                // Still unformatted: a later `Format` of a new volume must
+                // find no roles of this attempt.
+                for f in &files {
+                    let _ = std::fs::remove_file(f);
+                }
+            })
         })
         .await?;
         if outcome == FormatOutcome::AlreadyFormatted {
