@@ -666,7 +666,32 @@ impl Leases {
             }
         }
         let range = self.layout.inode_server(h.id);
-        let seq_before = self.recall_seq.lock().get(&h.id).copied().unwrap_or(0);
+        // Registered in flight in one step with a last look at the cached
+        // entry, under the lock `on_recall` decides under: either that
+        // recall sees this acquire (and sends no Release, which could reach
+        // the server after this grant and give *it* back), or this acquire
+        // sees the entry marked recalled and waits for its give-back.
+        let seq_before = {
+            let mut inflight = self.inflight.lock();
+            let giving_back = self
+                .map
+                .lock()
+                .get(&h.id)
+                .filter(|e| e.state.lock().recalled)
+                .cloned();
+            if let Some(e) = giving_back {
+                drop(inflight);
+                drop(_serial);
+                crate::slow::watch(
+                    || format!("the give-back of the lease on {}", h.id),
+                    e.wait_gone(),
+                )
+                .await;
+                return Ok(None);
+            }
+            *inflight.entry(h.id).or_insert(0) += 1;
+            self.recall_seq.lock().get(&h.id).copied().unwrap_or(0)
+        };
         let req = match (want, seed) {
             (Mode::Read, Some(seed)) if seed.handle() == h => {
                 Request::AcquireCached { seed: seed.clone() }
@@ -676,7 +701,6 @@ impl Leases {
         };
         let guess = self.pool.range_server(range);
         let epoch_before = self.pool.epoch(guess);
-        *self.inflight.lock().entry(h.id).or_insert(0) += 1;
         let res = self.pool.call_range(range, req, Bytes::new()).await;
         // The acquire counts as in flight until its grant is installed: a
         // recall handled in between must see one or the other (`on_recall`).
@@ -858,6 +882,12 @@ impl Leases {
         let acquiring = inflight.contains_key(&ino);
         *self.recall_seq.lock().entry(ino).or_insert(0) += 1;
         let entry = self.map.lock().get(&ino).cloned();
+        // Marked recalled before the lock is let go: an acquire starting
+        // now (a read lease's upgrade, say) must wait for this give-back's
+        // Release rather than race it to the server (`acquire`).
+        if let Some(e) = entry.as_ref().filter(|e| e.owner == from) {
+            e.state.lock().recalled = true;
+        }
         drop(inflight);
         debug!(ino, server = from, ?want, acquiring, "recall");
         let Some(entry) = entry else {
@@ -885,7 +915,6 @@ impl Leases {
         if entry.owner != from {
             return;
         }
-        entry.state.lock().recalled = true;
         // With an acquire on its way, the cached entry is a read lease being
         // upgraded: the server dropped it when the AcquireWrite arrived, and
         // the recall is for it or for the grant on its way (which
@@ -1106,22 +1135,28 @@ impl Leases {
     /// Gives back the least recently granted unused leases above the cap.
     fn maybe_evict(self: &Arc<Self>) {
         let excess = {
+            // Chosen and marked under the lock acquires register under: an
+            // entry being upgraded is not given back (its Release could
+            // reach the server after the new grant and give that back).
+            let inflight = self.inflight.lock();
             let map = self.map.lock();
             if map.len() <= self.max_cached {
                 return;
             }
             let mut v: Vec<Arc<LeaseEntry>> = map
                 .values()
-                .filter(|e| !e.state.lock().dirty)
+                .filter(|e| !inflight.contains_key(&e.id) && !e.state.lock().dirty)
                 .cloned()
                 .collect();
             v.sort_by_key(|e| e.generation);
             v.truncate(map.len() - self.max_cached + self.max_cached / 8);
+            for e in &v {
+                e.state.lock().recalled = true;
+            }
             v
         };
         for e in excess {
             let me = self.clone();
-            e.state.lock().recalled = true;
             tokio::spawn(async move { me.process_recall(e).await });
         }
     }

@@ -1100,12 +1100,13 @@ impl TwoMounts {
         TwoMounts::start(ClusterOpts::default(), &["--attr-ttl-ms", "600000"])
     }
 
-    /// Both mounts' logs, for failure messages.
+    /// Both mounts' logs and the servers', for failure messages.
     pub fn logs(&self) -> String {
         format!(
-            "--- mount A log\n{}--- mount B log\n{}",
+            "--- mount A log\n{}--- mount B log\n{}{}",
             read_log(&self.a.log),
-            read_log(&self.b.log)
+            read_log(&self.b.log),
+            self.c.logs()
         )
     }
 }
