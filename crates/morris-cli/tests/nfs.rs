@@ -93,6 +93,15 @@ fn namespace_procedures_through_libnfs() {
     assert!(gw.ok(&["stat", "/d/x"]).starts_with("mode=100600 size=5 "));
     gw.ok(&["chown", "/d/x", "1234", "5678"]);
     assert!(gw.ok(&["stat", "/d/x"]).contains(" uid=1234 gid=5678 "));
+    // `used`: what is on disk, not the size (a file grown by SETATTR has none).
+    gw.ok(&["put", "/d/sparse", "644", ""]);
+    gw.ok(&["truncate", "/d/sparse", "1073741824"]);
+    let st = gw.ok(&["stat", "/d/sparse"]);
+    assert!(
+        st.contains(" size=1073741824 ") && st.ends_with(" blocks=0\n"),
+        "{st}"
+    );
+    gw.ok(&["unlink", "/d/sparse"]);
 
     // MKNOD: a fifo
     gw.ok(&["mknod", "/d/p", "010640", "0"]);

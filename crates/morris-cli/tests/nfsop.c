@@ -214,9 +214,10 @@ int main(int argc, char **argv) {
         struct nfs_stat_64 st;
         ret = nfs_stat64(nfs, a[0], &st);
         if (ret == 0)
-            printf("mode=%" PRIo64 " size=%" PRIu64 " nlink=%" PRIu64 " uid=%" PRIu64 " gid=%" PRIu64 " ino=%" PRIu64 "\n",
+            printf("mode=%" PRIo64 " size=%" PRIu64 " nlink=%" PRIu64 " uid=%" PRIu64 " gid=%" PRIu64 " ino=%" PRIu64 " blocks=%" PRIu64 "\n",
                    (uint64_t)st.nfs_mode, (uint64_t)st.nfs_size, (uint64_t)st.nfs_nlink,
-                   (uint64_t)st.nfs_uid, (uint64_t)st.nfs_gid, (uint64_t)st.nfs_ino);
+                   (uint64_t)st.nfs_uid, (uint64_t)st.nfs_gid, (uint64_t)st.nfs_ino,
+                   (uint64_t)st.nfs_blocks);
     } else if (!strcmp(op, "statvfs")) {
         NEED(1);
         struct nfs_statvfs_64 sv;

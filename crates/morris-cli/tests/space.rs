@@ -284,3 +284,84 @@ fn seek_data_and_seek_hole_answer_what_ext4_answers() {
         assert_eq!(buf, [7; 4]);
     }
 }
+
+/// `st_blocks` of `p` (in 512-byte blocks), asked afresh.
+fn blocks_of(p: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(p).unwrap().blocks()
+}
+
+/// `st_blocks` counts what the servers' disks hold, as ext4 does: a file
+/// grown by `truncate` takes nothing, a write into its hole takes what it
+/// wrote, a reservation its length, a punched hole gives back what was
+/// written there; a file written from start to end is its size. Another
+/// mount sees the same (the measure is stored with the inode).
+#[test]
+fn st_blocks_counts_what_the_disks_hold_not_the_size() {
+    use std::os::unix::fs::FileExt;
+    const MIB: u64 = 1 << 20;
+    // Each server's disk may round its extent files up a little (one
+    // 4 KiB block per unit boundary at most here).
+    let near = |got: u64, want_bytes: u64, what: &str| {
+        let want = want_bytes / 512;
+        assert!(
+            got >= want && got <= want + 3 * 64,
+            "{what}: {got} blocks, want about {want}"
+        );
+    };
+    for replicas in [1u8, 2] {
+        let c = with_copies(3, replicas);
+        let m = c.mount();
+        let other = c.mount();
+        let p = m.path.join("sparse");
+        let seen_there = other.path.join("sparse");
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&p)
+            .unwrap();
+        f.set_len(1 << 30).unwrap();
+        assert_eq!(blocks_of(&p), 0, "after truncate -s 1G, {replicas} copies");
+        f.write_all_at(&vec![5u8; MIB as usize], 100 * MIB).unwrap();
+        f.sync_all().unwrap();
+        near(blocks_of(&p), MIB, "a MiB written into the hole");
+        fallocate(&f, 0, 512 * MIB, 100 * MIB).unwrap();
+        near(blocks_of(&p), 101 * MIB, "100 MiB reserved");
+        fallocate(
+            &f,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            100 * MIB,
+            MIB,
+        )
+        .unwrap();
+        near(blocks_of(&p), 100 * MIB, "the MiB written punched out");
+        drop(f);
+        near(blocks_of(&seen_there), 100 * MIB, "from another mount");
+        assert_eq!(fs::metadata(&seen_there).unwrap().len(), 1 << 30);
+        // A write past the end leaves a hole, measured when it is stored.
+        let q = m.path.join("appended");
+        let g = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&q)
+            .unwrap();
+        g.write_all_at(&[1u8; 4096], 0).unwrap();
+        g.write_all_at(&[2u8; 4096], 300 * MIB).unwrap();
+        drop(g);
+        near(
+            blocks_of(&other.path.join("appended")),
+            8192,
+            "two 4 KiB writes 300 MiB apart",
+        );
+        // Emptied and written whole: its size again, without measuring.
+        fs::write(&q, vec![3u8; (10 * MIB) as usize]).unwrap();
+        assert_eq!(blocks_of(&q), 10 * MIB / 512, "rewritten whole");
+        assert_eq!(blocks_of(&other.path.join("appended")), 10 * MIB / 512);
+        let small = m.path.join("small");
+        fs::write(&small, b"x").unwrap();
+        assert_eq!(blocks_of(&small), 8, "one byte takes a 4 KiB block");
+    }
+}

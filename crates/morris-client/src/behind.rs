@@ -268,7 +268,7 @@ impl Client {
         };
         self.behind.tidy(f.id, slot);
         r?;
-        self.grew(f, &g.entry, end);
+        self.grew(f, &g.entry, offset, end);
         Ok(len as u32)
     }
 
@@ -627,6 +627,7 @@ impl Client {
         if !self.config.attrs_behind
             || g.entry.mode != Mode::Write
             || set.size.is_some()
+            || set.alloc.is_some()
             || set.nlink.is_some()
             || set.parent.is_some()
         {

@@ -931,6 +931,11 @@ impl Client {
             if set.mtime.is_none() {
                 set.mtime = Some(Timestamp::now());
             }
+            // Growing leaves a hole, and a file with holes may have lost
+            // some: what is on disk now is measured (`st_blocks`).
+            if size > 0 && (size > cur.attr.size || cur.alloc.is_some()) {
+                set.alloc = self.leases.measure(id, &cur.stale).await;
+            }
             // Our own size wins over the unsaved one.
             g.entry.state.lock().inode.attr.size = size;
         }

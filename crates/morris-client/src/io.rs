@@ -708,9 +708,15 @@ impl Client {
     /// gathered to be): the cached size grows to cover it, and the times
     /// move, as of now. The owner learns them at close or recall, after
     /// the data is stored (ordering rule).
-    pub(crate) fn grew(&self, f: &OpenFile, e: &LeaseEntry, end: u64) {
+    pub(crate) fn grew(&self, f: &OpenFile, e: &LeaseEntry, start: u64, end: u64) {
         {
             let mut st = e.state.lock();
+            if start > st.inode.attr.size && st.inode.alloc.is_none() {
+                // A write past the end leaves a hole: what is on disk is
+                // measured when the size is stored (`write_back`); until
+                // then, what was there.
+                st.inode.alloc = Some(st.inode.attr.size.next_multiple_of(4096));
+            }
             let now = Timestamp::now();
             st.inode.attr.size = st.inode.attr.size.max(end);
             st.inode.attr.mtime = now;

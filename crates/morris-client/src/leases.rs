@@ -434,6 +434,8 @@ impl Leases {
         if st.dirty {
             let local = st.inode.attr.clone();
             self.keep_local(entry.id, &local, &mut inode.attr);
+            // A hole made here is measured when the size is stored.
+            inode.alloc = inode.alloc.or(st.inode.alloc);
         }
         if entry.mode == Mode::Write {
             crate::copies::merge_stale(&st.inode.stale, &mut inode.stale);
@@ -1018,10 +1020,11 @@ impl Leases {
         self.storing[(id as usize) % ACQUIRE_SHARDS].lock().await
     }
 
-    /// Stores a dirty inode's size and times at its owner.
+    /// Stores a dirty inode's size and times at its owner (and, for a file
+    /// with holes, how much of it is on disk now: its data is stored first).
     pub(crate) async fn write_back(&self, entry: &LeaseEntry) -> Result<()> {
         let _one_at_a_time = self.store_lock(entry.id).await;
-        let (h, set, seq) = {
+        let (h, mut set, seq, measure) = {
             let st = entry.state.lock();
             if !st.dirty || entry.mode != Mode::Write {
                 return Ok(());
@@ -1033,8 +1036,13 @@ impl Leases {
                 ..SetAttr::default()
             };
             self.pending_attrs(entry.id).fill(&mut set);
-            (st.inode.handle(), set, self.unstored_seq(entry.id))
+            let measure = (st.inode.alloc.is_some() && st.inode.attr.size > 0)
+                .then(|| st.inode.stale.clone());
+            (st.inode.handle(), set, self.unstored_seq(entry.id), measure)
         };
+        if let Some(stale) = measure {
+            set.alloc = self.measure(entry.id, &stale).await;
+        }
         // To whoever serves the inode's range now: after a takeover that
         // is the copy, not the server that granted the lease.
         let range = self.layout.inode_server(entry.id);
@@ -1047,6 +1055,47 @@ impl Leases {
         };
         self.stored(entry, inode, seq);
         Ok(())
+    }
+
+    /// Bytes file `id`'s data takes on the servers' disks: one copy of
+    /// each block, each server's first copy or, where that one is recorded
+    /// stale (`stale`) or its server does not answer, the next. `None` if
+    /// some server's blocks had no copy that answered (the last measure is
+    /// then kept).
+    pub(crate) async fn measure(
+        &self,
+        id: FileId,
+        stale: &[morris_proto::StaleCopy],
+    ) -> Option<u64> {
+        let l = self.layout;
+        let k = l.servers.max(1);
+        let limit = self.pool.lease() / 2;
+        let asks = (0..k).map(|primary| async move {
+            for r in 0..l.replicas.max(1) {
+                let s = (primary + r) % k;
+                if stale.iter().any(|rec| rec.server == s) || self.pool.recently_down(s) {
+                    continue;
+                }
+                let req = Request::Allocated {
+                    id,
+                    replica: r as u8,
+                };
+                match tokio::time::timeout(limit, self.pool.call(s, req, Bytes::new())).await {
+                    Ok(Ok((Reply::Allocated(bytes), _))) => return Some(bytes),
+                    Ok(Ok((other, _))) => {
+                        debug!(server = s, reply = ?other, "unexpected answer to Allocated")
+                    }
+                    Ok(Err(e)) => debug!(server = s, error = %e, "Allocated: trying another copy"),
+                    Err(_) => debug!(server = s, "Allocated: no answer, trying another copy"),
+                }
+            }
+            None
+        });
+        let mut total = 0u64;
+        for bytes in futures::future::join_all(asks).await {
+            total = total.saturating_add(bytes?);
+        }
+        Some(total)
     }
 
     /// Removes an entry and tells the front end to drop what it cached under it.

@@ -159,6 +159,7 @@ pub(crate) fn test_inode(kind: morris_proto::FileKind, mode: u32, uid: u32, gid:
         },
         target: None,
         stale: Vec::new(),
+        alloc: None,
         home: None,
     }
 }

@@ -78,12 +78,15 @@ impl Client {
             if reserve {
                 self.to_every_server(&g, req(false)).await?;
             }
-            g.inode().attr.size
+            let cur = g.inode();
+            (cur.attr.size, self.leases.measure(id, &cur.stale).await)
         };
-        // Times, and the size if it grows.
+        // Times, the size if it grows, and what is on disk now.
+        let (size, alloc) = size;
         let set = SetAttr {
             size: (!keep_size && end > size).then_some(end),
             mtime: Some(Timestamp::now()),
+            alloc,
             ..SetAttr::default()
         };
         self.do_setattr(id, set, &Caller::root()).await.map(|_| ())

@@ -89,7 +89,7 @@ pub(crate) fn file_attr(inode: &Inode, blksize: u32) -> FileAttr {
     FileAttr {
         ino: INodeNo(inode.id),
         size: a.size,
-        blocks: a.size.div_ceil(512),
+        blocks: inode.disk_bytes().div_ceil(512),
         atime: system_time(a.atime),
         mtime: system_time(a.mtime),
         ctime: system_time(a.ctime),
@@ -170,6 +170,7 @@ mod tests {
             },
             target: None,
             stale: Vec::new(),
+            alloc: None,
             home: None,
         }
     }
@@ -179,7 +180,7 @@ mod tests {
         let a = file_attr(&inode(42, FileKind::File, 0o104755, 1025), 1 << 20);
         assert_eq!(a.ino, INodeNo(42));
         assert_eq!(a.size, 1025);
-        assert_eq!(a.blocks, 3);
+        assert_eq!(a.blocks, 8);
         assert_eq!(a.perm, 0o4755);
         assert_eq!(a.kind, FileType::RegularFile);
         assert_eq!(a.nlink, 3);
@@ -195,15 +196,8 @@ mod tests {
     }
 
     #[test]
-    fn blocks_round_up() {
-        for (size, blocks) in [
-            (0, 0),
-            (1, 1),
-            (511, 1),
-            (512, 1),
-            (513, 2),
-            (1 << 40, 1 << 31),
-        ] {
+    fn blocks_are_the_size_in_4k_blocks_unless_measured() {
+        for (size, blocks) in [(0, 0), (1, 8), (4096, 8), (4097, 16), (1 << 40, 1 << 31)] {
             assert_eq!(
                 file_attr(&inode(2, FileKind::File, 0o644, size), 4096).blocks,
                 blocks
@@ -213,6 +207,12 @@ mod tests {
             file_attr(&inode(2, FileKind::File, 0o644, u64::MAX), 4096).blocks,
             u64::MAX / 512 + 1
         );
+        // A sparse file: what was measured on disk.
+        let mut sparse = inode(2, FileKind::File, 0o644, 1 << 30);
+        sparse.alloc = Some(0);
+        assert_eq!(file_attr(&sparse, 4096).blocks, 0);
+        sparse.alloc = Some(1 << 20);
+        assert_eq!(file_attr(&sparse, 4096).blocks, 2048);
     }
 
     #[test]

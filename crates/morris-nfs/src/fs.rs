@@ -187,7 +187,7 @@ fn fattr_with(fsid: u64, i: &Inode) -> fattr3 {
         uid: a.uid,
         gid: a.gid,
         size: a.size,
-        used: a.size,
+        used: i.disk_bytes(),
         rdev: specdata3 {
             specdata1: (a.rdev >> 8) & 0xfff,
             specdata2: (a.rdev & 0xff) | ((a.rdev >> 12) & 0xfff00),

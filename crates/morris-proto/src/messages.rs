@@ -950,6 +950,16 @@ pub enum Request {
         /// Most entries to answer.
         max: u32,
     },
+    /// Bytes the disk of this server holds for the blocks of file `id`
+    /// whose copy `replica` this server keeps (what `st_blocks` counts:
+    /// holes take none). No lease: the answer is as of now.
+    /// [`Reply::Allocated`].
+    Allocated {
+        /// The file.
+        id: FileId,
+        /// Which copy's extent file.
+        replica: u8,
+    },
 }
 
 /// A change to one object not yet pushed home (cache mode II), kept by the
@@ -1134,6 +1144,7 @@ impl Request {
             Request::TouchCtime { .. } => "TouchCtime",
             Request::Exchange { .. } => "Exchange",
             Request::ChunkSums { .. } => "ChunkSums",
+            Request::Allocated { .. } => "Allocated",
         }
     }
 }
@@ -1303,6 +1314,8 @@ pub enum Reply {
         /// copy, so its copies may differ by design).
         cached: bool,
     },
+    /// Answer to [`Request::Allocated`]: bytes allocated on disk.
+    Allocated(u64),
 }
 
 /// One server's view of one binding (`morris cache status`).

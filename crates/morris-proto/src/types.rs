@@ -155,6 +155,11 @@ pub struct Inode {
     /// Cache mode: the home object this inode caches, if it lies under a
     /// bound directory (`None` for ordinary files).
     pub home: Option<Box<crate::home::HomeLink>>,
+    /// Bytes the file's data takes on the servers' disks (one copy; holes
+    /// take none), as measured by the last writer that made it sparse or
+    /// reserved space (`None`: never measured, and taken as the size
+    /// rounded up to 4 KiB: a file written from start to end).
+    pub alloc: Option<u64>,
 }
 
 /// A record that server `server` missed writes to its copies of a file's
@@ -198,6 +203,18 @@ pub struct ResyncStatus {
 }
 
 impl Inode {
+    /// Bytes the object's data takes on disk, as `st_blocks` and NFSv3's
+    /// `used` count them: the last measure ([`Inode::alloc`]), else the
+    /// size rounded up to 4 KiB.
+    pub fn disk_bytes(&self) -> u64 {
+        self.alloc.unwrap_or_else(|| {
+            self.attr
+                .size
+                .checked_next_multiple_of(4096)
+                .unwrap_or(u64::MAX)
+        })
+    }
+
     /// This inode's handle.
     pub fn handle(&self) -> Handle {
         Handle {
@@ -229,6 +246,10 @@ pub struct SetAttr {
     pub nlink: Option<u32>,
     /// New parent (directories moved between directories).
     pub parent: Option<FileId>,
+    /// Bytes of data on the servers' disks, as just measured (see
+    /// [`Inode::alloc`]). A new size of 0 without it forgets the last
+    /// measure (an empty file has no holes).
+    pub alloc: Option<u64>,
 }
 
 /// Longest extended attribute name, with its namespace (`user.x`), in bytes.

@@ -828,6 +828,16 @@ impl Blocks {
         Ok(total)
     }
 
+    /// Bytes allocated on disk for copy `replica`'s extent file of `id`
+    /// (0 if there is none).
+    pub fn allocated_copy(&self, id: FileId, replica: u8) -> Result<u64, WireError> {
+        match std::fs::metadata(self.path_of(id, replica)) {
+            Ok(m) => Ok(m.blocks().saturating_mul(512)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(io_err(&format!("stat data of file {id}"), &e)),
+        }
+    }
+
     /// The length of copy `replica`'s extent file of `id` (0 if there is
     /// none) and the checksum entries of its chunks `first..`, at most
     /// `max`, none for a chunk that starts at or past that length.

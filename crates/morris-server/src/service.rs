@@ -251,6 +251,7 @@ fn subject(req: &Request) -> Option<FileId> {
         | Request::Write { id, .. }
         | Request::Fallocate { id, .. }
         | Request::Seek { id, .. }
+        | Request::Allocated { id, .. }
         | Request::ChunkSums { id, .. }
         | Request::Truncate { id, .. }
         | Request::DeleteData { id } => Some(*id),
@@ -1371,6 +1372,15 @@ impl Server {
                 from,
                 hole,
             } => self.seek_here(vol, id, replica, from, hole).await,
+            Request::Allocated { id, replica } => {
+                if u32::from(replica) >= vol.layout.replicas.max(1) {
+                    return Err(WireError::new(ErrorCode::Invalid, "no such copy"));
+                }
+                let blocks = self.blocks.clone();
+                blocking(move || blocks.allocated_copy(id, replica))
+                    .await
+                    .map(Reply::Allocated)
+            }
             Request::ChunkSums {
                 id,
                 replica,

@@ -122,9 +122,11 @@ CREATE TABLE IF NOT EXISTS opens (
 /// Format 1 stores lack tables format 2 added; opening one adds them (the
 /// schema is `CREATE ... IF NOT EXISTS`). Format 3 adds `rebuild` (a
 /// replacement's mark, `store/rebuild.rs`: a server of format 2 would
-/// ignore it and answer zeros for the blocks it lacks). A store of a later
+/// ignore it and answer zeros for the blocks it lacks). Format 4 may hold
+/// inode records that end with their data's measured size (`stored.rs`
+/// `MeasuredInode`: format 3 code would drop it). A store of a later
 /// format is refused: this code could misread it.
-pub const STORE_FORMAT: i64 = 3;
+pub const STORE_FORMAT: i64 = 4;
 
 /// A failure opening the store.
 #[derive(Debug, thiserror::Error)]
@@ -656,6 +658,7 @@ impl Store {
                         rdev: 0,
                     },
                     stale: Vec::new(),
+                    alloc: None,
                     home: None,
                     target: None,
                 };
@@ -787,6 +790,7 @@ impl Store {
                 attr,
                 target: target.map(<[u8]>::to_vec),
                 stale: Vec::new(),
+                alloc: None,
                 home: None,
             };
             tx.exec(
@@ -929,6 +933,14 @@ impl Store {
                 a.nlink = n;
             }
             a.ctime = set.ctime.unwrap_or_else(Timestamp::now);
+            if ino.attr.kind == FileKind::File {
+                match set.alloc {
+                    Some(bytes) => ino.alloc = Some(bytes),
+                    // Emptied: no holes left to count.
+                    None if set.size == Some(0) => ino.alloc = None,
+                    None => {}
+                }
+            }
             tx.exec(
                 "UPDATE inodes SET data = ?2 WHERE id = ?1",
                 params![sql_id(ino.id), encode_inode(&ino)?],

@@ -408,6 +408,7 @@ fn seed_inode(
         attr,
         target,
         stale: Vec::new(),
+        alloc: None,
         home: Some(Box::new(HomeLink {
             binding,
             handle: h.0,

@@ -465,6 +465,7 @@ mod tests {
             attr: a,
             target: None,
             stale: Vec::new(),
+            alloc: None,
             home: None,
         }
     }

@@ -38,6 +38,7 @@ fn reads_blocks(req: &Request) -> bool {
         Request::Read { .. }
             | Request::ReadCached { .. }
             | Request::Seek { .. }
+            | Request::Allocated { .. }
             | Request::ChunkSums { .. }
             | Request::PushData { .. }
             | Request::Scrub { .. }

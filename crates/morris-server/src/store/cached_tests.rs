@@ -41,6 +41,7 @@ fn seed(binding: FileId, name: &str, fileid: u64, handle: &[u8]) -> Seed {
             attr: a,
             target: None,
             stale: Vec::new(),
+            alloc: None,
             home: Some(Box::new(link(binding, handle, fileid))),
         },
     }

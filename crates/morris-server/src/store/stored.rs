@@ -137,6 +137,20 @@ struct StoredInode {
     target: Option<Vec<u8>>,
 }
 
+/// An inode whose data was measured (store format 4): [`StoredInode`]'s
+/// fields, then the bytes its data takes on disk. A record without a
+/// measure keeps the older layout, so the two never read as each other:
+/// each decodes only if it uses every byte of the record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct MeasuredInode {
+    id: FileId,
+    gen: u32,
+    parent: FileId,
+    attr: StoredAttr,
+    target: Option<Vec<u8>>,
+    alloc: u64,
+}
+
 fn corrupt(id: FileId, e: impl std::fmt::Display) -> WireError {
     WireError::new(
         ErrorCode::Io,
@@ -146,20 +160,57 @@ fn corrupt(id: FileId, e: impl std::fmt::Display) -> WireError {
 
 /// The `data` column for inode `ino`.
 pub(super) fn encode_inode(ino: &Inode) -> Result<Vec<u8>, WireError> {
-    let stored = StoredInode {
-        id: ino.id,
-        gen: ino.gen,
-        parent: ino.parent,
-        attr: (&ino.attr).into(),
-        target: ino.target.clone(),
-    };
-    postcard::to_stdvec(&stored).map_err(|e| corrupt(ino.id, e))
+    let attr = StoredAttr::from(&ino.attr);
+    let target = ino.target.clone();
+    let (id, gen, parent) = (ino.id, ino.gen, ino.parent);
+    match ino.alloc {
+        None => postcard::to_stdvec(&StoredInode {
+            id,
+            gen,
+            parent,
+            attr,
+            target,
+        }),
+        Some(alloc) => postcard::to_stdvec(&MeasuredInode {
+            id,
+            gen,
+            parent,
+            attr,
+            target,
+            alloc,
+        }),
+    }
+    .map_err(|e| corrupt(ino.id, e))
+}
+
+/// `T` from all of `data`, or why not.
+fn whole<'a, T: Deserialize<'a>>(data: &'a [u8]) -> Result<T, String> {
+    match postcard::take_from_bytes::<T>(data) {
+        Ok((v, [])) => Ok(v),
+        Ok((_, rest)) => Err(format!("{} bytes left over", rest.len())),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Decodes the `data` column of inode `id` (its `stale` list empty and no
 /// home link: the callers fill them from their tables).
 pub(super) fn decode_inode(id: FileId, data: &[u8]) -> Result<Inode, WireError> {
-    let s: StoredInode = postcard::from_bytes(data).map_err(|e| corrupt(id, e))?;
+    let (s, alloc) = match whole::<MeasuredInode>(data) {
+        Ok(m) => (
+            StoredInode {
+                id: m.id,
+                gen: m.gen,
+                parent: m.parent,
+                attr: m.attr,
+                target: m.target,
+            },
+            Some(m.alloc),
+        ),
+        Err(_) => (
+            whole::<StoredInode>(data).map_err(|e| corrupt(id, e))?,
+            None,
+        ),
+    };
     if s.id != id {
         return Err(corrupt(id, format!("record names id {}", s.id)));
     }
@@ -171,6 +222,7 @@ pub(super) fn decode_inode(id: FileId, data: &[u8]) -> Result<Inode, WireError> 
         target: s.target,
         stale: Vec::new(),
         home: None,
+        alloc,
     })
 }
 
@@ -202,6 +254,7 @@ mod tests {
             target: Some(b"d/f".to_vec()),
             stale: Vec::new(),
             home: None,
+            alloc: None,
         }
     }
 
@@ -256,5 +309,27 @@ mod tests {
         for n in 0..GOLDEN.len() {
             assert!(decode_inode(300, &GOLDEN[..n]).is_err(), "{n} bytes");
         }
+        let mut measured = symlink();
+        measured.alloc = Some(1 << 40);
+        let bytes = encode_inode(&measured).unwrap();
+        // (Cut at the end of the older layout, it is that record: SQLite
+        // keeps a value whole or not at all.)
+        for n in (GOLDEN.len() + 1)..bytes.len() {
+            assert!(decode_inode(300, &bytes[..n]).is_err(), "{n} bytes");
+        }
+    }
+
+    /// Format 4: a measured file's record is the older layout and then the
+    /// measure; an unmeasured one is still the older layout, byte for byte.
+    #[test]
+    fn a_measured_inode_is_the_older_record_and_its_measure() {
+        let mut i = symlink();
+        i.alloc = Some(300);
+        let bytes = encode_inode(&i).unwrap();
+        assert_eq!(&bytes[..GOLDEN.len()], GOLDEN);
+        assert_eq!(&bytes[GOLDEN.len()..], &[0xac, 0x02]);
+        assert_eq!(decode_inode(300, &bytes).unwrap(), i);
+        i.alloc = Some(0);
+        assert_eq!(decode_inode(300, &encode_inode(&i).unwrap()).unwrap(), i);
     }
 }
