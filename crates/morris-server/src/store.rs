@@ -934,7 +934,11 @@ impl Store {
             }
             a.ctime = set.ctime.unwrap_or_else(Timestamp::now);
             if ino.attr.kind == FileKind::File {
+                let dense = ino.attr.size.checked_next_multiple_of(4096);
                 match set.alloc {
+                    // What a file written whole takes: no measure needed
+                    // any more (a file filled in out of order, say).
+                    Some(bytes) if Some(bytes) == dense => ino.alloc = None,
                     Some(bytes) => ino.alloc = Some(bytes),
                     // Emptied: no holes left to count.
                     None if set.size == Some(0) => ino.alloc = None,

@@ -923,3 +923,41 @@ fn access_and_change_times_are_touched_forward_only() {
         ErrorCode::Stale
     );
 }
+
+/// A file's measure: kept and read back from disk, forgotten when it is
+/// what a file written whole takes or when the file is emptied, and never
+/// given to a directory.
+#[test]
+fn a_measure_is_stored_and_forgotten_when_no_longer_needed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, _) = open_formatted(dir.path());
+    let r = root(&s);
+    let f = s
+        .create_inode(0, &attr(FileKind::File), None, 3, None, None)
+        .unwrap();
+    let set = |size: Option<u64>, alloc: Option<u64>| SetAttr {
+        size,
+        alloc,
+        ..SetAttr::default()
+    };
+    let n = s
+        .set_attr(f.handle(), &set(Some(1 << 30), Some(0)))
+        .unwrap();
+    assert_eq!(n.alloc, Some(0));
+    assert_eq!(s.get_inode(f.id).unwrap().unwrap().alloc, Some(0));
+    // Times alone leave it.
+    let n = s.set_attr(f.handle(), &set(None, None)).unwrap();
+    assert_eq!(n.alloc, Some(0));
+    // Filled in whole: 1 GiB is 1 GiB of blocks.
+    let n = s.set_attr(f.handle(), &set(None, Some(1 << 30))).unwrap();
+    assert_eq!(n.alloc, None);
+    let n = s
+        .set_attr(f.handle(), &set(Some(5000), Some(4096)))
+        .unwrap();
+    assert_eq!(n.alloc, Some(4096));
+    let n = s.set_attr(f.handle(), &set(Some(0), None)).unwrap();
+    assert_eq!(n.alloc, None);
+    assert_eq!(s.get_inode(f.id).unwrap().unwrap().alloc, None);
+    let n = s.set_attr(r, &set(None, Some(7))).unwrap();
+    assert_eq!(n.alloc, None);
+}
