@@ -598,6 +598,17 @@ impl Blocks {
         }
         let what = format!("free data of file {id}");
         let cur = f.data.metadata().map_err(|e| io_err(&what, &e))?.len();
+        // Space reserved past the end (`allocate` keeps the length) is not
+        // freed by a punch there (ext4 punches up to the end only): the
+        // extent file is first made long enough to hold what the range
+        // has reserved, which reads as zeros either way.
+        let grow_to = match pos.checked_add(len) {
+            Some(to) if to > cur => reserved_end(&f.data, pos.max(cur), to)
+                .map_err(|e| io_err(&what, &e))?
+                .filter(|&g| g > cur),
+            _ => None,
+        };
+        let cur = grow_to.unwrap_or(cur);
         let (first, end) = sums::chunks(pos, len);
         let end = end.min(cur.div_ceil(CHUNK));
         let _l = self.lock_chunks((id, replica), first, end.max(first + 1));
@@ -610,6 +621,9 @@ impl Blocks {
             self.chunk_checked(&f, id, replica, c)?;
         }
         self.changing(&f, id, replica, (first, end), || {
+            if let Some(g) = grow_to {
+                f.data.set_len(g).map_err(|e| io_err(&what, &e))?;
+            }
             // SAFETY: `f.data` is an open descriptor for the duration of the call.
             let r = unsafe {
                 libc::fallocate(
@@ -1052,6 +1066,31 @@ fn read_upto(f: &File, pos: u64, len: usize) -> io::Result<Bytes> {
 }
 
 /// `pos` and `len` as `off_t`s for a system call.
+/// The end of the last block `data` has allocated within `from..to`,
+/// clipped to `to` (by FIEMAP, which also lists what is reserved past the
+/// file's end); `None` if there is none there, or the file system cannot
+/// say (no FIEMAP: tmpfs, say).
+fn reserved_end(data: &File, from: u64, to: u64) -> io::Result<Option<u64>> {
+    let mut end = None;
+    for extent in fiemap::Fiemap::new(data) {
+        let e = match extent {
+            Ok(e) => e,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::ENOTTY)) => {
+                return Ok(None)
+            }
+            Err(e) => return Err(e),
+        };
+        if e.fe_logical >= to {
+            break;
+        }
+        let e_end = e.fe_logical.saturating_add(e.fe_length).min(to);
+        if e_end > from {
+            end = Some(e_end);
+        }
+    }
+    Ok(end)
+}
+
 fn off_range(pos: u64, len: u64) -> Result<(libc::off_t, libc::off_t), WireError> {
     match (libc::off_t::try_from(pos), libc::off_t::try_from(len)) {
         (Ok(off), Ok(n)) => Ok((off, n)),
@@ -1231,6 +1270,45 @@ mod tests {
         assert!(got[1000..21_000].iter().all(|&x| x == 0));
         assert_eq!(&got[21_000..30_001], &data[21_000..30_001]);
         assert_eq!(b.sum_stats().bad_chunks.load(Ordering::Relaxed), 0);
+    }
+
+    /// A reservation past the end of the extent file is given back by a
+    /// punch of it (ext4 punches only up to the end), as far as the punch
+    /// goes; what was written and what is reserved beyond stay.
+    #[test]
+    fn a_punch_frees_what_was_reserved_past_the_end() {
+        let (d, b, st) = setup();
+        let data = pattern(8192, 3);
+        b.write(4, 0, 0, &data, false, &st).unwrap();
+        b.allocate(4, 0, 1 << 20, 8 << 20, &st).unwrap();
+        let before = b.allocated_copy(4, 0).unwrap();
+        assert!(
+            before >= (8 << 20) + 8192,
+            "{before} bytes after the reservation"
+        );
+        b.punch(4, 0, 1 << 20, 4 << 20).unwrap();
+        let after = b.allocated_copy(4, 0).unwrap();
+        let on_fiemap_fs = fiemap::Fiemap::new(File::open(b.path_of(4, 0)).unwrap())
+            .next()
+            .is_some_and(|e| e.is_ok());
+        if on_fiemap_fs {
+            assert!(
+                after <= before - (4 << 20),
+                "{after} bytes after punching 4 MiB of {before} ({:?})",
+                d.path()
+            );
+            assert!(
+                after >= (4 << 20) + 8192,
+                "the rest of the reservation stays"
+            );
+        }
+        let got = b.read(4, 0, 0, 6 << 20).unwrap();
+        assert_eq!(&got[..8192], &data[..]);
+        assert!(got[8192..].iter().all(|&x| x == 0));
+        assert_eq!(b.sum_stats().bad_chunks.load(Ordering::Relaxed), 0);
+        // Writing after the punched range still reads back.
+        b.write(4, 0, 7 << 20, b"tail", false, &st).unwrap();
+        assert_eq!(&b.read(4, 0, 7 << 20, 4).unwrap()[..], b"tail");
     }
 
     #[test]
