@@ -933,7 +933,7 @@ impl Client {
             }
             // Growing leaves a hole, and a file with holes may have lost
             // some: what is on disk now is measured (`st_blocks`).
-            if size > 0 && (size > cur.attr.size || cur.alloc.is_some()) {
+            if size > 0 && (size > cur.attr.size || cur.alloc.is_some()) && cur.home.is_none() {
                 set.alloc = self.leases.measure(id, &cur.stale).await;
             }
             // Our own size wins over the unsaved one.

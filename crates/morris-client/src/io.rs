@@ -711,7 +711,7 @@ impl Client {
     pub(crate) fn grew(&self, f: &OpenFile, e: &LeaseEntry, start: u64, end: u64) {
         {
             let mut st = e.state.lock();
-            if start > st.inode.attr.size && st.inode.alloc.is_none() {
+            if start > st.inode.attr.size && st.inode.alloc.is_none() && st.inode.home.is_none() {
                 // A write past the end leaves a hole: what is on disk is
                 // measured when the size is stored (`write_back`); until
                 // then, what was there.

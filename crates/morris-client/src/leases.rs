@@ -1036,8 +1036,11 @@ impl Leases {
                 ..SetAttr::default()
             };
             self.pending_attrs(entry.id).fill(&mut set);
-            let measure = (st.inode.alloc.is_some() && st.inode.attr.size > 0)
-                .then(|| st.inode.stale.clone());
+            // (A file cached from a home counts as its size: its blocks
+            // here are whatever was fetched.)
+            let measure =
+                (st.inode.alloc.is_some() && st.inode.attr.size > 0 && st.inode.home.is_none())
+                    .then(|| st.inode.stale.clone());
             (st.inode.handle(), set, self.unstored_seq(entry.id), measure)
         };
         if let Some(stale) = measure {

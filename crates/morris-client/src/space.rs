@@ -79,7 +79,11 @@ impl Client {
                 self.to_every_server(&g, req(false)).await?;
             }
             let cur = g.inode();
-            (cur.attr.size, self.leases.measure(id, &cur.stale).await)
+            let alloc = match cur.home {
+                None => self.leases.measure(id, &cur.stale).await,
+                Some(_) => None,
+            };
+            (cur.attr.size, alloc)
         };
         // Times, the size if it grows, and what is on disk now.
         let (size, alloc) = size;

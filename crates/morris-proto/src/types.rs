@@ -204,10 +204,11 @@ pub struct ResyncStatus {
 
 impl Inode {
     /// Bytes the object's data takes on disk, as `st_blocks` and NFSv3's
-    /// `used` count them: the last measure ([`Inode::alloc`]), else the
-    /// size rounded up to 4 KiB.
+    /// `used` count them: the last measure ([`Inode::alloc`]), else (and
+    /// for an object cached from a home) the size rounded up to 4 KiB.
     pub fn disk_bytes(&self) -> u64 {
-        self.alloc.unwrap_or_else(|| {
+        let measured = self.alloc.filter(|_| self.home.is_none());
+        measured.unwrap_or_else(|| {
             self.attr
                 .size
                 .checked_next_multiple_of(4096)

@@ -933,7 +933,7 @@ impl Store {
                 a.nlink = n;
             }
             a.ctime = set.ctime.unwrap_or_else(Timestamp::now);
-            if ino.attr.kind == FileKind::File {
+            if ino.attr.kind == FileKind::File && ino.home.is_none() {
                 let dense = ino.attr.size.checked_next_multiple_of(4096);
                 match set.alloc {
                     // What a file written whole takes: no measure needed
