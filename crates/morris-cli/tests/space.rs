@@ -20,6 +20,17 @@ fn fallocate(f: &fs::File, mode: i32, offset: u64, len: u64) -> std::io::Result<
     }
 }
 
+/// `p` made empty (or new) and opened for reading and writing.
+fn fresh_file(p: &std::path::Path) -> fs::File {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(p)
+        .unwrap()
+}
+
 fn check(got: &[u8], want: &[u8], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     if let Some(at) = got.iter().zip(want).position(|(a, b)| a != b) {
@@ -78,13 +89,7 @@ fn allocation_grows_the_file_or_keeps_its_size_and_too_much_is_enospc() {
     let c = Cluster::start(4, ClusterOpts::default());
     let m = c.mount();
     let p = m.path.join("big");
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&p)
-        .unwrap();
+    let f = fresh_file(&p);
     fallocate(&f, 0, 0, 5 * UNIT + 3).unwrap();
     assert_eq!(fs::metadata(&p).unwrap().len(), 5 * UNIT + 3);
     check(
@@ -229,17 +234,8 @@ fn seek_data_and_seek_hole_answer_what_ext4_answers() {
     for replicas in [1u8, 2] {
         let c = with_copies(3, replicas);
         let m = c.mount();
-        let open = |p: std::path::PathBuf| {
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(p)
-                .unwrap()
-        };
-        let ours = open(m.path.join("sparse"));
-        let theirs = open(local_dir.path().join(format!("sparse{replicas}")));
+        let ours = fresh_file(&m.path.join("sparse"));
+        let theirs = fresh_file(&local_dir.path().join(format!("sparse{replicas}")));
         // Whole 4 KiB pieces (ext4's block), so both keep the same holes:
         // data in unit 0, across units 3-4, at the end of unit 8, a punched
         // hole inside unit 12's data, and a hole to the end.
@@ -315,13 +311,7 @@ fn st_blocks_counts_what_the_disks_hold_not_the_size() {
         let other = c.mount();
         let p = m.path.join("sparse");
         let seen_there = other.path.join("sparse");
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&p)
-            .unwrap();
+        let f = fresh_file(&p);
         f.set_len(1 << 30).unwrap();
         assert_eq!(blocks_of(&p), 0, "after truncate -s 1G, {replicas} copies");
         f.write_all_at(&vec![5u8; MIB as usize], 100 * MIB).unwrap();

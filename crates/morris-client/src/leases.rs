@@ -656,16 +656,6 @@ impl Leases {
                 drop(_serial);
                 return Ok(None);
             }
-            let recalled = e.state.lock().recalled;
-            if recalled {
-                drop(_serial);
-                crate::slow::watch(
-                    || format!("the give-back of the lease on {}", h.id),
-                    e.wait_gone(),
-                )
-                .await;
-                return Ok(None);
-            }
         }
         let range = self.layout.inode_server(h.id);
         // Registered in flight in one step with a last look at the cached
