@@ -128,11 +128,13 @@ class Volume:
     quiet_umount    no stderr from the first, plain `fusermount3 -u` (a lazy
                     one follows when it fails)
     keys            the key files (make_keys(); None: made in base/keys)
+    server_args     more `morris server` options, for every server
     """
 
     def __init__(self, exe, base, k, replicas, stripe_unit=None, lease_ms=None, via=0,
-                 own_session=False, format_timeout=None, quiet_umount=False, keys=None):
+                 own_session=False, format_timeout=None, quiet_umount=False, keys=None, server_args=()):
         self.exe, self.base, self.k, self.lease_ms, self.via = exe, base, k, lease_ms, via
+        self.server_args = list(server_args)
         self.own_session, self.quiet_umount = own_session, quiet_umount
         self.procs = [None] * k
         self.addrs, self.mounts, self.gateways = [], [], []
@@ -170,6 +172,7 @@ class Volume:
         cmd = [self.exe, "server", "--key", self.keys.volume, "--data", self.data_dir(i), "--listen", self.addrs[i]]
         if self.lease_ms:
             cmd += ["--lease-ms", str(self.lease_ms)]
+        cmd += self.server_args
         with open(self.log_path(i), "ab") as lf:
             self.procs[i] = subprocess.Popen(cmd, stdout=lf, stderr=lf, start_new_session=self.own_session)
 

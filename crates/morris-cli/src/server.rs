@@ -79,6 +79,11 @@ pub struct ServerArgs {
     /// Bytes a second a scheduled scrub pass reads at most (e.g. 64M).
     #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = crate::size::parse_size)]
     pub scrub_rate: u64,
+    /// Bytes a second this server's resync copies at most when it catches
+    /// its copies up or is rebuilt after `morris volume replace` (e.g.
+    /// 128M; 0 for no limit), so that clients keep most of the bandwidth.
+    #[arg(long, value_name = "BYTES", default_value = "128M", value_parser = crate::size::parse_size)]
+    pub resync_rate: u64,
     #[command(flatten)]
     pub key: crate::key::KeyArg,
 }
@@ -117,6 +122,7 @@ pub fn run(args: ServerArgs) -> Result<ExitCode> {
                 handle.resync_status(),
                 handle.damage(),
                 keys.clone(),
+                args.resync_rate,
             ))
         });
         let out = tokio::select! {
@@ -205,6 +211,7 @@ async fn resync_loop(
     status: Arc<Mutex<ResyncStatus>>,
     damage: morris_server::Damage,
     keys: morris_proto::auth::Keys,
+    copy_rate: u64,
 ) {
     let mut client: Option<Arc<Client>> = None;
     let mut me: Option<u32> = None;
@@ -235,6 +242,7 @@ async fn resync_loop(
         if client.is_none() {
             let cfg = ClientConfig {
                 name: format!("resync@{addr}"),
+                copy_rate,
                 ..ClientConfig::new(keys.clone())
             };
             match Client::connect(&addr, cfg).await {

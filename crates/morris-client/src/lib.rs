@@ -146,6 +146,10 @@ pub struct ClientConfig {
     /// loses gathered writes. Off by default (the NFS gateway: NFSv3 wants
     /// SETATTR stored when answered); mounts turn it on.
     pub attrs_behind: bool,
+    /// Bytes a second this client copies at most when it resyncs or
+    /// rebuilds a server's copies (0: no limit), so that what others read
+    /// keeps most of the disks and links.
+    pub copy_rate: u64,
 }
 
 /// When a read moves a file's access time (the mount options of the same
@@ -173,6 +177,7 @@ impl ClientConfig {
             max_cached_leases: 100_000,
             atime: Atime::Relative,
             attrs_behind: false,
+            copy_rate: 0,
         }
     }
 }
@@ -316,6 +321,8 @@ pub struct Client {
     pub(crate) held_locks: Mutex<morris_proto::locks::LockTable>,
     /// Which (file, lock owner) may hold locks here (`locks.rs`).
     pub(crate) lock_users: locks::LockUsers,
+    /// The pace of resync and rebuild copies (`resync.rs`).
+    pub(crate) copy_pace: resync::CopyPace,
     /// When reads move access times now (`ClientConfig::atime`, then
     /// [`Client::set_atime`]).
     pub(crate) atime: Mutex<Atime>,
@@ -358,7 +365,9 @@ impl Client {
             }
             let _ = lost_tx.send(i);
         }));
+        let copy_pace = resync::CopyPace::new(config.copy_rate, layout.unit);
         let client = Arc::new(Client {
+            copy_pace,
             pool: pool.clone(),
             leases: leases.clone(),
             layout,

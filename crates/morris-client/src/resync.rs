@@ -33,6 +33,44 @@ use crate::{Client, Error, Result};
 /// Blocks copied under one hold of a file's read lease: bounds how long a
 /// writer waiting for the file waits behind the resync.
 const CHUNK_BLOCKS: u64 = 32;
+
+/// The pace of resync and rebuild copies: at most so many bytes a second
+/// (`ClientConfig::copy_rate`), counted in KiB with a burst of one stripe
+/// unit; none without a limit.
+pub(crate) struct CopyPace(Option<governor::DefaultDirectRateLimiter>);
+
+impl CopyPace {
+    /// A pace of `rate` bytes a second (0: none) for copies of at most
+    /// `unit` bytes.
+    pub(crate) fn new(rate: u64, unit: u32) -> CopyPace {
+        let kib = |b: u64| u32::try_from(b.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
+        CopyPace(
+            std::num::NonZeroU32::new(if rate == 0 { 0 } else { kib(rate) }).map(|per_sec| {
+                let burst = std::num::NonZeroU32::new(kib(u64::from(unit)).max(per_sec.get() / 10))
+                    .unwrap_or(per_sec);
+                governor::RateLimiter::direct(
+                    governor::Quota::per_second(per_sec).allow_burst(burst),
+                )
+            }),
+        )
+    }
+
+    /// Waits until `bytes` more may be copied.
+    async fn take(&self, bytes: u64) {
+        let Some(limit) = &self.0 else {
+            return;
+        };
+        let n = u32::try_from(bytes.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
+        let n = std::num::NonZeroU32::new(n).unwrap_or(std::num::NonZeroU32::MIN);
+        if limit.until_n_ready(n).await.is_err() {
+            // More than the burst at once (a unit larger than the one the
+            // pace was made for): wait for it a KiB at a time.
+            for _ in 0..n.get() {
+                limit.until_ready().await;
+            }
+        }
+    }
+}
 /// Block copies in flight at once.
 const PARALLEL: usize = 8;
 /// Records asked for per `ScanStale`.
@@ -280,6 +318,7 @@ impl Client {
                 ),
             ));
         }
+        self.copy_pace.take(u64::from(len)).await;
         let data: Bytes = crate::replicas::fetch_any(
             self.pool.clone(),
             self.loads.clone(),
@@ -303,5 +342,34 @@ impl Client {
         };
         self.pool.call(server, req, data).await?;
         Ok(u64::from(len))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CopyPace;
+    use std::time::{Duration, Instant};
+
+    /// At 10 MiB/s, 3 MiB in 64 KiB copies cannot all go in less than the
+    /// 0.3 s they are worth, less the first burst (1 MiB); without a rate
+    /// they wait for nothing. (A lower bound only: load makes it longer.)
+    #[tokio::test]
+    async fn copies_wait_for_their_rate() {
+        let pace = CopyPace::new(10 << 20, 64 << 10);
+        let start = Instant::now();
+        for _ in 0..48 {
+            pace.take(64 << 10).await;
+        }
+        assert!(
+            start.elapsed() >= Duration::from_millis(190),
+            "{:?}",
+            start.elapsed()
+        );
+        let free = CopyPace::new(0, 64 << 10);
+        assert!(free.0.is_none());
+        free.take(u64::MAX).await;
+        // A copy bigger than the burst still goes, a KiB at a time.
+        let small = CopyPace::new(1 << 30, 4096);
+        small.take(200 << 20).await;
     }
 }
