@@ -48,7 +48,7 @@ impl Client {
             Fallocate::PunchHole => (true, false, true),
             Fallocate::ZeroRange { keep_size } => (true, true, keep_size),
         };
-        let size = {
+        let (size, alloc) = {
             let g = self.leases.get(f.h, Mode::Write).await?;
             // Gathered writes first (`behind.rs`): a hole punched after
             // them must not be filled by them.
@@ -86,7 +86,6 @@ impl Client {
             (cur.attr.size, alloc)
         };
         // Times, the size if it grows, and what is on disk now.
-        let (size, alloc) = size;
         let set = SetAttr {
             size: (!keep_size && end > size).then_some(end),
             mtime: Some(Timestamp::now()),
