@@ -24,7 +24,7 @@ Prints medians of --runs runs and the ratio rebuild MiB/s / local cp MiB/s;
 writes raw + summary JSON. Fails loudly (non-zero exit) on any error, wrong
 checksum or timeout. Needs root.
 Usage:
-  python3 bench/replace.py [--size 2G] [--files 8] [--runs 3] [--exe target/release/morris]
+  python3 bench/replace.py [--size 2G] [--files 8] [--runs 3] [--resync-rate 0] [--exe target/release/morris]
 """
 
 import argparse
@@ -58,7 +58,8 @@ def one_run(a, run, base, size, keys):
     via = ROOT_ID % a.servers
     victim, other = (via + 1) % a.servers, (via + 2) % a.servers
     r.update(victim=victim, other_lost=other)
-    vol = Volume(a.exe, os.path.join(rd, "volume"), a.servers, 2, stripe_unit="1M", via=via, keys=keys)
+    vol = Volume(a.exe, os.path.join(rd, "volume"), a.servers, 2, stripe_unit="1M", via=via, keys=keys,
+                 server_args=["--resync-rate", a.resync_rate])
     try:
         mnt = vol.mount(os.path.join(rd, "mnt"))
         per = size // a.files // MiB * MiB
@@ -155,6 +156,8 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--servers", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=900, help="seconds to wait for healthy")
+    ap.add_argument("--resync-rate", default="0",
+                    help="the servers' --resync-rate (default 0: no limit, the rebuild at full speed)")
     ap.add_argument("--exe", default=os.path.join(BENCH, "..", "target", "release", "morris"))
     ap.add_argument("--dir", default=None, help="where the temp dir goes (default: system temp)")
     ap.add_argument("--out", default=os.path.join(BENCH, "results-replace.json"))
