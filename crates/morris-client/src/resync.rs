@@ -35,8 +35,8 @@ use crate::{Client, Error, Result};
 const CHUNK_BLOCKS: u64 = 32;
 
 /// The pace of resync and rebuild copies: at most so many bytes a second
-/// (`ClientConfig::copy_rate`), counted in KiB with a burst of one stripe
-/// unit; none without a limit.
+/// (`ClientConfig::copy_rate`), counted in KiB, with a burst of a tenth of
+/// a second's worth (one stripe unit at least); none without a limit.
 pub(crate) struct CopyPace(Option<governor::DefaultDirectRateLimiter>);
 
 impl CopyPace {
