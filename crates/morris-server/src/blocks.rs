@@ -827,27 +827,19 @@ impl Blocks {
     pub fn allocated(&self, id: FileId, copies: u8) -> Result<Option<u64>, WireError> {
         let mut total = None;
         for r in 0..copies.min(MAX_REPLICAS) {
-            match std::fs::metadata(self.path_of(id, r)) {
-                Ok(m) => {
-                    total = Some(
-                        total
-                            .unwrap_or(0u64)
-                            .saturating_add(m.blocks().saturating_mul(512)),
-                    )
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io_err(&format!("stat data of file {id}"), &e)),
+            if let Some(bytes) = self.allocated_copy(id, r)? {
+                total = Some(total.unwrap_or(0u64).saturating_add(bytes));
             }
         }
         Ok(total)
     }
 
-    /// Bytes allocated on disk for copy `replica`'s extent file of `id`
-    /// (0 if there is none).
-    pub fn allocated_copy(&self, id: FileId, replica: u8) -> Result<u64, WireError> {
+    /// Bytes allocated on disk for copy `replica`'s extent file of `id`;
+    /// `None` if there is none.
+    pub fn allocated_copy(&self, id: FileId, replica: u8) -> Result<Option<u64>, WireError> {
         match std::fs::metadata(self.path_of(id, replica)) {
-            Ok(m) => Ok(m.blocks().saturating_mul(512)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+            Ok(m) => Ok(Some(m.blocks().saturating_mul(512))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(io_err(&format!("stat data of file {id}"), &e)),
         }
     }
@@ -1281,13 +1273,13 @@ mod tests {
         let data = pattern(8192, 3);
         b.write(4, 0, 0, &data, false, &st).unwrap();
         b.allocate(4, 0, 1 << 20, 8 << 20, &st).unwrap();
-        let before = b.allocated_copy(4, 0).unwrap();
+        let before = b.allocated_copy(4, 0).unwrap().unwrap_or(0);
         assert!(
             before >= (8 << 20) + 8192,
             "{before} bytes after the reservation"
         );
         b.punch(4, 0, 1 << 20, 4 << 20).unwrap();
-        let after = b.allocated_copy(4, 0).unwrap();
+        let after = b.allocated_copy(4, 0).unwrap().unwrap_or(0);
         let on_fiemap_fs = fiemap::Fiemap::new(File::open(b.path_of(4, 0)).unwrap())
             .next()
             .is_some_and(|e| e.is_ok());

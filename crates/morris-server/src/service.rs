@@ -1379,7 +1379,7 @@ impl Server {
                 let blocks = self.blocks.clone();
                 blocking(move || blocks.allocated_copy(id, replica))
                     .await
-                    .map(Reply::Allocated)
+                    .map(|bytes| Reply::Allocated(bytes.unwrap_or(0)))
             }
             Request::ChunkSums {
                 id,
