@@ -8,6 +8,7 @@ mod admin;
 mod bench;
 mod cache;
 mod daemon;
+mod exporter;
 mod format;
 mod fsck;
 mod hold;
@@ -20,6 +21,7 @@ mod scrub;
 mod server;
 mod servers;
 mod size;
+mod stats;
 mod status;
 mod umount;
 mod up;
@@ -53,6 +55,9 @@ enum Command {
     Up(up::UpArgs),
     /// Show the state and counters of every server of a volume.
     Status(status::StatusArgs),
+    /// A live view of servers, mounts and gateways, from their metrics
+    /// endpoints (--metrics).
+    Stats(stats::StatsArgs),
     /// Check a volume's namespace and data for inconsistencies and garbage.
     Fsck(fsck::FsckArgs),
     /// Read every server's data and check it against its checksums (damage
@@ -114,6 +119,7 @@ fn main() -> ExitCode {
         Command::Umount(a) => umount::run(a),
         Command::Up(a) => up::run(a),
         Command::Status(a) => status::run(a),
+        Command::Stats(a) => stats::run(a),
         Command::Fsck(a) => fsck::run(a),
         Command::Scrub(a) => scrub::run(a),
         Command::Bench(a) => bench::run(a),

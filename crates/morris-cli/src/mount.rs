@@ -32,6 +32,9 @@ pub struct MountArgs {
     pub log: Option<PathBuf>,
     #[command(flatten)]
     pub tuning: MountTuning,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics (off by default).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics: Option<String>,
     #[command(flatten)]
     pub key: crate::key::KeyArg,
 }
@@ -209,7 +212,14 @@ fn serve(args: &MountArgs, keys: Keys, mp: &Path, notifier: &mut Option<Notifier
     };
     let name = format!("mount@{}:{}", hostname(), mp.display());
     let cfg = args.tuning.client_config(name, keys);
+    let exporter = rt.block_on(crate::exporter::maybe_start(
+        args.metrics.as_deref(),
+        "mount",
+    ))?;
     let client = rt.block_on(connect(&mut term, &args.addr, cfg))?;
+    if let Some(x) = &exporter {
+        crate::exporter::scrape_client(x, &client);
+    }
     let guard = match hold::start(
         &rt,
         client.clone(),

@@ -55,6 +55,9 @@ pub struct NfsArgs {
     #[arg(long, value_name = "SECS", default_value_t = morris_nfs::DEFAULT_NLM_GRACE.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub nlm_grace_secs: u64,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics (off by default).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics: Option<String>,
     #[command(flatten)]
     pub key: crate::key::KeyArg,
 }
@@ -98,9 +101,13 @@ pub fn run(args: NfsArgs) -> Result<ExitCode> {
             name: format!("nfs-gateway@{}", args.listen),
             ..ClientConfig::new(keys)
         };
+        let exporter = crate::exporter::maybe_start(args.metrics.as_deref(), "nfs").await?;
         let client = Client::connect(&args.addr, config)
             .await
             .with_context(|| format!("cannot connect to the volume at {}", args.addr))?;
+        if let Some(x) = &exporter {
+            crate::exporter::scrape_client(x, &client);
+        }
         let gw = Gateway::bind(
             client.clone(),
             GatewayConfig {

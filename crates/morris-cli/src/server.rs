@@ -84,6 +84,9 @@ pub struct ServerArgs {
     /// 128M; 0 for no limit), so that clients keep most of the bandwidth.
     #[arg(long, value_name = "BYTES", default_value = "128M", value_parser = crate::size::parse_size)]
     pub resync_rate: u64,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics (off by default).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics: Option<String>,
     #[command(flatten)]
     pub key: crate::key::KeyArg,
 }
@@ -113,9 +116,17 @@ pub fn run(args: ServerArgs) -> Result<ExitCode> {
             scrub_every: (!args.scrub_every.is_zero()).then_some(args.scrub_every),
             scrub_rate: args.scrub_rate,
         };
+        let exporter = crate::exporter::maybe_start(args.metrics.as_deref(), "server").await?;
         let mut handle = morris_server::start(cfg)
             .await
             .with_context(|| format!("server on {listen} failed to start"))?;
+        if let Some(x) = &exporter {
+            let source = handle.metrics();
+            x.on_scrape(std::sync::Arc::new(move || {
+                let s = source.clone();
+                Box::pin(async move { s.export().await })
+            }));
+        }
         let resync = (!args.no_resync).then(|| {
             tokio::spawn(resync_loop(
                 connect_addr(handle.local_addr()),

@@ -114,6 +114,8 @@ pub struct ServerSet {
     key_file: PathBuf,
     key: Key,
     procs: Vec<ServerProc>,
+    /// Each server's metrics port (`--metrics 127.0.0.1:PORT`), if any.
+    metrics: Option<Vec<u16>>,
 }
 
 /// The last lines of a log file, for error messages.
@@ -129,6 +131,7 @@ fn tail(path: &Path, lines: usize) -> String {
 impl ServerSet {
     /// Starts `n` servers of `exe` on 127.0.0.1 ports `port..port+n`, with
     /// data and logs in `dir`.
+    #[allow(clippy::too_many_arguments)]
     pub fn spawn(
         exe: &Path,
         dir: &Path,
@@ -137,6 +140,7 @@ impl ServerSet {
         lease_ms: u32,
         key_file: &Path,
         tls: bool,
+        metrics: Option<Vec<u16>>,
     ) -> Result<Self> {
         let key = Keys::load(key_file)?.with_tls(tls).credential();
         let mut set = ServerSet {
@@ -145,6 +149,7 @@ impl ServerSet {
             key_file: key_file.to_path_buf(),
             key,
             procs: Vec::new(),
+            metrics,
         };
         for i in 0..n {
             set.procs.push(ServerProc {
@@ -186,6 +191,14 @@ impl ServerSet {
             .arg("--key")
             .arg(&self.key_file)
             .args(self.key.tls().then_some("--tls"))
+            .args(
+                self.metrics
+                    .as_ref()
+                    .and_then(|m| m.get(i))
+                    .map(|p| ["--metrics".to_string(), format!("127.0.0.1:{p}")])
+                    .into_iter()
+                    .flatten(),
+            )
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)

@@ -12,6 +12,7 @@ use morris_proto::auth::Keys;
 use morris_proto::{VolumeDescriptor, DEFAULT_STRIPE_UNIT};
 use tracing::warn;
 
+use crate::exporter::Exporter;
 use crate::format::{describe, format_volume, new_descriptor};
 use crate::hold;
 use crate::mount::{self, MountTuning};
@@ -65,6 +66,14 @@ pub struct UpArgs {
     /// other: give `--tls` to `status`, other mounts, ... too).
     #[arg(long, env = "MORRIS_TLS")]
     pub tls: bool,
+    /// First port of the Prometheus metrics endpoints: the servers' on
+    /// PORT .. PORT+N-1, the mount's on PORT+N (default: free ports, printed).
+    #[arg(long, value_name = "PORT", conflicts_with = "no_metrics",
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub metrics_port: Option<u16>,
+    /// Serve no metrics.
+    #[arg(long)]
+    pub no_metrics: bool,
     #[command(flatten)]
     pub tuning: MountTuning,
 }
@@ -143,6 +152,29 @@ pub fn classify(
     Ok(Found::Existing(d))
 }
 
+/// The metrics ports of `n` servers and the mount (see [`UpArgs`]).
+fn metrics_ports(args: &UpArgs) -> Result<Option<Vec<u16>>> {
+    if args.no_metrics {
+        return Ok(None);
+    }
+    let n = args.servers + 1;
+    if let Some(p) = args.metrics_port {
+        check_ports(p, n)?;
+        return Ok(Some((0..n).map(|i| p + i).collect()));
+    }
+    // Held until all are picked, so that they differ.
+    let held = (0..n)
+        .map(|_| std::net::TcpListener::bind(("127.0.0.1", 0)))
+        .collect::<std::io::Result<Vec<_>>>()
+        .context("cannot find free ports for the metrics")?;
+    let ports = held
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect::<std::io::Result<Vec<_>>>()
+        .context("cannot find free ports for the metrics")?;
+    Ok(Some(ports))
+}
+
 /// Fails with a clear message if a port is taken.
 fn check_ports(port: u16, n: u16) -> Result<()> {
     let last = u32::from(port) + u32::from(n) - 1;
@@ -184,6 +216,7 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
         .with_context(|| format!("cannot create {}", args.mount.display()))?;
     let mp = mount::prepare_mountpoint(&args.mount)?;
     check_ports(args.port, args.servers)?;
+    let metrics = metrics_ports(&args)?;
     let exe = std::env::current_exe().context("cannot find the morris executable")?;
 
     // This process is the mount (its servers are processes of their own).
@@ -202,6 +235,7 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
         args.lease_ms,
         &volume_key,
         args.tls,
+        metrics.clone(),
     )?;
     let addrs = servers.addrs();
     let hellos = rt.block_on(servers.wait_ready(&mut term))?;
@@ -233,6 +267,10 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
         }
     };
 
+    let exporter = match metrics.as_ref().and_then(|m| m.last()) {
+        Some(p) => Some(rt.block_on(Exporter::start(&format!("127.0.0.1:{p}"), "mount"))?),
+        None => None,
+    };
     let name = format!("up@{}:{}", mount::hostname(), mp.display());
     let client = rt.block_on(hold::connect(
         &mut term,
@@ -240,6 +278,9 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
         args.tuning
             .client_config(name, Keys::load(&client_key)?.with_tls(args.tls)),
     ))?;
+    if let Some(x) = &exporter {
+        crate::exporter::scrape_client(x, &client);
+    }
     if let Some(url) = &args.home {
         if let Err(e) = rt.block_on(bind_root(&client, url, &args)) {
             hold::shutdown_client(&rt, &client, &mut term);
@@ -280,6 +321,18 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
         volume_key.display(),
         client_key.display()
     );
+    if let Some(ports) = &metrics {
+        let urls: Vec<String> = ports
+            .iter()
+            .map(|p| format!("http://127.0.0.1:{p}/metrics"))
+            .collect();
+        if let Some((mount_url, servers_urls)) = urls.split_last() {
+            println!(
+                "metrics: {mount_url} (mount); servers {}",
+                servers_urls.join(" ")
+            );
+        }
+    }
     println!("mounted at {}", mp.display());
     println!("A server that dies is restarted (after 1 s, doubling up to 30 s).");
     println!("Ctrl-C (or SIGTERM) unmounts and stops the servers.");

@@ -170,6 +170,13 @@ impl Default for Behind {
 }
 
 impl Behind {
+    /// Bytes gathered and not sent yet, and KiB in flight (sent, not yet
+    /// answered), all files (for metrics).
+    pub(crate) fn queued(&self) -> (u64, u64) {
+        let flying = MAX_FLYING_KIB.saturating_sub(self.flying.available_permits());
+        (self.total.load(Ordering::Relaxed), flying as u64)
+    }
+
     /// Whether `id` may have gathered bytes here.
     pub(crate) fn holds(&self, id: FileId) -> bool {
         self.slots.lock().contains_key(&id)

@@ -23,6 +23,7 @@ mod io;
 mod leases;
 pub mod listing;
 mod locks;
+mod metrics;
 mod opens;
 pub mod perm;
 mod pool;
@@ -827,6 +828,20 @@ impl Client {
             leases: self.leases.held(),
             recalls: self.leases.recalls.load(Ordering::Relaxed),
         }
+    }
+
+    /// Sets this client's state gauges for a Prometheus scrape (issue 20):
+    /// leases held, recalls received, open files, bytes gathered for
+    /// write-behind. Request times and bytes are kept as requests run.
+    pub fn export_metrics(&self) {
+        ::metrics::gauge!("morris_client_leases").set(self.leases.held() as f64);
+        ::metrics::counter!("morris_client_lease_recalls_total")
+            .absolute(self.leases.recalls.load(Ordering::Relaxed));
+        ::metrics::gauge!("morris_client_open_files").set(self.files.lock().len() as f64);
+        let (gathered, flying_kib) = self.behind.queued();
+        ::metrics::gauge!("morris_client_write_behind_gathered_bytes").set(gathered as f64);
+        ::metrics::gauge!("morris_client_write_behind_inflight_bytes")
+            .set((flying_kib * 1024) as f64);
     }
 
     /// Writes back everything, releases all leases, forgets this client's

@@ -28,6 +28,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
+use crate::metrics::PoolMetrics;
 use crate::{Error, Result};
 
 impl From<RpcError> for Error {
@@ -134,6 +135,8 @@ pub(crate) struct Pool {
     start: Instant,
     push_tx: mpsc::UnboundedSender<(u32, Push)>,
     counters: Mutex<HashMap<&'static str, u64>>,
+    /// Prometheus handles: each request's time, bytes by server.
+    metrics: PoolMetrics,
     epoch_hook: OnceLock<EpochHook>,
     retry_window: Duration,
     /// Copies of each metadata range: range r is served by one of servers
@@ -294,6 +297,7 @@ impl Pool {
             start: Instant::now(),
             push_tx,
             counters: Mutex::new(HashMap::new()),
+            metrics: PoolMetrics::new(desc.servers.len()),
             epoch_hook: OnceLock::new(),
             retry_window: (lease * 2).max(Duration::from_secs(5)),
             meta_copies: morris_proto::layout::Layout::new(
@@ -546,7 +550,7 @@ impl Pool {
                 }
             };
             let sent = self.now_ns();
-            match conn.call(&req, payload.clone()).await {
+            match self.timed(i, &conn, &req, payload.clone()).await {
                 Ok(r) => {
                     self.touch(i, sent);
                     return Ok(r);
@@ -632,7 +636,7 @@ impl Pool {
                     // request may legitimately wait there (a recall).
                     let answer = tokio::time::timeout(
                         self.lease * 2 + Duration::from_secs(1),
-                        conn.call(&req, payload.clone()),
+                        self.timed(s, &conn, &req, payload.clone()),
                     )
                     .await
                     .unwrap_or_else(|_| {
@@ -703,7 +707,7 @@ impl Pool {
         self.check_lapse(i);
         let conn = self.conn(i, &req).await?;
         let sent = self.now_ns();
-        match conn.call(&req, payload).await {
+        match self.timed(i, &conn, &req, payload).await {
             Ok(r) => {
                 self.touch(i, sent);
                 Ok(r)
@@ -714,6 +718,22 @@ impl Pool {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// One request on `conn` to server `i`, timed and counted (`metrics.rs`).
+    async fn timed(
+        &self,
+        i: u32,
+        conn: &RpcClient,
+        req: &Request,
+        payload: Bytes,
+    ) -> std::result::Result<(Reply, Bytes), RpcError> {
+        let started = Instant::now();
+        let sent = payload.len();
+        let out = conn.call(req, payload).await;
+        self.metrics
+            .call(i, req.name(), started.elapsed(), sent, &out);
+        out
     }
 
     fn touch(&self, i: u32, sent: u64) {

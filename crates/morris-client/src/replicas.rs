@@ -286,6 +286,7 @@ pub(crate) async fn fetch_any(
                 Some((_, Ok(data))) => return Ok(data),
                 Some((s, Err(e))) => {
                     tracing::debug!(server = s, id, index, error = %e, "reading a copy failed; trying another");
+                    metrics::counter!("morris_client_read_failovers_total").increment(1);
                     last_err = Some(e);
                     match start_one(&mut tried) {
                         Some((s, f)) => {
@@ -304,6 +305,7 @@ pub(crate) async fn fetch_any(
                 if loads.silent_for(waiting_on, hedge_in) {
                     if let Some((s, f)) = start_one(&mut tried) {
                         tracing::debug!(id, index, stalled = waiting_on, to = s, "hedged read");
+                        metrics::counter!("morris_client_hedged_reads_total").increment(1);
                         waiting_on = s;
                         running.push(f);
                     }

@@ -15,7 +15,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use fuser::{
@@ -28,6 +28,7 @@ use fuser::{
 use morris_client::{
     Caller, Client, Error, ErrorCode, Fallocate, FileId, FileKind, Inode, Timestamp,
 };
+use morris_proto::observe::OpTimers;
 use morris_proto::{LockKind, XattrHow, MAX_NAME_LEN};
 use tokio::runtime::Handle;
 
@@ -78,7 +79,45 @@ struct Shared {
     ttl: Duration,
     /// `st_blksize`: the volume's stripe unit.
     blksize: u32,
+    /// Each FUSE operation's time (`morris_fuse_request_duration_seconds`).
+    timers: OpTimers,
 }
+
+/// The FUSE operations timed for the metrics.
+const TIMED: [&str; 32] = [
+    "lookup",
+    "getattr",
+    "setattr",
+    "readlink",
+    "mknod",
+    "mkdir",
+    "unlink",
+    "rmdir",
+    "symlink",
+    "rename",
+    "link",
+    "open",
+    "read",
+    "write",
+    "flush",
+    "getlk",
+    "setlk",
+    "release",
+    "fsync",
+    "opendir",
+    "readdir",
+    "releasedir",
+    "statfs",
+    "access",
+    "create",
+    "setxattr",
+    "getxattr",
+    "listxattr",
+    "removexattr",
+    "lseek",
+    "fallocate",
+    "copy_file_range",
+];
 
 impl Shared {
     /// Answers a lookup. The kernel may keep the attributes for the TTL
@@ -155,6 +194,7 @@ impl MorrisFs {
                 client,
                 ttl,
                 blksize,
+                timers: OpTimers::new("morris_fuse_request_duration_seconds", None, &TIMED),
             }),
             rt,
             in_flight,
@@ -164,11 +204,12 @@ impl MorrisFs {
     /// Runs `work` on the runtime with the shared state. If the runtime has
     /// shut down the task (and with it the reply) is dropped, and fuser
     /// answers the request with `EIO`.
-    fn spawn<F, Fut>(&self, work: F)
+    fn spawn<F, Fut>(&self, op: &'static str, work: F)
     where
         F: FnOnce(Arc<Shared>) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
+        let started = Instant::now();
         let counted = InFlight::enter(&self.in_flight);
         let mut fut = Box::pin(work(self.shared.clone()));
         // Polled once on this FUSE thread first: a request answered without
@@ -182,11 +223,16 @@ impl MorrisFs {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(&mut cx)))
         };
         match first {
-            Ok(std::task::Poll::Ready(())) => drop(counted),
+            Ok(std::task::Poll::Ready(())) => {
+                drop(counted);
+                self.shared.timers.record(op, started.elapsed(), false);
+            }
             Ok(std::task::Poll::Pending) => {
+                let shared = self.shared.clone();
                 self.rt.spawn(async move {
                     fut.await;
                     drop(counted);
+                    shared.timers.record(op, started.elapsed(), false);
                 });
             }
             // (The runtime shutting down under it: the reply is dropped,
@@ -348,7 +394,7 @@ impl Filesystem for MorrisFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = bytes(name);
-        self.spawn(move |s| async move {
+        self.spawn("lookup", move |s| async move {
             // "." and ".." arrive only with FUSE_EXPORT_SUPPORT (NFS export,
             // open_by_handle_at), for ids this mount may never have seen
             // (a handle made before a remount); the kernel checks the
@@ -373,7 +419,7 @@ impl Filesystem for MorrisFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.spawn(move |s| async move {
+        self.spawn("getattr", move |s| async move {
             match s.client.getattr(ino.0).await {
                 Ok(inode) => s.reply_attr(reply, &inode),
                 Err(e) => reply.error(fail("getattr", ino.0, &e)),
@@ -406,7 +452,7 @@ impl Filesystem for MorrisFs {
         // same call sets the mode (`FUSE_HANDLE_KILLPRIV_V2`).
         let kill =
             mode.is_none() && (uid.is_some() || gid.is_some() || (size.is_some() && who.uid != 0));
-        self.spawn(move |s| async move {
+        self.spawn("setattr", move |s| async move {
             let res = if is_empty(&set) {
                 s.client.getattr(ino.0).await
             } else {
@@ -428,7 +474,7 @@ impl Filesystem for MorrisFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        self.spawn(move |s| async move {
+        self.spawn("readlink", move |s| async move {
             match s.client.readlink(ino.0).await {
                 Ok(target) => reply.data(&target),
                 Err(e) => reply.error(fail("readlink", ino.0, &e)),
@@ -455,7 +501,7 @@ impl Filesystem for MorrisFs {
             umask,
             ..caller(req)
         };
-        self.spawn(move |s| async move {
+        self.spawn("mknod", move |s| async move {
             // mknod(2) fails on an existing name: exclusive.
             match s
                 .client
@@ -482,7 +528,7 @@ impl Filesystem for MorrisFs {
             umask,
             ..caller(req)
         };
-        self.spawn(move |s| async move {
+        self.spawn("mkdir", move |s| async move {
             match s.client.mkdir(parent.0, &name, mode & 0o7777, &who).await {
                 Ok(inode) => s.reply_entry(reply, &inode),
                 Err(e) => reply.error(fail("mkdir", parent.0, &e)),
@@ -493,7 +539,7 @@ impl Filesystem for MorrisFs {
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = bytes(name);
         let who = caller(req);
-        self.spawn(move |s| async move {
+        self.spawn("unlink", move |s| async move {
             match s.client.unlink(parent.0, &name, &who).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(fail("unlink", parent.0, &e)),
@@ -504,7 +550,7 @@ impl Filesystem for MorrisFs {
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = bytes(name);
         let who = caller(req);
-        self.spawn(move |s| async move {
+        self.spawn("rmdir", move |s| async move {
             match s.client.rmdir(parent.0, &name, &who).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(fail("rmdir", parent.0, &e)),
@@ -523,7 +569,7 @@ impl Filesystem for MorrisFs {
         let name = bytes(link_name);
         let target = bytes(target.as_os_str());
         let who = caller(req);
-        self.spawn(move |s| async move {
+        self.spawn("symlink", move |s| async move {
             match s.client.symlink(parent.0, &name, &target, &who).await {
                 Ok(inode) => s.reply_entry(reply, &inode),
                 Err(e) => reply.error(fail("symlink", parent.0, &e)),
@@ -555,7 +601,7 @@ impl Filesystem for MorrisFs {
         };
         let (name, newname) = (bytes(name), bytes(newname));
         let who = caller(req);
-        self.spawn(move |s| async move {
+        self.spawn("rename", move |s| async move {
             match s
                 .client
                 .rename(parent.0, &name, newparent.0, &newname, flags, &who)
@@ -587,7 +633,7 @@ impl Filesystem for MorrisFs {
     ) {
         let newname = bytes(newname);
         let who = caller(req);
-        self.spawn(move |s| async move {
+        self.spawn("link", move |s| async move {
             match s.client.link(ino.0, newparent.0, &newname, &who).await {
                 Ok(inode) => s.reply_entry(reply, &inode),
                 Err(e) => reply.error(fail("link", ino.0, &e)),
@@ -604,7 +650,7 @@ impl Filesystem for MorrisFs {
         // A truncating open by a caller without CAP_FSETID (taken as: not
         // root) clears set-ID bits (`FUSE_HANDLE_KILLPRIV_V2`).
         let kill = truncate && write && req.uid() != 0;
-        self.spawn(move |s| async move {
+        self.spawn("open", move |s| async move {
             match s.client.open(ino.0, write, truncate).await {
                 Ok(fh) => {
                     if kill {
@@ -631,7 +677,7 @@ impl Filesystem for MorrisFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.spawn(move |s| async move {
+        self.spawn("read", move |s| async move {
             match s.client.read(fh.0, offset, size).await {
                 Ok(data) => reply.data(&data),
                 Err(e) => reply.error(fail("read", ino.0, &e)),
@@ -660,7 +706,7 @@ impl Filesystem for MorrisFs {
         let append = flags.0 & libc::O_APPEND != 0;
         // A writer without CAP_FSETID (`FUSE_HANDLE_KILLPRIV_V2`).
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        self.spawn(move |s| async move {
+        self.spawn("write", move |s| async move {
             if kill {
                 if let Err(e) = s.client.clear_setid(ino.0).await {
                     return reply.error(fail("write", ino.0, &e));
@@ -686,7 +732,7 @@ impl Filesystem for MorrisFs {
         lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.spawn(move |s| async move {
+        self.spawn("flush", move |s| async move {
             // A close: the closing process's POSIX locks on the file go.
             let unlocked = s.client.flush_locks(fh.0, lock_owner.0).await;
             match s.client.flush(fh.0).await.and(unlocked) {
@@ -710,7 +756,7 @@ impl Filesystem for MorrisFs {
     ) {
         let write = typ == libc::F_WRLCK;
         let range = (start, lock_end(end));
-        self.spawn(move |s| async move {
+        self.spawn("getlk", move |s| async move {
             match s.client.test_lock(fh.0, lock_owner.0, range, write).await {
                 Ok(Some(l)) => {
                     let typ = if l.write {
@@ -746,7 +792,7 @@ impl Filesystem for MorrisFs {
             _ => return reply.error(Errno::EINVAL),
         };
         let (range, caller) = ((start, lock_end(end)), req.pid());
-        self.spawn(move |s| async move {
+        self.spawn("setlk", move |s| async move {
             let interrupted = || signal_pending(caller);
             match s
                 .client
@@ -769,7 +815,7 @@ impl Filesystem for MorrisFs {
         flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.spawn(move |s| async move {
+        self.spawn("release", move |s| async move {
             let flushed = if flush {
                 s.client.flush(fh.0).await
             } else {
@@ -792,7 +838,7 @@ impl Filesystem for MorrisFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.spawn(move |s| async move {
+        self.spawn("fsync", move |s| async move {
             match s.client.fsync(fh.0, datasync).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(fail("fsync", ino.0, &e)),
@@ -803,7 +849,7 @@ impl Filesystem for MorrisFs {
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         // Listings are stateless (see `dirents`); the handle only keeps the
         // directory open, so it outlives an rmdir or a rename over it.
-        self.spawn(move |s| async move {
+        self.spawn("opendir", move |s| async move {
             match s.client.open(ino.0, false, false).await {
                 Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
                 Err(e) => reply.error(fail("opendir", ino.0, &e)),
@@ -819,7 +865,7 @@ impl Filesystem for MorrisFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        self.spawn(move |s| async move {
+        self.spawn("readdir", move |s| async move {
             let dir = ino.0;
             let parent = if dirents::resume(offset).dotdot {
                 match s.parent_of(dir).await {
@@ -849,7 +895,7 @@ impl Filesystem for MorrisFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.spawn(move |s| async move {
+        self.spawn("releasedir", move |s| async move {
             match s.client.release(fh.0).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(fail("releasedir", ino.0, &e)),
@@ -871,7 +917,7 @@ impl Filesystem for MorrisFs {
     }
 
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
-        self.spawn(move |s| async move {
+        self.spawn("statfs", move |s| async move {
             match s.client.statfs().await {
                 Ok(st) => {
                     let (blocks, bfree, bavail, files, ffree, bsize) = statfs_numbers(&st);
@@ -898,7 +944,7 @@ impl Filesystem for MorrisFs {
             ..caller(req)
         };
         let mask = (mask.bits() & (libc::R_OK | libc::W_OK | libc::X_OK)) as u32;
-        self.spawn(move |s| async move {
+        self.spawn("access", move |s| async move {
             match s.client.access(ino.0, mask, &who).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(fail("access", ino.0, &e)),
@@ -924,7 +970,7 @@ impl Filesystem for MorrisFs {
         let exclusive = flags & libc::O_EXCL != 0;
         let truncate = flags & libc::O_TRUNC != 0;
         let write = writes(flags);
-        self.spawn(move |s| async move {
+        self.spawn("create", move |s| async move {
             let inode = match s
                 .client
                 .create(
@@ -988,7 +1034,7 @@ impl Filesystem for MorrisFs {
             // caller's groups, which FUSE does not pass.
             caller.groups = groups_of(req.pid());
         }
-        self.spawn(move |s| async move {
+        self.spawn("setxattr", move |s| async move {
             match s.client.set_xattr(ino.0, &name, &value, how, &caller).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(fail("setxattr", ino.0, &e)),
@@ -998,7 +1044,7 @@ impl Filesystem for MorrisFs {
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let (caller, name) = (caller(req), bytes(name));
-        self.spawn(move |s| async move {
+        self.spawn("getxattr", move |s| async move {
             match s.client.get_xattr(ino.0, &name, &caller).await {
                 Ok(v) => xattr_reply(reply, size, &v),
                 Err(e) => reply.error(fail("getxattr", ino.0, &e)),
@@ -1008,7 +1054,7 @@ impl Filesystem for MorrisFs {
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let caller = caller(req);
-        self.spawn(move |s| async move {
+        self.spawn("listxattr", move |s| async move {
             match s.client.list_xattrs(ino.0, &caller).await {
                 Ok(list) => {
                     let mut names = Vec::new();
@@ -1025,7 +1071,7 @@ impl Filesystem for MorrisFs {
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (caller, name) = (caller(req), bytes(name));
-        self.spawn(move |s| async move {
+        self.spawn("removexattr", move |s| async move {
             match s.client.remove_xattr(ino.0, &name, &caller).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(fail("removexattr", ino.0, &e)),
@@ -1051,7 +1097,7 @@ impl Filesystem for MorrisFs {
         let Ok(from) = u64::try_from(offset) else {
             return reply.error(Errno::ENXIO);
         };
-        self.spawn(move |s| async move {
+        self.spawn("lseek", move |s| async move {
             match s.client.seek(fh.0, from, hole).await {
                 Ok(Some(at)) => reply.offset(at as i64),
                 Ok(None) => reply.error(Errno::ENXIO),
@@ -1078,7 +1124,7 @@ impl Filesystem for MorrisFs {
             // Collapse, insert, unshare: not with this layout.
             _ => return reply.error(Errno::EOPNOTSUPP),
         };
-        self.spawn(move |s| async move {
+        self.spawn("fallocate", move |s| async move {
             match s.client.fallocate(fh.0, offset, length, what).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(fail("fallocate", ino.0, &e)),
@@ -1118,7 +1164,7 @@ impl Filesystem for MorrisFs {
     ) {
         // The kernel wrote the source's dirty pages back first, and drops
         // the destination's cached pages of the range after.
-        self.spawn(move |s| async move {
+        self.spawn("copy_file_range", move |s| async move {
             let copied = s
                 .client
                 .copy_range(fh_in.0, offset_in, fh_out.0, offset_out, len)

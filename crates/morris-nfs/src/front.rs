@@ -156,6 +156,8 @@ pub(crate) struct Shared {
     /// NFSv3 locking (NLM, NSM).
     pub(crate) nlm: Arc<crate::nlm::LockManager>,
     backends: tokio::sync::Mutex<Backends>,
+    /// Each call's time (`metrics.rs`).
+    pub(crate) metrics: Arc<crate::metrics::NfsMetrics>,
 }
 
 #[derive(Default)]
@@ -199,6 +201,7 @@ impl Shared {
             export,
             policy,
             backends: tokio::sync::Mutex::new(Backends::default()),
+            metrics: Arc::new(crate::metrics::NfsMetrics::new()),
         }
     }
 
@@ -427,6 +430,7 @@ async fn connection(
     // are reaped as calls come in, so a long connection does not keep them.
     let mut tasks = tokio::task::JoinSet::new();
     let verifying: Verifying = Arc::new(parking_lot::Mutex::new(HashSet::new()));
+    let pending = crate::metrics::Pending::default();
     let result = loop {
         let record = match read_record(&mut rd).await {
             Ok(Some(r)) => r,
@@ -456,6 +460,8 @@ async fn connection(
                 continue;
             }
         };
+        let started = std::time::Instant::now();
+        let name = crate::metrics::proc_name(&p);
         if crate::nlm::is_nlm(&p) {
             let shared = shared.clone();
             let tx = tx.clone();
@@ -470,6 +476,7 @@ async fn connection(
                         crate::nlm::Conn { peer, local },
                     )
                     .await;
+                shared.metrics.answered(name, started);
                 let _ = tx.send(out).await;
             });
             continue;
@@ -480,13 +487,22 @@ async fn connection(
             tasks.spawn(async move {
                 let nfs = shared.nfs.for_caller(caller);
                 let out = local::handle(&nfs, &shared, p, &record[args_at..]).await;
+                shared.metrics.answered(name, started);
                 let _ = tx.send(out).await;
             });
             continue;
         }
         let key: CredKey = (caller.uid, caller.gid, caller.groups.clone());
         if !backends.contains_key(&key) {
-            match open_backend(&shared, &caller, tx.clone(), verifying.clone(), &mut tasks).await {
+            match open_backend(
+                &shared,
+                &caller,
+                tx.clone(),
+                (verifying.clone(), pending.clone()),
+                &mut tasks,
+            )
+            .await
+            {
                 Ok(w) => {
                     backends.insert(key.clone(), w);
                 }
@@ -510,6 +526,7 @@ async fn connection(
             }
             v.insert(p.xid);
         }
+        pending.sent(p.xid, name);
         let sent = match backends.get_mut(&key) {
             Some(w) => w.write_all(&framed(&record)).await,
             None => Ok(()),
@@ -534,10 +551,11 @@ async fn open_backend(
     shared: &Shared,
     caller: &Caller,
     tx: mpsc::Sender<Vec<u8>>,
-    verifying: Verifying,
+    (verifying, pending): (Verifying, crate::metrics::Pending),
     tasks: &mut tokio::task::JoinSet<()>,
 ) -> std::io::Result<OwnedWriteHalf> {
     let verifier = shared.verifier;
+    let metrics = shared.metrics.clone();
     let port = shared.backend(caller).await?;
     let sock = TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], port))).await?;
     let _ = sock.set_nodelay(true);
@@ -548,6 +566,9 @@ async fn open_backend(
                 let xid = u32::from_be_bytes([rec[0], rec[1], rec[2], rec[3]]);
                 if verifying.lock().remove(&xid) {
                     patch_verifier(&mut rec, &verifier);
+                }
+                if let Some((name, started)) = pending.answered(xid) {
+                    metrics.answered(name, started);
                 }
             }
             if tx.send(framed(&rec)).await.is_err() {

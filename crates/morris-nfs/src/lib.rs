@@ -23,6 +23,7 @@ mod fs;
 #[doc(hidden)]
 pub mod fuzzing;
 mod local;
+mod metrics;
 mod nlm;
 pub mod portmap;
 mod status;

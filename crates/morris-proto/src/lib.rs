@@ -23,6 +23,7 @@ pub mod layout;
 pub mod locks;
 pub mod messages;
 pub mod net;
+pub mod observe;
 pub mod tls;
 pub mod types;
 

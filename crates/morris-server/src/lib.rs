@@ -131,6 +131,21 @@ pub enum ServerError {
     },
 }
 
+/// What a scrape of a server's metrics reads its state from
+/// ([`ServerHandle::metrics`]).
+#[derive(Clone)]
+pub struct MetricsSource {
+    server: Arc<Server>,
+}
+
+impl MetricsSource {
+    /// Sets every state gauge (inodes, leases, connections, disk space,
+    /// stale copies, resync, metadata ranges, checksums) from now.
+    pub async fn export(&self) {
+        self.server.export_gauges().await;
+    }
+}
+
 /// A running server. [`ServerHandle::shutdown`] stops it and waits until the
 /// data directory is released; dropping the handle stops it without waiting.
 pub struct ServerHandle {
@@ -170,6 +185,14 @@ impl ServerHandle {
     /// Where the copies this server found damaged wait for repair.
     pub fn damage(&self) -> Damage {
         Damage {
+            server: self.server.clone(),
+        }
+    }
+
+    /// Sets the server's state gauges for a Prometheus scrape (issue 20;
+    /// the request histograms and byte counters are kept as requests run).
+    pub fn metrics(&self) -> MetricsSource {
+        MetricsSource {
             server: self.server.clone(),
         }
     }

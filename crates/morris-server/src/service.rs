@@ -33,6 +33,7 @@ mod conflicts;
 mod fencing;
 mod leasing;
 mod locking;
+mod metrics;
 mod orphans;
 mod peer;
 mod peer_calls;
@@ -139,6 +140,8 @@ pub(crate) struct Server {
     seen: Mutex<HashMap<ClientId, Millis>>,
     requests: AtomicU64,
     by_op: [AtomicU64; OPS.len()],
+    /// Prometheus handles (`metrics.rs`).
+    metrics: metrics::ServerMetrics,
     /// Block I/O in flight and its service times (`Status`).
     load: Load,
     /// This server's own resync progress, kept by whoever runs it.
@@ -310,6 +313,7 @@ impl Server {
             seen: Mutex::new(HashMap::new()),
             requests: AtomicU64::new(0),
             by_op: std::array::from_fn(|_| AtomicU64::new(0)),
+            metrics: metrics::ServerMetrics::new(),
             load: Load::default(),
             resync: Arc::new(Mutex::new(ResyncStatus::default())),
             stopped: AtomicBool::new(false),
@@ -527,7 +531,15 @@ impl Server {
                 Bytes::new(),
             );
         }
+        let data = metrics::data_op(&req);
+        let sent = payload.len();
+        let started = std::time::Instant::now();
         let out = self.dispatch(&conn, req, payload).await;
+        self.metrics.request(op, started.elapsed(), out.0.is_err());
+        if let (Some((write, copy)), Ok(_)) = (data, &out.0) {
+            let bytes = if write { sent } else { out.1.len() };
+            self.metrics.data(write, copy, bytes);
+        }
         match &out.0 {
             Ok(_) => debug!(%peer, op, ino, "served"),
             Err(e) if matches!(e.code, ErrorCode::Io | ErrorCode::NoSpace) => {

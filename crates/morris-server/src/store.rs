@@ -544,7 +544,7 @@ impl Store {
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(db_err)?;
         let out = f(&tx)?;
-        tx.commit().map_err(db_err)?;
+        commit(tx)?;
         Ok(out)
     }
 
@@ -1543,3 +1543,13 @@ pub use once::OpKey;
 pub use replica::Captured;
 use stored::{decode_inode, encode_inode};
 pub use wb::WbQueue;
+
+/// Commits `tx`, recording how long the commit took
+/// (`morris_server_store_commit_seconds`).
+pub(crate) fn commit(tx: Transaction<'_>) -> Result<(), WireError> {
+    let started = std::time::Instant::now();
+    tx.commit().map_err(db_err)?;
+    metrics::histogram!("morris_server_store_commit_seconds")
+        .record(started.elapsed().as_secs_f64());
+    Ok(())
+}

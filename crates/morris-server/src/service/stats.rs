@@ -53,12 +53,19 @@ impl Server {
     }
 
     pub(super) async fn status(&self) -> Result<ServerStats, WireError> {
+        let data_bytes = self.data_bytes().await?;
+        self.snapshot(data_bytes).await
+    }
+
+    /// Bytes of block data held on this server's disk. Walks every data
+    /// file: O(files), for an admin command (and a metrics scrape now and
+    /// then, `metrics.rs`).
+    pub(super) async fn data_bytes(&self) -> Result<u64, WireError> {
         let formatted = self.store.formatted();
         let store = self.store.clone();
         let blocks = self.blocks.clone();
         let copies = formatted.as_ref().map_or(1, |f| f.descriptor.replicas);
-        // Walks every data file: O(files), for an admin command.
-        let data_bytes = blocking(move || {
+        blocking(move || {
             let mut total = 0u64;
             let mut after = 0;
             loop {
@@ -71,7 +78,12 @@ impl Server {
             }
             Ok(total)
         })
-        .await?;
+        .await
+    }
+
+    /// The server's counters and state now, with `data_bytes` as given.
+    pub(super) async fn snapshot(&self, data_bytes: u64) -> Result<ServerStats, WireError> {
+        let formatted = self.store.formatted();
         let (disk_total, disk_free) = self.disk();
         let (leases, recalls) = {
             let st = self.leases.lock();

@@ -187,7 +187,7 @@ impl Store {
         let tx =
             Transaction::new_unchecked(conn, TransactionBehavior::Immediate).map_err(db_err)?;
         let out = f(&tx)?;
-        tx.commit().map_err(db_err)?;
+        super::commit(tx)?;
         if !session.is_empty() {
             let mut changeset = Vec::new();
             match session.changeset_strm(&mut changeset) {

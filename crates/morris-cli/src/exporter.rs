@@ -1,0 +1,130 @@
+//! `--metrics HOST:PORT`: the Prometheus endpoint of a server, a mount or
+//! an NFS gateway (issue 20). One recorder per process (the `metrics`
+//! facade's global), rendered by `metrics-exporter-prometheus` and served
+//! over HTTP by axum at `/metrics`. What each part records is in its own
+//! crate (`morris-server` `service/metrics.rs`, `morris-client`
+//! `metrics.rs`, the FUSE and NFS front ends); the state gauges are set
+//! just before each scrape by the functions given to [`Exporter::on_scrape`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use futures::future::BoxFuture;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use parking_lot::Mutex;
+use tracing::{info, warn};
+
+mod help;
+
+/// Latency buckets (seconds) of every `_seconds` histogram: 25 µs to 30 s.
+const BUCKETS: [f64; 19] = [
+    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+/// How often histograms' recent samples are folded in between scrapes.
+const UPKEEP: Duration = Duration::from_secs(5);
+
+/// Sets state gauges just before a scrape.
+pub type Refresh = Arc<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// A process's metrics endpoint.
+#[derive(Clone)]
+pub struct Exporter {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    handle: PrometheusHandle,
+    refresh: Mutex<Vec<Refresh>>,
+}
+
+impl Exporter {
+    /// Installs this process's recorder and serves `/metrics` on `addr`
+    /// (`HOST:PORT`; port 0 picks one). `role` (`server`, `mount`, `nfs`)
+    /// labels `morris_build_info`. Call inside the runtime, before the
+    /// server, client or front end is made: handles they take before the
+    /// recorder exists record nowhere.
+    pub async fn start(addr: &str, role: &'static str) -> Result<Exporter> {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &BUCKETS)
+            .context("bad histogram buckets")?
+            .build_recorder();
+        let handle = recorder.handle();
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen for metrics on {addr}"))?;
+        let local = listener.local_addr().context("metrics listener address")?;
+        metrics::set_global_recorder(recorder)
+            .map_err(|e| anyhow::anyhow!("a metrics recorder is already installed: {e}"))?;
+        help::describe_all();
+        metrics::gauge!("morris_build_info", "version" => env!("CARGO_PKG_VERSION"), "role" => role)
+            .set(1.0);
+        let inner = Arc::new(Inner {
+            handle: handle.clone(),
+            refresh: Mutex::new(Vec::new()),
+        });
+        let app = Router::new()
+            .route("/metrics", get(scrape))
+            .route("/", get(index))
+            .with_state(inner.clone());
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                warn!(error = %e, "metrics endpoint stopped");
+            }
+        });
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(UPKEEP);
+            loop {
+                tick.tick().await;
+                handle.run_upkeep();
+            }
+        });
+        info!(addr = %local, "metrics at http://{local}/metrics");
+        Ok(Exporter { inner })
+    }
+
+    /// Runs `f` before every scrape (to set state gauges).
+    pub fn on_scrape(&self, f: Refresh) {
+        self.inner.refresh.lock().push(f);
+    }
+}
+
+/// Starts an exporter if `addr` is given.
+pub async fn maybe_start(addr: Option<&str>, role: &'static str) -> Result<Option<Exporter>> {
+    match addr {
+        Some(a) => Ok(Some(Exporter::start(a, role).await?)),
+        None => Ok(None),
+    }
+}
+
+/// Sets `client`'s gauges before every scrape (a mount, a gateway).
+pub fn scrape_client(x: &Exporter, client: &Arc<morris_client::Client>) {
+    let c = Arc::downgrade(client);
+    x.on_scrape(Arc::new(move || {
+        if let Some(c) = c.upgrade() {
+            c.export_metrics();
+        }
+        Box::pin(async {})
+    }));
+}
+
+async fn scrape(State(inner): State<Arc<Inner>>) -> impl IntoResponse {
+    let refresh: Vec<Refresh> = inner.refresh.lock().clone();
+    for f in refresh {
+        f().await;
+    }
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        inner.handle.render(),
+    )
+}
+
+async fn index() -> &'static str {
+    "morris: Prometheus metrics at /metrics\n"
+}

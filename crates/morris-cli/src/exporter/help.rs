@@ -1,0 +1,85 @@
+//! The `# HELP` text and unit of every metric morris exports (one table, so
+//! that docs/operations.md's list and the endpoint agree; a test checks
+//! that nothing is exported without one).
+
+use metrics::Unit;
+
+/// A metric's kind, for its description.
+#[derive(Clone, Copy)]
+pub(super) enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+use Kind::{Counter, Gauge, Histogram};
+
+/// (name, kind, unit, help).
+#[rustfmt::skip]
+pub(super) const METRICS: &[(&str, Kind, Unit, &str)] = &[
+    ("morris_build_info", Gauge, Unit::Count, "Always 1; labels: version, role (server, mount, nfs)"),
+    // Servers.
+    ("morris_server_request_duration_seconds", Histogram, Unit::Seconds, "Time to serve a request, by request name (op)"),
+    ("morris_server_request_errors_total", Counter, Unit::Count, "Requests answered with an error, by request name (op)"),
+    ("morris_server_read_bytes_total", Counter, Unit::Bytes, "Block bytes read from this server's disk, by copy number"),
+    ("morris_server_written_bytes_total", Counter, Unit::Bytes, "Block bytes written to this server's disk, by copy number"),
+    ("morris_server_store_commit_seconds", Histogram, Unit::Seconds, "Time to commit one metadata store transaction (SQLite)"),
+    ("morris_server_inodes", Gauge, Unit::Count, "Inodes in this server's own metadata range"),
+    ("morris_server_entries", Gauge, Unit::Count, "Directory entries in this server's own metadata range"),
+    ("morris_server_data_files", Gauge, Unit::Count, "Files with blocks on this server"),
+    ("morris_server_data_bytes", Gauge, Unit::Bytes, "Bytes of block data on this server's disk (summed at most once a minute)"),
+    ("morris_server_leases", Gauge, Unit::Count, "Leases granted by this server now"),
+    ("morris_server_lease_recalls_total", Counter, Unit::Count, "Lease recalls this server has sent"),
+    ("morris_server_sessions", Gauge, Unit::Count, "Client sessions connected"),
+    ("morris_server_connections", Gauge, Unit::Count, "Connections open"),
+    ("morris_server_connections_refused_total", Counter, Unit::Count, "Connections refused at the connection cap"),
+    ("morris_server_connections_stalled_total", Counter, Unit::Count, "Connections closed because the peer stopped reading"),
+    ("morris_server_reply_bytes_inflight", Gauge, Unit::Bytes, "Bytes of data replies being sent"),
+    ("morris_server_io_inflight", Gauge, Unit::Count, "Block reads and writes being served"),
+    ("morris_server_disk_free_bytes", Gauge, Unit::Bytes, "Free bytes on the data directory's file system"),
+    ("morris_server_disk_size_bytes", Gauge, Unit::Bytes, "Size of the data directory's file system"),
+    ("morris_server_uptime_seconds", Gauge, Unit::Seconds, "Time since the server process started"),
+    ("morris_server_rebuilding", Gauge, Unit::Count, "1 while a replacement server's copies are not yet recorded stale"),
+    ("morris_server_stale_files", Gauge, Unit::Count, "Files recorded here with stale copies, by the server holding them"),
+    ("morris_server_resync_running", Gauge, Unit::Count, "1 while a resync pass copies to this server"),
+    ("morris_server_resync_passes_total", Counter, Unit::Count, "Resync passes completed"),
+    ("morris_server_resync_files", Gauge, Unit::Count, "Files the current (or last) resync pass found stale here"),
+    ("morris_server_resync_files_done", Gauge, Unit::Count, "Of those, files caught up"),
+    ("morris_server_resync_copied_bytes", Gauge, Unit::Bytes, "Bytes copied here by the current (or last) resync pass"),
+    ("morris_server_range_primary", Gauge, Unit::Count, "1 if this server serves the metadata range (label range)"),
+    ("morris_server_range_ready", Gauge, Unit::Count, "Primary: serving; secondary: its copy is current"),
+    ("morris_server_range_generation", Gauge, Unit::Count, "The range's ownership generation (raised by each takeover)"),
+    ("morris_server_range_inodes", Gauge, Unit::Count, "Inodes in this server's copy of the range"),
+    ("morris_server_range_takeovers_total", Counter, Unit::Count, "Takeovers of the range by this server"),
+    ("morris_server_checksum_failures_total", Counter, Unit::Count, "4 KiB chunks whose checksum did not match"),
+    ("morris_server_checked_bytes_total", Counter, Unit::Bytes, "Bytes checked against their checksums"),
+    ("morris_server_repairs_total", Counter, Unit::Count, "Damaged copies repaired from another copy"),
+    ("morris_server_unrepairable_total", Counter, Unit::Count, "Damaged data with no other copy"),
+    ("morris_server_fenced_writes_total", Counter, Unit::Count, "Writes refused because their lease had passed to another client"),
+    // Clients: mounts, gateways (and a server's own resync client).
+    ("morris_client_request_duration_seconds", Histogram, Unit::Seconds, "Time from sending a request to a server to its answer, by request name (op)"),
+    ("morris_client_request_errors_total", Counter, Unit::Count, "Requests that failed, by request name (op)"),
+    ("morris_client_sent_bytes_total", Counter, Unit::Bytes, "Payload bytes (block data) sent to each server (label server)"),
+    ("morris_client_received_bytes_total", Counter, Unit::Bytes, "Payload bytes (block data) received from each server (label server)"),
+    ("morris_client_hedged_reads_total", Counter, Unit::Count, "Reads also asked of another copy because the first was silent"),
+    ("morris_client_read_failovers_total", Counter, Unit::Count, "Reads of a copy that failed and went to another copy"),
+    ("morris_client_leases", Gauge, Unit::Count, "Leases held by this client"),
+    ("morris_client_lease_recalls_total", Counter, Unit::Count, "Lease recalls received"),
+    ("morris_client_open_files", Gauge, Unit::Count, "Files open through this client"),
+    ("morris_client_write_behind_gathered_bytes", Gauge, Unit::Bytes, "Small writes gathered and not yet sent"),
+    ("morris_client_write_behind_inflight_bytes", Gauge, Unit::Bytes, "Write-behind bytes sent and not yet answered"),
+    // Front ends.
+    ("morris_fuse_request_duration_seconds", Histogram, Unit::Seconds, "Time to answer a FUSE request, by operation (op)"),
+    ("morris_nfs_request_duration_seconds", Histogram, Unit::Seconds, "Time to answer an NFS, MOUNT or NLM call, by procedure (op)"),
+];
+
+/// Describes every metric to the installed recorder.
+pub(super) fn describe_all() {
+    for &(name, kind, unit, help) in METRICS {
+        match kind {
+            Counter => metrics::describe_counter!(name, unit, help),
+            Gauge => metrics::describe_gauge!(name, unit, help),
+            Histogram => metrics::describe_histogram!(name, unit, help),
+        }
+    }
+}

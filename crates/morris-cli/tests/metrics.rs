@@ -1,0 +1,296 @@
+//! Prometheus metrics (`--metrics`) and `morris stats` (issue 20), on real
+//! processes: servers, a FUSE mount and an NFS gateway each serve their
+//! endpoint; what a test does through them shows up in the numbers.
+
+mod common;
+mod nfs_harness;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::Duration;
+
+use common::{both, morris, pattern, read_log, wait_for, Cluster, ClusterOpts, Mount};
+use nfs_harness::{tool, write_local, Gateway};
+
+/// The endpoint address a process logged ("metrics at http://ADDR/metrics").
+fn endpoint_in(log: &Path) -> String {
+    wait_for(
+        Duration::from_secs(20),
+        "the metrics endpoint in the log",
+        || {
+            let text = read_log(log);
+            text.split("metrics at http://")
+                .nth(1)
+                .and_then(|rest| rest.split("/metrics").next())
+                .map(str::to_string)
+                .ok_or_else(|| text.chars().rev().take(2000).collect::<String>())
+        },
+    )
+}
+
+/// The text of `http://ADDR/metrics` (HTTP/1.0 by hand: the test checks
+/// the endpoint, not a client library).
+fn scrape(addr: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the metrics endpoint");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("send");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    let (head, body) = out.split_once("\r\n\r\n").expect("an HTTP reply");
+    assert!(
+        head.starts_with("HTTP/1.") && head.contains(" 200"),
+        "{head}"
+    );
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain"),
+        "{head}"
+    );
+    body.to_string()
+}
+
+/// Fails unless every `morris_` metric in `text` has a `# HELP` line.
+fn all_described(text: &str) {
+    for l in text.lines() {
+        if let Some(rest) = l.strip_prefix("# TYPE morris_") {
+            let name = rest.split(' ').next().unwrap_or("");
+            assert!(
+                text.contains(&format!("# HELP morris_{name} ")),
+                "morris_{name} has no HELP line:\n{text}"
+            );
+        }
+    }
+}
+
+/// Sum of every sample of `name` whose labels include all of `want`.
+fn total(text: &str, name: &str, want: &[(&str, &str)]) -> f64 {
+    let mut sum = 0.0;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (key, value) = match line.rsplit_once(' ') {
+            Some(kv) => kv,
+            None => continue,
+        };
+        let (metric, labels) = match key.split_once('{') {
+            Some((m, l)) => (m, l.trim_end_matches('}')),
+            None => (key, ""),
+        };
+        if metric != name {
+            continue;
+        }
+        let labels: HashMap<&str, &str> = labels
+            .split(',')
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k, v.trim_matches('"')))
+            .collect();
+        if want.iter().all(|(k, v)| labels.get(k) == Some(v)) {
+            sum += value.parse::<f64>().expect("a number");
+        }
+    }
+    sum
+}
+
+#[test]
+fn servers_and_a_mount_count_what_a_file_costs() {
+    common::require_fuse();
+    let opts = ClusterOpts {
+        server_args: vec!["--metrics".into(), "127.0.0.1:0".into()],
+        ..ClusterOpts::default()
+    };
+    let c = Cluster::start(3, opts);
+    let servers: Vec<String> = c.servers.iter().map(|s| endpoint_in(&s.log)).collect();
+    let m = Mount::start(c.addr(0), &["--metrics", "127.0.0.1:0"]);
+    let mount = endpoint_in(&m.log);
+
+    let data = pattern(3, 0, (1 << 20) + 4321);
+    std::fs::write(m.path.join("f"), &data).expect("write");
+    // Read back past the page cache, so that the bytes come from servers.
+    let mut f = std::fs::File::open(m.path.join("f")).expect("open");
+    // SAFETY: posix_fadvise has no memory-safety preconditions.
+    unsafe {
+        libc::posix_fadvise(
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            0,
+            0,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
+    let mut back = Vec::new();
+    f.read_to_end(&mut back).expect("read");
+    assert!(back == data);
+
+    let mtext = scrape(&mount);
+    assert_eq!(
+        total(&mtext, "morris_build_info", &[("role", "mount")]),
+        1.0,
+        "{mtext}"
+    );
+    // Every byte of the file went to the servers once (one copy), and came back.
+    let sent = total(&mtext, "morris_client_sent_bytes_total", &[]);
+    assert_eq!(sent, data.len() as f64, "{mtext}");
+    assert!(total(&mtext, "morris_client_received_bytes_total", &[]) >= data.len() as f64);
+    for op in ["create", "write", "read", "release"] {
+        assert!(
+            total(
+                &mtext,
+                "morris_fuse_request_duration_seconds_count",
+                &[("op", op)]
+            ) >= 1.0,
+            "no FUSE {op} counted:\n{mtext}"
+        );
+    }
+    assert!(
+        total(
+            &mtext,
+            "morris_client_request_duration_seconds_count",
+            &[("op", "CreateInode")]
+        ) >= 1.0
+    );
+    // Buckets are cumulative and end at +Inf with the count.
+    let count = total(
+        &mtext,
+        "morris_fuse_request_duration_seconds_count",
+        &[("op", "write")],
+    );
+    let inf = total(
+        &mtext,
+        "morris_fuse_request_duration_seconds_bucket",
+        &[("op", "write"), ("le", "+Inf")],
+    );
+    assert_eq!(count, inf, "{mtext}");
+    assert!(mtext.contains("morris_client_leases "), "{mtext}");
+    all_described(&mtext);
+
+    let mut written = 0.0;
+    let mut read = 0.0;
+    for s in &servers {
+        let text = scrape(s);
+        assert_eq!(
+            total(&text, "morris_build_info", &[("role", "server")]),
+            1.0,
+            "{text}"
+        );
+        written += total(&text, "morris_server_written_bytes_total", &[("copy", "0")]);
+        read += total(&text, "morris_server_read_bytes_total", &[]);
+        assert!(text.contains("morris_server_disk_size_bytes "), "{text}");
+        assert!(text.contains("morris_server_range_primary{"), "{text}");
+        assert!(
+            text.contains("morris_server_store_commit_seconds_count"),
+            "{text}"
+        );
+        assert!(
+            total(&text, "morris_server_connections", &[]) >= 1.0,
+            "{text}"
+        );
+        all_described(&text);
+    }
+    assert_eq!(written, data.len() as f64);
+    assert!(read >= data.len() as f64);
+    let creates: f64 = servers
+        .iter()
+        .map(|s| {
+            total(
+                &scrape(s),
+                "morris_server_request_duration_seconds_count",
+                &[("op", "CreateInode")],
+            )
+        })
+        .sum();
+    assert_eq!(creates, 1.0);
+
+    // `morris stats` reads the same endpoints.
+    let o = morris(&[
+        "stats",
+        "--once",
+        "--json",
+        "--interval",
+        "200ms",
+        &mount,
+        &servers[0],
+    ]);
+    assert!(o.status.success(), "{}", both(&o));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{}", both(&o));
+    assert_eq!(lines[0]["role"], "mount");
+    assert_eq!(lines[1]["role"], "server");
+    assert!(lines[0]["leases"].as_f64().is_some());
+    let o = morris(&["stats", "--once", "--interval", "200ms", &mount]);
+    assert!(o.status.success(), "{}", both(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("mount"),
+        "{}",
+        both(&o)
+    );
+}
+
+#[test]
+fn the_nfs_gateway_times_each_procedure() {
+    let c = Cluster::start(2, ClusterOpts::default());
+    let gw = Gateway::start(c.addr(0), &["--metrics", "127.0.0.1:0"]);
+    let addr = endpoint_in(&gw.log);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let src = tmp.path().join("in.bin");
+    let data = pattern(9, 0, 300_000);
+    write_local(&src, &data);
+    tool(
+        &gw,
+        "nfs-cp",
+        &[&src.display().to_string(), &gw.file_url("x.bin")],
+    );
+    let cat = tool(&gw, "nfs-cat", &[&gw.file_url("x.bin")]);
+    assert!(cat.stdout == data);
+    let text = scrape(&addr);
+    assert_eq!(
+        total(&text, "morris_build_info", &[("role", "nfs")]),
+        1.0,
+        "{text}"
+    );
+    for op in ["write", "read", "mount", "lookup"] {
+        assert!(
+            total(
+                &text,
+                "morris_nfs_request_duration_seconds_count",
+                &[("op", op)]
+            ) >= 1.0,
+            "no NFS {op} counted:\n{text}"
+        );
+    }
+    assert_eq!(
+        total(&text, "morris_client_sent_bytes_total", &[]),
+        data.len() as f64,
+        "{text}"
+    );
+    all_described(&text);
+}
+
+#[test]
+fn a_taken_metrics_port_is_a_clear_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let keys = common::keys();
+    let o = morris(&[
+        "server",
+        "--data",
+        &dir.path().join("d").display().to_string(),
+        "--listen",
+        "127.0.0.1:0",
+        "--key",
+        &keys.volume.display().to_string(),
+        "--metrics",
+        &addr,
+    ]);
+    assert!(!o.status.success(), "{}", both(&o));
+    assert!(
+        common::stderr(&o).contains(&format!("cannot listen for metrics on {addr}")),
+        "{}",
+        both(&o)
+    );
+    let o = morris(&["stats", "--once", &addr]);
+    assert!(!o.status.success(), "{}", both(&o));
+    drop(taken);
+}
