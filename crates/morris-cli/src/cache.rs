@@ -162,7 +162,7 @@ fn parse_on_conflict(s: &str) -> Result<OnConflict, String> {
 
 /// The morris mount holding `path`, the path's components inside it, and
 /// the address in the mount's source.
-fn locate(path: &Path) -> Result<(PathBuf, Vec<Vec<u8>>, Option<String>)> {
+pub(crate) fn locate(path: &Path) -> Result<(PathBuf, Vec<Vec<u8>>, Option<String>)> {
     use std::os::unix::ffi::OsStrExt;
     let abs = mountinfo::absolute(path).with_context(|| format!("bad path {}", path.display()))?;
     let text = std::fs::read_to_string("/proc/self/mountinfo").context("reading mountinfo")?;

@@ -12,6 +12,7 @@ mod exporter;
 mod format;
 mod fsck;
 mod hold;
+mod info;
 mod key;
 mod mount;
 mod mountinfo;
@@ -58,6 +59,9 @@ enum Command {
     /// A live view of servers, mounts and gateways, from their metrics
     /// endpoints (--metrics).
     Stats(stats::StatsArgs),
+    /// Where a file or directory of a mount lives: its inode's server,
+    /// each stripe unit's servers and copies, stale copies, lease holders.
+    Info(info::InfoArgs),
     /// Check a volume's namespace and data for inconsistencies and garbage.
     Fsck(fsck::FsckArgs),
     /// Read every server's data and check it against its checksums (damage
@@ -120,6 +124,7 @@ fn main() -> ExitCode {
         Command::Up(a) => up::run(a),
         Command::Status(a) => status::run(a),
         Command::Stats(a) => stats::run(a),
+        Command::Info(a) => info::run(a),
         Command::Fsck(a) => fsck::run(a),
         Command::Scrub(a) => scrub::run(a),
         Command::Bench(a) => bench::run(a),

@@ -1,6 +1,7 @@
-//! Prometheus metrics (`--metrics`) and `morris stats` (issue 20), on real
-//! processes: servers, a FUSE mount and an NFS gateway each serve their
-//! endpoint; what a test does through them shows up in the numbers.
+//! Prometheus metrics (`--metrics`), `morris stats` and `morris info`
+//! (issue 20), on real processes: servers, a FUSE mount and an NFS gateway
+//! each serve their endpoint; what a test does through them shows up in the
+//! numbers; `info` finds where a file's inode, blocks and leases are.
 
 mod common;
 mod nfs_harness;
@@ -293,4 +294,109 @@ fn a_taken_metrics_port_is_a_clear_error() {
     let o = morris(&["stats", "--once", &addr]);
     assert!(!o.status.success(), "{}", both(&o));
     drop(taken);
+}
+
+#[test]
+fn info_says_where_a_file_lives_and_who_holds_it() {
+    common::require_fuse();
+    let mut c = Cluster::start(
+        4,
+        ClusterOpts {
+            replicas: 2,
+            ..ClusterOpts::default()
+        },
+    );
+    let m = Mount::start(c.addr(0), &[]);
+    let big = m.path.join("big");
+    let small = m.path.join("small");
+    // 64 KiB units: 56 blocks and a short last one; 2 blocks.
+    std::fs::write(&big, pattern(1, 0, (7 << 19) + 100)).expect("write big");
+    std::fs::write(&small, pattern(2, 0, 100_000)).expect("write small");
+    let id = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&big).expect("stat"));
+    // Kept open for writing: this mount holds the write lease.
+    let open = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&big)
+        .expect("open big");
+
+    let o = morris(&[
+        "info",
+        "--json",
+        &big.display().to_string(),
+        &small.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", both(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let v: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(v.len(), 2, "{out}");
+    let (b, s) = (&v[0], &v[1]);
+    assert_eq!(b["id"], id, "{out}");
+    assert_eq!(b["inode_server"]["index"], id % 4, "{out}");
+    assert_eq!(
+        b["inode_server"]["addr"],
+        c.addr((id % 4) as usize),
+        "{out}"
+    );
+    assert_eq!(
+        b["metadata_copies"].as_array().map(Vec::len),
+        Some(2),
+        "{out}"
+    );
+    assert_eq!(b["blocks"], 57, "{out}");
+    assert_eq!(b["block_list"].as_array().map(Vec::len), Some(0), "{out}");
+    let held: u64 = b["per_server"]
+        .as_array()
+        .expect("per_server")
+        .iter()
+        .map(|x| x["bytes"].as_u64().expect("bytes"))
+        .sum();
+    assert_eq!(held, 2 * ((7 << 19) + 100), "{out}");
+    let leases = b["leases"].as_array().expect("leases");
+    assert!(
+        leases.iter().any(|l| l["mode"] == "Write"
+            && l["client"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("mount@"))),
+        "{out}"
+    );
+    assert_eq!(s["blocks"], 2, "{out}");
+    let list = s["block_list"].as_array().expect("block_list");
+    assert_eq!(list.len(), 2, "{out}");
+    assert_eq!(list[1]["offset"], 65536, "{out}");
+    let sid = s["id"].as_u64().expect("id");
+    assert_eq!(
+        list[0]["servers"],
+        serde_json::json!([(sid + 1) % 4, (sid + 2) % 4]),
+        "{out}"
+    );
+    drop(open);
+
+    // A copy server lost during a write: its copies are recorded stale, and
+    // info says so.
+    let victim = ((id + 2) % 4) as usize;
+    c.kill9(victim);
+    std::fs::write(&big, pattern(3, 0, 1 << 20)).expect("write with a server down");
+    let o = morris(&["info", &big.display().to_string()]);
+    assert!(o.status.success(), "{}", both(&o));
+    let text = common::stdout(&o);
+    assert!(
+        text.contains(&format!(
+            "stale copies: server {victim}, blocks 1 and after"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("inode on server {} (", id % 4)),
+        "{text}"
+    );
+    let o = morris(&["info", "/"]);
+    assert!(!o.status.success(), "{}", both(&o));
+    assert!(
+        common::stderr(&o).contains("not inside a morris mount"),
+        "{}",
+        both(&o)
+    );
 }

@@ -515,6 +515,27 @@ impl Client {
         Ok(i)
     }
 
+    /// What `id`'s owner has stored, without a lease (`morris info`): a
+    /// mount holding a write lease may have newer attributes not yet
+    /// stored. Nothing here is cached or kept fresh.
+    pub async fn inode_as_stored(&self, id: FileId) -> Result<Inode> {
+        fs::inode_reply(
+            self.call_owner(id, morris_proto::Request::GetInode { ino: id })
+                .await?,
+        )
+    }
+
+    /// Who holds a lease on `id` now, as its owner says (`morris info`).
+    pub async fn lease_holders(&self, id: FileId) -> Result<Vec<morris_proto::LeaseHolder>> {
+        match self
+            .call_owner(id, morris_proto::Request::Holders { ino: id })
+            .await?
+        {
+            morris_proto::Reply::Holders(h) => Ok(h),
+            other => Err(pool::unexpected(&other)),
+        }
+    }
+
     /// Attributes of `id` (cached while the read lease is held). A file
     /// whose last name is gone answers `Stale` unless it is open here (or
     /// this client removed that name a moment ago): only an open

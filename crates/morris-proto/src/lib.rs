@@ -28,11 +28,11 @@ pub mod tls;
 pub mod types;
 
 pub use error::{ErrorCode, WireError};
-pub use messages::{BindingStatus, Orphan, Push, Reply, Request, WbHome, WbMark};
+pub use messages::{BindingStatus, LeaseHolder, Orphan, Push, Reply, Request, WbHome, WbMark};
 pub use types::*;
 
 /// Most copies of each block a volume may keep.
 pub const MAX_REPLICAS: u8 = 3;
 
 /// Version of the wire protocol; a `Hello` with another version is refused.
-pub const PROTOCOL_VERSION: u32 = 22;
+pub const PROTOCOL_VERSION: u32 = 23;

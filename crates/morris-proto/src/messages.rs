@@ -960,6 +960,12 @@ pub enum Request {
         /// Which copy's extent file.
         replica: u8,
     },
+    /// Who holds a lease on inode `ino` now (`morris info`): answered by
+    /// the server serving the inode's metadata range. [`Reply::Holders`].
+    Holders {
+        /// The inode.
+        ino: FileId,
+    },
 }
 
 /// A change to one object not yet pushed home (cache mode II), kept by the
@@ -1064,7 +1070,7 @@ impl Request {
     }
 
     /// Every request name [`Request::name`] returns (for metrics).
-    pub const NAMES: [&'static str; 79] = [
+    pub const NAMES: [&'static str; 80] = [
         "Hello",
         "Format",
         "Replace",
@@ -1144,6 +1150,7 @@ impl Request {
         "Exchange",
         "ChunkSums",
         "Allocated",
+        "Holders",
     ];
 
     /// The request's name, for counters and logs.
@@ -1228,6 +1235,7 @@ impl Request {
             Request::Exchange { .. } => "Exchange",
             Request::ChunkSums { .. } => "ChunkSums",
             Request::Allocated { .. } => "Allocated",
+            Request::Holders { .. } => "Holders",
         }
     }
 }
@@ -1399,6 +1407,18 @@ pub enum Reply {
     },
     /// Answer to [`Request::Allocated`]: bytes allocated on disk.
     Allocated(u64),
+    /// Answer to [`Request::Holders`]: each lease on the inode.
+    Holders(Vec<LeaseHolder>),
+}
+
+/// One lease on an inode and the client holding it ([`Reply::Holders`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseHolder {
+    /// The client's name as it said `Hello` (e.g. `mount@host:/mnt`), or
+    /// its id if it has no connection now.
+    pub client: String,
+    /// The kind of lease.
+    pub mode: LeaseMode,
 }
 
 /// One server's view of one binding (`morris cache status`).

@@ -242,7 +242,9 @@ fn subject(req: &Request) -> Option<FileId> {
         Request::ReadCached { id, .. }
         | Request::FetchCached { id, .. }
         | Request::Evict { id } => Some(*id),
-        Request::Release { ino } | Request::GetInode { ino } => Some(*ino),
+        Request::Release { ino } | Request::GetInode { ino } | Request::Holders { ino } => {
+            Some(*ino)
+        }
         Request::CreateInode { parent, .. } => Some(*parent),
         Request::Lookup { dir, .. }
         | Request::ReadDir { dir, .. }
@@ -932,6 +934,7 @@ impl Server {
             Request::AcquireRead { .. }
             | Request::AcquireWrite { .. }
             | Request::GetInode { .. }
+            | Request::Holders { .. }
             | Request::SetAttr { .. }
             | Request::GetXattrs { .. }
             | Request::SetXattr { .. }
@@ -1121,6 +1124,10 @@ impl Server {
                     LeaseMode::Read => Reply::Inode(inode),
                     LeaseMode::Write => Reply::Leased { inode, fence },
                 })
+            }
+            Request::Holders { ino } => {
+                Self::check_owner(vol, ino)?;
+                Ok(Reply::Holders(self.holders(ino)))
             }
             Request::GetInode { ino } => {
                 Self::check_owner(vol, ino)?;

@@ -249,6 +249,25 @@ impl LeaseTable {
     }
 
     /// The lease `client` holds on `ino`.
+    /// Every lease on `ino` now: the writer, then the readers.
+    pub fn holders(&self, ino: FileId) -> Vec<(ClientId, LeaseMode)> {
+        let Some(i) = self.inodes.get(&ino) else {
+            return Vec::new();
+        };
+        let mut out: Vec<(ClientId, LeaseMode)> = i
+            .writer
+            .map(|w| (w, LeaseMode::Write))
+            .into_iter()
+            .collect();
+        out.extend(
+            i.readers
+                .iter()
+                .filter(|&&r| Some(r) != i.writer)
+                .map(|&r| (r, LeaseMode::Read)),
+        );
+        out
+    }
+
     pub fn holds(&self, client: ClientId, ino: FileId) -> Option<LeaseMode> {
         self.inodes.get(&ino).and_then(|s| s.holds(client))
     }

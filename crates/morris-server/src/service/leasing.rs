@@ -287,6 +287,22 @@ impl Server {
         }
     }
 
+    /// Who holds a lease on `ino` now, by the names clients gave at `Hello`.
+    pub(super) fn holders(&self, ino: FileId) -> Vec<morris_proto::LeaseHolder> {
+        let held = self.leases.lock().table.holders(ino);
+        let sessions = self.sessions.lock();
+        held.into_iter()
+            .map(|(client, mode)| morris_proto::LeaseHolder {
+                client: sessions
+                    .by_conn
+                    .values()
+                    .find(|(s, _)| s.client_id == client)
+                    .map_or_else(|| format!("client {client:016x}"), |(s, _)| s.name.clone()),
+                mode,
+            })
+            .collect()
+    }
+
     pub(super) fn release(&self, client: ClientId, ino: FileId) {
         let recalls = {
             let mut st = self.leases.lock();
