@@ -21,6 +21,9 @@ use parking_lot::Mutex;
 use tracing::{info, warn};
 
 mod help;
+mod page;
+
+pub use page::{Counters, StatusText};
 
 /// Latency buckets (seconds) of every `_seconds` histogram: 25 µs to 30 s.
 const BUCKETS: [f64; 19] = [
@@ -42,6 +45,9 @@ pub struct Exporter {
 struct Inner {
     handle: PrometheusHandle,
     refresh: Mutex<Vec<Refresh>>,
+    role: &'static str,
+    /// The status page, once [`Exporter::serve_page`] gave what it shows.
+    page: Mutex<Option<Arc<page::Page>>>,
 }
 
 impl Exporter {
@@ -68,6 +74,8 @@ impl Exporter {
         let inner = Arc::new(Inner {
             handle: handle.clone(),
             refresh: Mutex::new(Vec::new()),
+            role,
+            page: Mutex::new(None),
         });
         let app = Router::new()
             .route("/metrics", get(scrape))
@@ -92,6 +100,18 @@ impl Exporter {
     /// Runs `f` before every scrape (to set state gauges).
     pub fn on_scrape(&self, f: Refresh) {
         self.inner.refresh.lock().push(f);
+    }
+
+    /// Serves the status page at `/`: `status` at each view, and graphs of
+    /// `counters` sampled every ten seconds for the last hour.
+    pub fn serve_page(&self, status: StatusText, counters: Counters) {
+        let history = Arc::new(Mutex::new(page::History::default()));
+        tokio::spawn(page::sample(counters, history.clone()));
+        *self.inner.page.lock() = Some(Arc::new(page::Page {
+            status,
+            history,
+            role: self.inner.role,
+        }));
     }
 }
 
@@ -125,6 +145,10 @@ async fn scrape(State(inner): State<Arc<Inner>>) -> impl IntoResponse {
     )
 }
 
-async fn index() -> &'static str {
-    "morris: Prometheus metrics at /metrics\n"
+async fn index(State(inner): State<Arc<Inner>>) -> axum::response::Response {
+    let page = inner.page.lock().clone();
+    match page {
+        Some(p) => axum::response::Html(page::render(&p).await).into_response(),
+        None => "morris: Prometheus metrics at /metrics\n".into_response(),
+    }
 }

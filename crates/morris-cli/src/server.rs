@@ -122,10 +122,25 @@ pub fn run(args: ServerArgs) -> Result<ExitCode> {
             .with_context(|| format!("server on {listen} failed to start"))?;
         if let Some(x) = &exporter {
             let source = handle.metrics();
+            let totals = source.clone();
             x.on_scrape(std::sync::Arc::new(move || {
                 let s = source.clone();
                 Box::pin(async move { s.export().await })
             }));
+            let me = connect_addr(handle.local_addr());
+            let key = keys.credential();
+            x.serve_page(
+                std::sync::Arc::new(move || {
+                    let (me, key) = (me.clone(), key.clone());
+                    Box::pin(async move {
+                        match crate::status::collect(&me, &key, Duration::from_secs(2)).await {
+                            Ok(r) => Ok((r.health.to_string(), crate::status::render(&r, false))),
+                            Err(e) => Err(format!("{e:#}")),
+                        }
+                    })
+                }),
+                std::sync::Arc::new(move || totals.totals()),
+            );
         }
         let resync = (!args.no_resync).then(|| {
             tokio::spawn(resync_loop(

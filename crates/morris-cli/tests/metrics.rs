@@ -33,10 +33,21 @@ fn endpoint_in(log: &Path) -> String {
 /// The text of `http://ADDR/metrics` (HTTP/1.0 by hand: the test checks
 /// the endpoint, not a client library).
 fn scrape(addr: &str) -> String {
+    let (head, body) = get(addr, "/metrics");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain"),
+        "{head}"
+    );
+    body
+}
+
+/// `GET path` of `addr`: the head and the body of a 200 reply.
+fn get(addr: &str, path: &str) -> (String, String) {
     let mut s = std::net::TcpStream::connect(addr).expect("connect to the metrics endpoint");
     s.set_read_timeout(Some(Duration::from_secs(20)))
         .expect("timeout");
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("send");
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("send");
     let mut out = String::new();
     s.read_to_string(&mut out).expect("read");
     let (head, body) = out.split_once("\r\n\r\n").expect("an HTTP reply");
@@ -44,12 +55,7 @@ fn scrape(addr: &str) -> String {
         head.starts_with("HTTP/1.") && head.contains(" 200"),
         "{head}"
     );
-    assert!(
-        head.to_ascii_lowercase()
-            .contains("content-type: text/plain"),
-        "{head}"
-    );
-    body.to_string()
+    (head.to_string(), body.to_string())
 }
 
 /// Fails unless every `morris_` metric in `text` has a `# HELP` line.
@@ -199,6 +205,20 @@ fn servers_and_a_mount_count_what_a_file_costs() {
         })
         .sum();
     assert_eq!(creates, 1.0);
+
+    // A server's status page: the volume's state and this server's graphs.
+    let (head, page) = get(&servers[1], "/");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/html"),
+        "{head}"
+    );
+    assert!(page.contains("<h2>Volume: healthy</h2>"), "{page}");
+    assert!(page.contains(c.addr(2)), "every server is listed: {page}");
+    assert!(
+        page.contains("<svg") && page.contains("requests served"),
+        "{page}"
+    );
 
     // `morris stats` reads the same endpoints.
     let o = morris(&[

@@ -144,6 +144,11 @@ impl MetricsSource {
     pub async fn export(&self) {
         self.server.export_gauges().await;
     }
+
+    /// Requests served, block bytes read and written, since start.
+    pub fn totals(&self) -> (u64, u64, u64) {
+        self.server.totals()
+    }
 }
 
 /// A running server. [`ServerHandle::shutdown`] stops it and waits until the

@@ -3,6 +3,7 @@
 //! request name, block bytes read and written by copy, store commit times
 //! (`store.rs`), and, at every scrape, its state as gauges.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, Counter};
@@ -26,6 +27,10 @@ pub(crate) struct ServerMetrics {
     written: Vec<Counter>,
     /// The last sum of bytes held on disk, and when it was taken.
     data_bytes: Mutex<Option<(Instant, u64)>>,
+    /// Block bytes read and written since start, all copies (the status
+    /// page's graphs).
+    read_total: AtomicU64,
+    written_total: AtomicU64,
 }
 
 /// A block read or write in a request: (write, copy).
@@ -53,6 +58,8 @@ impl ServerMetrics {
             read: by_copy("morris_server_read_bytes_total"),
             written: by_copy("morris_server_written_bytes_total"),
             data_bytes: Mutex::new(None),
+            read_total: AtomicU64::new(0),
+            written_total: AtomicU64::new(0),
         }
     }
 
@@ -65,6 +72,12 @@ impl ServerMetrics {
     pub(crate) fn data(&self, write: bool, copy: u8, bytes: usize) {
         let list = if write { &self.written } else { &self.read };
         let n = bytes as u64;
+        let total = if write {
+            &self.written_total
+        } else {
+            &self.read_total
+        };
+        total.fetch_add(n, Ordering::Relaxed);
         match list.get(usize::from(copy)) {
             Some(c) => c.increment(n),
             None if write => {
@@ -79,6 +92,15 @@ impl ServerMetrics {
 }
 
 impl Server {
+    /// Requests served, block bytes read and written, since start.
+    pub(crate) fn totals(&self) -> (u64, u64, u64) {
+        (
+            self.requests.load(Ordering::Relaxed),
+            self.metrics.read_total.load(Ordering::Relaxed),
+            self.metrics.written_total.load(Ordering::Relaxed),
+        )
+    }
+
     /// Sets every state gauge from the server's state now (at each scrape).
     pub(crate) async fn export_gauges(&self) {
         let due = self
