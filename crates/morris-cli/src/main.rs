@@ -17,6 +17,7 @@ mod key;
 mod mount;
 mod mountinfo;
 mod nfs;
+mod profile;
 mod runtime;
 mod scrub;
 mod server;
@@ -62,6 +63,8 @@ enum Command {
     /// Where a file or directory of a mount lives: its inode's server,
     /// each stripe unit's servers and copies, stale copies, lease holders.
     Info(info::InfoArgs),
+    /// Sum up a mount's access log (`morris mount --access-log FILE`).
+    Profile(profile::ProfileArgs),
     /// Check a volume's namespace and data for inconsistencies and garbage.
     Fsck(fsck::FsckArgs),
     /// Read every server's data and check it against its checksums (damage
@@ -125,6 +128,7 @@ fn main() -> ExitCode {
         Command::Status(a) => status::run(a),
         Command::Stats(a) => stats::run(a),
         Command::Info(a) => info::run(a),
+        Command::Profile(a) => profile::run(a),
         Command::Fsck(a) => fsck::run(a),
         Command::Scrub(a) => scrub::run(a),
         Command::Bench(a) => bench::run(a),

@@ -91,6 +91,10 @@ pub struct MountTuning {
     /// and mount; each update is a request to the file's server).
     #[arg(long)]
     pub strictatime: bool,
+    /// Append a line per FUSE request (time, caller, operation, inode,
+    /// result, seconds taken) to FILE; `morris profile FILE` sums it up.
+    #[arg(long, value_name = "FILE")]
+    pub access_log: Option<PathBuf>,
 }
 
 impl MountTuning {
@@ -138,6 +142,7 @@ impl MountTuning {
         o.dev = self.dev;
         o.noatime = self.noatime;
         o.strictatime = self.strictatime;
+        o.access_log.clone_from(&self.access_log);
         o
     }
 
@@ -251,8 +256,13 @@ fn serve(args: &MountArgs, keys: Keys, mp: &Path, notifier: &mut Option<Notifier
 }
 
 /// Runs `morris mount`. `log_default` is the log filter when `RUST_LOG` is unset.
-pub fn run(args: MountArgs, log_default: &str) -> Result<ExitCode> {
+pub fn run(mut args: MountArgs, log_default: &str) -> Result<ExitCode> {
     let mp = prepare_mountpoint(&args.mountpoint)?;
+    // Absolute: a background mount leaves the working directory.
+    if let Some(p) = &args.tuning.access_log {
+        let abs = mountinfo::absolute(p).with_context(|| format!("bad path {}", p.display()))?;
+        args.tuning.access_log = Some(abs);
+    }
     args.tuning.check_permissions()?;
     // Read before a daemon leaves the working directory.
     let keys = args.key.load()?;

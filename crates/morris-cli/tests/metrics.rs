@@ -420,3 +420,60 @@ fn info_says_where_a_file_lives_and_who_holds_it() {
         both(&o)
     );
 }
+
+#[test]
+fn the_access_log_has_a_line_per_request_and_profile_sums_it() {
+    common::require_fuse();
+    let c = Cluster::start(2, ClusterOpts::default());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("access.log");
+    let m = Mount::start(c.addr(0), &["--access-log", &log.display().to_string()]);
+    let root = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&m.path).expect("stat root"));
+    std::fs::write(m.path.join("f"), b"hello").expect("write");
+    let id =
+        std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(m.path.join("f")).expect("stat"));
+    assert!(std::fs::metadata(m.path.join("missing")).is_err());
+    assert_eq!(std::fs::read(m.path.join("f")).expect("read"), b"hello");
+    let text = wait_for(Duration::from_secs(10), "the access log's lines", || {
+        let t = std::fs::read_to_string(&log).unwrap_or_default();
+        if t.contains(&format!("lookup ({root}): ENOENT <"))
+            && t.contains(&format!("read ({id}): OK <"))
+        {
+            Ok(t)
+        } else {
+            Err(t)
+        }
+    });
+    for want in [
+        format!("create ({root}): OK <"),
+        format!("write ({id}): OK <"),
+        format!("release ({id}): OK <"),
+    ] {
+        assert!(text.contains(&want), "no {want:?} in:\n{text}");
+    }
+    // The kernel names the calling thread (this test's).
+    // SAFETY: gettid has no preconditions.
+    let pid = unsafe { libc::gettid() };
+    assert!(
+        text.contains(&format!(",pid:{pid}] write ({id})")),
+        "{text}"
+    );
+
+    let o = morris(&["profile", "--json", &log.display().to_string()]);
+    assert!(o.status.success(), "{}", both(&o));
+    let p: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let ops = p["ops"].as_array().expect("ops");
+    let lookup = ops
+        .iter()
+        .find(|x| x["key"] == "lookup")
+        .expect("lookups counted");
+    assert!(lookup["errors"].as_u64() >= Some(1), "{p}");
+    assert!(
+        ops.iter()
+            .any(|x| x["key"] == "write" && x["count"].as_u64() >= Some(1)),
+        "{p}"
+    );
+    let o = morris(&["profile", &log.display().to_string()]);
+    assert!(o.status.success(), "{}", both(&o));
+    assert!(common::stdout(&o).contains("OPERATION"), "{}", both(&o));
+}

@@ -13,7 +13,7 @@ use std::future::Future;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -81,6 +81,8 @@ struct Shared {
     blksize: u32,
     /// Each FUSE operation's time (`morris_fuse_request_duration_seconds`).
     timers: OpTimers,
+    /// `--access-log`: a line per request answered.
+    access: Option<crate::access::AccessLog>,
 }
 
 /// The FUSE operations timed for the metrics.
@@ -179,6 +181,43 @@ impl Drop for InFlight {
     }
 }
 
+tokio::task_local! {
+    /// The errno a request's task replied with (0: it succeeded), for the
+    /// access log.
+    static OUTCOME: Arc<AtomicI32>;
+}
+
+/// Replies `errno` to a request, noting it for the access log.
+macro_rules! refuse {
+    ($reply:expr, $errno:expr) => {{
+        let errno: Errno = $errno;
+        let _ = OUTCOME.try_with(|o| o.store(errno.code(), Ordering::Relaxed));
+        $reply.error(errno)
+    }};
+}
+
+/// A request being answered: what is recorded when it is (its time, and
+/// the access log's line).
+struct Done {
+    shared: Arc<Shared>,
+    op: &'static str,
+    ino: u64,
+    who: (u32, u32, u32),
+    started: Instant,
+    outcome: Arc<AtomicI32>,
+}
+
+impl Done {
+    fn finish(self) {
+        let took = self.started.elapsed();
+        let errno = self.outcome.load(Ordering::Relaxed);
+        self.shared.timers.record(self.op, took, errno != 0);
+        if let Some(log) = &self.shared.access {
+            log.record(self.who, self.op, self.ino, errno, took);
+        }
+    }
+}
+
 impl MorrisFs {
     /// A file system answering from `client`, running its tasks on `rt`
     /// and counting the requests they have not answered in `in_flight`.
@@ -188,13 +227,19 @@ impl MorrisFs {
         ttl: Duration,
         blksize: u32,
         in_flight: Arc<AtomicUsize>,
+        access: Option<crate::access::AccessLog>,
     ) -> Self {
         MorrisFs {
             shared: Arc::new(Shared {
                 client,
                 ttl,
                 blksize,
-                timers: OpTimers::new("morris_fuse_request_duration_seconds", None, &TIMED),
+                timers: OpTimers::new(
+                    "morris_fuse_request_duration_seconds",
+                    Some("morris_fuse_request_errors_total"),
+                    &TIMED,
+                ),
+                access,
             }),
             rt,
             in_flight,
@@ -204,14 +249,22 @@ impl MorrisFs {
     /// Runs `work` on the runtime with the shared state. If the runtime has
     /// shut down the task (and with it the reply) is dropped, and fuser
     /// answers the request with `EIO`.
-    fn spawn<F, Fut>(&self, op: &'static str, work: F)
+    fn spawn<F, Fut>(&self, op: &'static str, req: &Request, ino: u64, work: F)
     where
         F: FnOnce(Arc<Shared>) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let started = Instant::now();
         let counted = InFlight::enter(&self.in_flight);
-        let mut fut = Box::pin(work(self.shared.clone()));
+        let done = Done {
+            shared: self.shared.clone(),
+            op,
+            ino,
+            who: (req.uid(), req.gid(), req.pid()),
+            started,
+            outcome: Arc::new(AtomicI32::new(0)),
+        };
+        let mut fut = Box::pin(OUTCOME.scope(done.outcome.clone(), work(self.shared.clone())));
         // Polled once on this FUSE thread first: a request answered without
         // waiting (a write gathered in the client, attributes or names under
         // a held lease) then costs no hand-over to a runtime thread and
@@ -225,14 +278,13 @@ impl MorrisFs {
         match first {
             Ok(std::task::Poll::Ready(())) => {
                 drop(counted);
-                self.shared.timers.record(op, started.elapsed(), false);
+                done.finish();
             }
             Ok(std::task::Poll::Pending) => {
-                let shared = self.shared.clone();
                 self.rt.spawn(async move {
                     fut.await;
                     drop(counted);
-                    shared.timers.record(op, started.elapsed(), false);
+                    done.finish();
                 });
             }
             // (The runtime shutting down under it: the reply is dropped,
@@ -312,7 +364,7 @@ fn xattr_reply(reply: ReplyXattr, size: u32, data: &[u8]) {
     match u32::try_from(data.len()) {
         Ok(n) if size == 0 => reply.size(n),
         Ok(n) if n <= size => reply.data(data),
-        _ => reply.error(Errno::ERANGE),
+        _ => refuse!(reply, Errno::ERANGE),
     }
 }
 
@@ -392,9 +444,9 @@ impl Filesystem for MorrisFs {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = bytes(name);
-        self.spawn("lookup", move |s| async move {
+        self.spawn("lookup", req, parent.0, move |s| async move {
             // "." and ".." arrive only with FUSE_EXPORT_SUPPORT (NFS export,
             // open_by_handle_at), for ids this mount may never have seen
             // (a handle made before a remount); the kernel checks the
@@ -409,7 +461,7 @@ impl Filesystem for MorrisFs {
             };
             match res {
                 Ok(inode) => s.reply_entry(reply, &inode),
-                Err(e) => reply.error(fail("lookup", parent.0, &e)),
+                Err(e) => refuse!(reply, fail("lookup", parent.0, &e)),
             }
         });
     }
@@ -418,11 +470,11 @@ impl Filesystem for MorrisFs {
         // File ids are never reused and the client keeps no per-lookup state.
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.spawn("getattr", move |s| async move {
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.spawn("getattr", req, ino.0, move |s| async move {
             match s.client.getattr(ino.0).await {
                 Ok(inode) => s.reply_attr(reply, &inode),
-                Err(e) => reply.error(fail("getattr", ino.0, &e)),
+                Err(e) => refuse!(reply, fail("getattr", ino.0, &e)),
             }
         });
     }
@@ -452,7 +504,7 @@ impl Filesystem for MorrisFs {
         // same call sets the mode (`FUSE_HANDLE_KILLPRIV_V2`).
         let kill =
             mode.is_none() && (uid.is_some() || gid.is_some() || (size.is_some() && who.uid != 0));
-        self.spawn("setattr", move |s| async move {
+        self.spawn("setattr", req, ino.0, move |s| async move {
             let res = if is_empty(&set) {
                 s.client.getattr(ino.0).await
             } else {
@@ -468,16 +520,16 @@ impl Filesystem for MorrisFs {
             };
             match res {
                 Ok(inode) => s.reply_attr(reply, &inode),
-                Err(e) => reply.error(fail("setattr", ino.0, &e)),
+                Err(e) => refuse!(reply, fail("setattr", ino.0, &e)),
             }
         });
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        self.spawn("readlink", move |s| async move {
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.spawn("readlink", req, ino.0, move |s| async move {
             match s.client.readlink(ino.0).await {
                 Ok(target) => reply.data(&target),
-                Err(e) => reply.error(fail("readlink", ino.0, &e)),
+                Err(e) => refuse!(reply, fail("readlink", ino.0, &e)),
             }
         });
     }
@@ -493,7 +545,7 @@ impl Filesystem for MorrisFs {
         reply: ReplyEntry,
     ) {
         let Some(kind) = mknod_kind(mode) else {
-            reply.error(Errno::EINVAL);
+            refuse!(reply, Errno::EINVAL);
             return;
         };
         let name = bytes(name);
@@ -501,7 +553,7 @@ impl Filesystem for MorrisFs {
             umask,
             ..caller(req)
         };
-        self.spawn("mknod", move |s| async move {
+        self.spawn("mknod", req, parent.0, move |s| async move {
             // mknod(2) fails on an existing name: exclusive.
             match s
                 .client
@@ -509,7 +561,7 @@ impl Filesystem for MorrisFs {
                 .await
             {
                 Ok(inode) => s.reply_entry(reply, &inode),
-                Err(e) => reply.error(fail("mknod", parent.0, &e)),
+                Err(e) => refuse!(reply, fail("mknod", parent.0, &e)),
             }
         });
     }
@@ -528,10 +580,10 @@ impl Filesystem for MorrisFs {
             umask,
             ..caller(req)
         };
-        self.spawn("mkdir", move |s| async move {
+        self.spawn("mkdir", req, parent.0, move |s| async move {
             match s.client.mkdir(parent.0, &name, mode & 0o7777, &who).await {
                 Ok(inode) => s.reply_entry(reply, &inode),
-                Err(e) => reply.error(fail("mkdir", parent.0, &e)),
+                Err(e) => refuse!(reply, fail("mkdir", parent.0, &e)),
             }
         });
     }
@@ -539,10 +591,10 @@ impl Filesystem for MorrisFs {
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = bytes(name);
         let who = caller(req);
-        self.spawn("unlink", move |s| async move {
+        self.spawn("unlink", req, parent.0, move |s| async move {
             match s.client.unlink(parent.0, &name, &who).await {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(fail("unlink", parent.0, &e)),
+                Err(e) => refuse!(reply, fail("unlink", parent.0, &e)),
             }
         });
     }
@@ -550,10 +602,10 @@ impl Filesystem for MorrisFs {
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = bytes(name);
         let who = caller(req);
-        self.spawn("rmdir", move |s| async move {
+        self.spawn("rmdir", req, parent.0, move |s| async move {
             match s.client.rmdir(parent.0, &name, &who).await {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(fail("rmdir", parent.0, &e)),
+                Err(e) => refuse!(reply, fail("rmdir", parent.0, &e)),
             }
         });
     }
@@ -569,10 +621,10 @@ impl Filesystem for MorrisFs {
         let name = bytes(link_name);
         let target = bytes(target.as_os_str());
         let who = caller(req);
-        self.spawn("symlink", move |s| async move {
+        self.spawn("symlink", req, parent.0, move |s| async move {
             match s.client.symlink(parent.0, &name, &target, &who).await {
                 Ok(inode) => s.reply_entry(reply, &inode),
-                Err(e) => reply.error(fail("symlink", parent.0, &e)),
+                Err(e) => refuse!(reply, fail("symlink", parent.0, &e)),
             }
         });
     }
@@ -591,7 +643,7 @@ impl Filesystem for MorrisFs {
             | RenameFlags::RENAME_EXCHANGE
             | RenameFlags::RENAME_WHITEOUT;
         if !(flags - known).is_empty() {
-            reply.error(Errno::EINVAL);
+            refuse!(reply, Errno::EINVAL);
             return;
         }
         let flags = morris_client::RenameFlags {
@@ -601,7 +653,7 @@ impl Filesystem for MorrisFs {
         };
         let (name, newname) = (bytes(name), bytes(newname));
         let who = caller(req);
-        self.spawn("rename", move |s| async move {
+        self.spawn("rename", req, parent.0, move |s| async move {
             match s
                 .client
                 .rename(parent.0, &name, newparent.0, &newname, flags, &who)
@@ -616,9 +668,9 @@ impl Filesystem for MorrisFs {
                         && (flags.exchange || flags.noreplace || flags.whiteout) =>
                 {
                     fail("rename", parent.0, &e);
-                    reply.error(Errno::EINVAL);
+                    refuse!(reply, Errno::EINVAL);
                 }
-                Err(e) => reply.error(fail("rename", parent.0, &e)),
+                Err(e) => refuse!(reply, fail("rename", parent.0, &e)),
             }
         });
     }
@@ -633,10 +685,10 @@ impl Filesystem for MorrisFs {
     ) {
         let newname = bytes(newname);
         let who = caller(req);
-        self.spawn("link", move |s| async move {
+        self.spawn("link", req, ino.0, move |s| async move {
             match s.client.link(ino.0, newparent.0, &newname, &who).await {
                 Ok(inode) => s.reply_entry(reply, &inode),
-                Err(e) => reply.error(fail("link", ino.0, &e)),
+                Err(e) => refuse!(reply, fail("link", ino.0, &e)),
             }
         });
     }
@@ -650,25 +702,25 @@ impl Filesystem for MorrisFs {
         // A truncating open by a caller without CAP_FSETID (taken as: not
         // root) clears set-ID bits (`FUSE_HANDLE_KILLPRIV_V2`).
         let kill = truncate && write && req.uid() != 0;
-        self.spawn("open", move |s| async move {
+        self.spawn("open", req, ino.0, move |s| async move {
             match s.client.open(ino.0, write, truncate).await {
                 Ok(fh) => {
                     if kill {
                         if let Err(e) = s.client.clear_setid(ino.0).await {
                             let _ = s.client.release(fh).await;
-                            return reply.error(fail("open", ino.0, &e));
+                            return refuse!(reply, fail("open", ino.0, &e));
                         }
                     }
                     reply.opened(FileHandle(fh), how)
                 }
-                Err(e) => reply.error(fail("open", ino.0, &e)),
+                Err(e) => refuse!(reply, fail("open", ino.0, &e)),
             }
         });
     }
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -677,17 +729,17 @@ impl Filesystem for MorrisFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.spawn("read", move |s| async move {
+        self.spawn("read", req, ino.0, move |s| async move {
             match s.client.read(fh.0, offset, size).await {
                 Ok(data) => reply.data(&data),
-                Err(e) => reply.error(fail("read", ino.0, &e)),
+                Err(e) => refuse!(reply, fail("read", ino.0, &e)),
             }
         });
     }
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -706,10 +758,10 @@ impl Filesystem for MorrisFs {
         let append = flags.0 & libc::O_APPEND != 0;
         // A writer without CAP_FSETID (`FUSE_HANDLE_KILLPRIV_V2`).
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        self.spawn("write", move |s| async move {
+        self.spawn("write", req, ino.0, move |s| async move {
             if kill {
                 if let Err(e) = s.client.clear_setid(ino.0).await {
-                    return reply.error(fail("write", ino.0, &e));
+                    return refuse!(reply, fail("write", ino.0, &e));
                 }
             }
             let res = if append {
@@ -719,32 +771,32 @@ impl Filesystem for MorrisFs {
             };
             match res {
                 Ok(n) => reply.written(n),
-                Err(e) => reply.error(fail("write", ino.0, &e)),
+                Err(e) => refuse!(reply, fail("write", ino.0, &e)),
             }
         });
     }
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.spawn("flush", move |s| async move {
+        self.spawn("flush", req, ino.0, move |s| async move {
             // A close: the closing process's POSIX locks on the file go.
             let unlocked = s.client.flush_locks(fh.0, lock_owner.0).await;
             match s.client.flush(fh.0).await.and(unlocked) {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(fail("flush", ino.0, &e)),
+                Err(e) => refuse!(reply, fail("flush", ino.0, &e)),
             }
         });
     }
 
     fn getlk(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         lock_owner: LockOwner,
@@ -756,7 +808,7 @@ impl Filesystem for MorrisFs {
     ) {
         let write = typ == libc::F_WRLCK;
         let range = (start, lock_end(end));
-        self.spawn("getlk", move |s| async move {
+        self.spawn("getlk", req, ino.0, move |s| async move {
             match s.client.test_lock(fh.0, lock_owner.0, range, write).await {
                 Ok(Some(l)) => {
                     let typ = if l.write {
@@ -767,7 +819,7 @@ impl Filesystem for MorrisFs {
                     reply.locked(l.start, kernel_end(l.end), typ, l.pid)
                 }
                 Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
-                Err(e) => reply.error(fail("getlk", ino.0, &e)),
+                Err(e) => refuse!(reply, fail("getlk", ino.0, &e)),
             }
         });
     }
@@ -789,10 +841,10 @@ impl Filesystem for MorrisFs {
             libc::F_RDLCK => LockKind::Read,
             libc::F_WRLCK => LockKind::Write,
             libc::F_UNLCK => LockKind::Unlock,
-            _ => return reply.error(Errno::EINVAL),
+            _ => return refuse!(reply, Errno::EINVAL),
         };
         let (range, caller) = ((start, lock_end(end)), req.pid());
-        self.spawn("setlk", move |s| async move {
+        self.spawn("setlk", req, ino.0, move |s| async move {
             let interrupted = || signal_pending(caller);
             match s
                 .client
@@ -800,14 +852,14 @@ impl Filesystem for MorrisFs {
                 .await
             {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(fail("setlk", ino.0, &e)),
+                Err(e) => refuse!(reply, fail("setlk", ino.0, &e)),
             }
         });
     }
 
     fn release(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
@@ -815,7 +867,7 @@ impl Filesystem for MorrisFs {
         flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.spawn("release", move |s| async move {
+        self.spawn("release", req, ino.0, move |s| async move {
             let flushed = if flush {
                 s.client.flush(fh.0).await
             } else {
@@ -825,52 +877,52 @@ impl Filesystem for MorrisFs {
             let released = s.client.release(fh.0).await;
             match flushed.and(released) {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(fail("release", ino.0, &e)),
+                Err(e) => refuse!(reply, fail("release", ino.0, &e)),
             }
         });
     }
 
     fn fsync(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.spawn("fsync", move |s| async move {
+        self.spawn("fsync", req, ino.0, move |s| async move {
             match s.client.fsync(fh.0, datasync).await {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(fail("fsync", ino.0, &e)),
+                Err(e) => refuse!(reply, fail("fsync", ino.0, &e)),
             }
         });
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         // Listings are stateless (see `dirents`); the handle only keeps the
         // directory open, so it outlives an rmdir or a rename over it.
-        self.spawn("opendir", move |s| async move {
+        self.spawn("opendir", req, ino.0, move |s| async move {
             match s.client.open(ino.0, false, false).await {
                 Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
-                Err(e) => reply.error(fail("opendir", ino.0, &e)),
+                Err(e) => refuse!(reply, fail("opendir", ino.0, &e)),
             }
         });
     }
 
     fn readdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        self.spawn("readdir", move |s| async move {
+        self.spawn("readdir", req, ino.0, move |s| async move {
             let dir = ino.0;
             let parent = if dirents::resume(offset).dotdot {
                 match s.parent_of(dir).await {
                     Ok(p) => p,
-                    Err(e) => return reply.error(fail("readdir", dir, &e)),
+                    Err(e) => return refuse!(reply, fail("readdir", dir, &e)),
                 }
             } else {
                 dir
@@ -882,23 +934,23 @@ impl Filesystem for MorrisFs {
             .await;
             match res {
                 Ok(()) => reply.ok(),
-                Err(errno) => reply.error(errno),
+                Err(errno) => refuse!(reply, errno),
             }
         });
     }
 
     fn releasedir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.spawn("releasedir", move |s| async move {
+        self.spawn("releasedir", req, ino.0, move |s| async move {
             match s.client.release(fh.0).await {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(fail("releasedir", ino.0, &e)),
+                Err(e) => refuse!(reply, fail("releasedir", ino.0, &e)),
             }
         });
     }
@@ -916,8 +968,8 @@ impl Filesystem for MorrisFs {
         reply.ok();
     }
 
-    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
-        self.spawn("statfs", move |s| async move {
+    fn statfs(&self, req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        self.spawn("statfs", req, ino.0, move |s| async move {
             match s.client.statfs().await {
                 Ok(st) => {
                     let (blocks, bfree, bavail, files, ffree, bsize) = statfs_numbers(&st);
@@ -932,7 +984,7 @@ impl Filesystem for MorrisFs {
                         bsize,
                     );
                 }
-                Err(e) => reply.error(fail("statfs", ino.0, &e)),
+                Err(e) => refuse!(reply, fail("statfs", ino.0, &e)),
             }
         });
     }
@@ -944,10 +996,10 @@ impl Filesystem for MorrisFs {
             ..caller(req)
         };
         let mask = (mask.bits() & (libc::R_OK | libc::W_OK | libc::X_OK)) as u32;
-        self.spawn("access", move |s| async move {
+        self.spawn("access", req, ino.0, move |s| async move {
             match s.client.access(ino.0, mask, &who).await {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(fail("access", ino.0, &e)),
+                Err(e) => refuse!(reply, fail("access", ino.0, &e)),
             }
         });
     }
@@ -970,7 +1022,7 @@ impl Filesystem for MorrisFs {
         let exclusive = flags & libc::O_EXCL != 0;
         let truncate = flags & libc::O_TRUNC != 0;
         let write = writes(flags);
-        self.spawn("create", move |s| async move {
+        self.spawn("create", req, parent.0, move |s| async move {
             let inode = match s
                 .client
                 .create(
@@ -985,7 +1037,7 @@ impl Filesystem for MorrisFs {
                 .await
             {
                 Ok(inode) => inode,
-                Err(e) => return reply.error(fail("create", parent.0, &e)),
+                Err(e) => return refuse!(reply, fail("create", parent.0, &e)),
             };
             // Without O_EXCL the file may be one another client just created:
             // O_TRUNC then applies to it as to any existing file.
@@ -1002,7 +1054,7 @@ impl Filesystem for MorrisFs {
                         open_flags(flags),
                     );
                 }
-                Err(e) => reply.error(fail("create", parent.0, &e)),
+                Err(e) => refuse!(reply, fail("create", parent.0, &e)),
             }
         });
     }
@@ -1026,7 +1078,7 @@ impl Filesystem for MorrisFs {
             0 => XattrHow::Either,
             libc::XATTR_CREATE => XattrHow::Create,
             libc::XATTR_REPLACE => XattrHow::Replace,
-            _ => return reply.error(Errno::EINVAL),
+            _ => return refuse!(reply, Errno::EINVAL),
         };
         let (mut caller, name, value) = (caller(req), bytes(name), value.to_vec());
         if name == morris_proto::acl::ACCESS {
@@ -1034,27 +1086,27 @@ impl Filesystem for MorrisFs {
             // caller's groups, which FUSE does not pass.
             caller.groups = groups_of(req.pid());
         }
-        self.spawn("setxattr", move |s| async move {
+        self.spawn("setxattr", req, ino.0, move |s| async move {
             match s.client.set_xattr(ino.0, &name, &value, how, &caller).await {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(fail("setxattr", ino.0, &e)),
+                Err(e) => refuse!(reply, fail("setxattr", ino.0, &e)),
             }
         });
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let (caller, name) = (caller(req), bytes(name));
-        self.spawn("getxattr", move |s| async move {
+        self.spawn("getxattr", req, ino.0, move |s| async move {
             match s.client.get_xattr(ino.0, &name, &caller).await {
                 Ok(v) => xattr_reply(reply, size, &v),
-                Err(e) => reply.error(fail("getxattr", ino.0, &e)),
+                Err(e) => refuse!(reply, fail("getxattr", ino.0, &e)),
             }
         });
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let caller = caller(req);
-        self.spawn("listxattr", move |s| async move {
+        self.spawn("listxattr", req, ino.0, move |s| async move {
             match s.client.list_xattrs(ino.0, &caller).await {
                 Ok(list) => {
                     let mut names = Vec::new();
@@ -1064,24 +1116,24 @@ impl Filesystem for MorrisFs {
                     }
                     xattr_reply(reply, size, &names)
                 }
-                Err(e) => reply.error(fail("listxattr", ino.0, &e)),
+                Err(e) => refuse!(reply, fail("listxattr", ino.0, &e)),
             }
         });
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (caller, name) = (caller(req), bytes(name));
-        self.spawn("removexattr", move |s| async move {
+        self.spawn("removexattr", req, ino.0, move |s| async move {
             match s.client.remove_xattr(ino.0, &name, &caller).await {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(fail("removexattr", ino.0, &e)),
+                Err(e) => refuse!(reply, fail("removexattr", ino.0, &e)),
             }
         });
     }
 
     fn lseek(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: i64,
@@ -1092,23 +1144,23 @@ impl Filesystem for MorrisFs {
         let hole = match whence {
             libc::SEEK_DATA => false,
             libc::SEEK_HOLE => true,
-            _ => return reply.error(Errno::EINVAL),
+            _ => return refuse!(reply, Errno::EINVAL),
         };
         let Ok(from) = u64::try_from(offset) else {
-            return reply.error(Errno::ENXIO);
+            return refuse!(reply, Errno::ENXIO);
         };
-        self.spawn("lseek", move |s| async move {
+        self.spawn("lseek", req, ino.0, move |s| async move {
             match s.client.seek(fh.0, from, hole).await {
                 Ok(Some(at)) => reply.offset(at as i64),
-                Ok(None) => reply.error(Errno::ENXIO),
-                Err(e) => reply.error(fail("lseek", ino.0, &e)),
+                Ok(None) => refuse!(reply, Errno::ENXIO),
+                Err(e) => refuse!(reply, fail("lseek", ino.0, &e)),
             }
         });
     }
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -1122,12 +1174,12 @@ impl Filesystem for MorrisFs {
             libc::FALLOC_FL_PUNCH_HOLE if keep_size => Fallocate::PunchHole,
             libc::FALLOC_FL_ZERO_RANGE => Fallocate::ZeroRange { keep_size },
             // Collapse, insert, unshare: not with this layout.
-            _ => return reply.error(Errno::EOPNOTSUPP),
+            _ => return refuse!(reply, Errno::EOPNOTSUPP),
         };
-        self.spawn("fallocate", move |s| async move {
+        self.spawn("fallocate", req, ino.0, move |s| async move {
             match s.client.fallocate(fh.0, offset, length, what).await {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(fail("fallocate", ino.0, &e)),
+                Err(e) => refuse!(reply, fail("fallocate", ino.0, &e)),
             }
         });
     }
@@ -1146,12 +1198,12 @@ impl Filesystem for MorrisFs {
         // What a local file system answers for ioctls it does not know
         // (e.g. the TCGETS of every isatty() on a regular file), quietly:
         // fuser's default logs a warning for each one.
-        reply.error(Errno::ENOTTY);
+        refuse!(reply, Errno::ENOTTY);
     }
 
     fn copy_file_range(
         &self,
-        _req: &Request,
+        req: &Request,
         ino_in: INodeNo,
         fh_in: FileHandle,
         offset_in: u64,
@@ -1164,7 +1216,7 @@ impl Filesystem for MorrisFs {
     ) {
         // The kernel wrote the source's dirty pages back first, and drops
         // the destination's cached pages of the range after.
-        self.spawn("copy_file_range", move |s| async move {
+        self.spawn("copy_file_range", req, 0, move |s| async move {
             let copied = s
                 .client
                 .copy_range(fh_in.0, offset_in, fh_out.0, offset_out, len)
@@ -1172,7 +1224,7 @@ impl Filesystem for MorrisFs {
             match copied {
                 // At most MAX_COPY (1 GiB): fits.
                 Ok(n) => reply.written(u32::try_from(n).unwrap_or(u32::MAX)),
-                Err(e) => reply.error(fail("copy_file_range", ino_in.0, &e)),
+                Err(e) => refuse!(reply, fail("copy_file_range", ino_in.0, &e)),
             }
         });
     }

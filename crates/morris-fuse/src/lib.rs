@@ -33,6 +33,7 @@
 
 #![warn(missing_docs)]
 
+mod access;
 mod attr;
 mod dirents;
 mod errno;
@@ -88,6 +89,8 @@ pub struct MountOptions {
     pub noatime: bool,
     /// Show the mount as `strictatime` (likewise only shown).
     pub strictatime: bool,
+    /// Append a line per answered request to this file (`access.rs`).
+    pub access_log: Option<std::path::PathBuf>,
 }
 
 impl Default for MountOptions {
@@ -102,6 +105,7 @@ impl Default for MountOptions {
             dev: false,
             noatime: false,
             strictatime: false,
+            access_log: None,
         }
     }
 }
@@ -109,6 +113,14 @@ impl Default for MountOptions {
 /// Why a mount failed.
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {
+    /// The access log cannot be opened.
+    #[error("cannot open the access log {path}: {source}")]
+    AccessLog {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// The file system name cannot be passed as a mount option.
     #[error("file system name {0:?} must be non-empty, without commas or NUL")]
     BadName(String),
@@ -445,7 +457,18 @@ pub fn mount(
     let blksize = client.descriptor().stripe_unit;
     let ttl = opts.attr_ttl.unwrap_or_else(|| client.lease_duration());
     let in_flight = Arc::new(AtomicUsize::new(0));
-    let fs = fs::MorrisFs::new(client.clone(), rt, ttl, blksize, in_flight.clone());
+    let access = match &opts.access_log {
+        Some(path) => {
+            Some(
+                access::AccessLog::open(path).map_err(|source| MountError::AccessLog {
+                    path: path.clone(),
+                    source,
+                })?,
+            )
+        }
+        None => None,
+    };
+    let fs = fs::MorrisFs::new(client.clone(), rt, ttl, blksize, in_flight.clone(), access);
     let method = if is_root() {
         Method::Direct
     } else {

@@ -70,6 +70,7 @@ pub(super) const METRICS: &[(&str, Kind, Unit, &str)] = &[
     ("morris_client_write_behind_inflight_bytes", Gauge, Unit::Bytes, "Write-behind bytes sent and not yet answered"),
     // Front ends.
     ("morris_fuse_request_duration_seconds", Histogram, Unit::Seconds, "Time to answer a FUSE request, by operation (op)"),
+    ("morris_fuse_request_errors_total", Counter, Unit::Count, "FUSE requests answered with an error, by operation (op)"),
     ("morris_nfs_request_duration_seconds", Histogram, Unit::Seconds, "Time to answer an NFS, MOUNT or NLM call, by procedure (op)"),
 ];
 
