@@ -325,9 +325,12 @@ pub fn run(args: InfoArgs) -> Result<ExitCode> {
             name: format!("info@{}", crate::mount::hostname()),
             ..ClientConfig::new(keys)
         };
-        let client = Client::connect(&addr, cfg)
-            .await
-            .map_err(|e| anyhow!("cannot connect to the volume through {addr}: {e}"))?;
+        let client = Client::connect(&addr, cfg).await.map_err(|e| {
+            anyhow!(
+                "cannot connect to the volume through {addr}: {e} (--server names another \
+                     server of the volume)"
+            )
+        })?;
         let desc = client.descriptor().clone();
         let mut failed = false;
         for (path, id, size) in &found {

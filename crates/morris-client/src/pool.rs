@@ -378,6 +378,8 @@ impl Pool {
         {
             s.term.store(term + 1, Ordering::SeqCst);
             info!(server = i, addr = %s.addr, "no answer for a lease time; dropping its leases");
+            ::metrics::counter!("morris_client_lease_lapses_total", "server" => i.to_string())
+                .increment(1);
             if let Some(h) = self.epoch_hook.get() {
                 h(i);
             }

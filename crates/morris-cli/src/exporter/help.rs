@@ -64,6 +64,7 @@ pub(super) const METRICS: &[(&str, Kind, Unit, &str)] = &[
     ("morris_client_hedged_reads_total", Counter, Unit::Count, "Reads also asked of another copy because the first was silent"),
     ("morris_client_read_failovers_total", Counter, Unit::Count, "Reads of a copy that failed and went to another copy"),
     ("morris_client_leases", Gauge, Unit::Count, "Leases held by this client"),
+    ("morris_client_lease_lapses_total", Counter, Unit::Count, "Times a server stayed silent for a lease time and this client dropped every lease it granted (label server)"),
     ("morris_client_lease_recalls_total", Counter, Unit::Count, "Lease recalls received"),
     ("morris_client_open_files", Gauge, Unit::Count, "Files open through this client"),
     ("morris_client_write_behind_gathered_bytes", Gauge, Unit::Bytes, "Small writes gathered and not yet sent"),
@@ -81,6 +82,63 @@ pub(super) fn describe_all() {
             Counter => metrics::describe_counter!(name, unit, help),
             Gauge => metrics::describe_gauge!(name, unit, help),
             Histogram => metrics::describe_histogram!(name, unit, help),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `morris_...` name in `text`.
+    fn names(text: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut rest = text;
+        while let Some(i) = rest.find("morris_") {
+            let tail = &rest[i..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+                .unwrap_or(tail.len());
+            out.push(tail[..end].to_string());
+            rest = &tail[end..];
+        }
+        out
+    }
+
+    #[test]
+    fn the_dashboard_uses_only_metrics_that_exist() {
+        let dash = include_str!("../../../../docs/grafana/morris.json");
+        let v: serde_json::Value = serde_json::from_str(dash).unwrap();
+        assert!(v["panels"].as_array().is_some_and(|p| p.len() > 10));
+        let known: Vec<&str> = METRICS.iter().map(|m| m.0).collect();
+        let used = names(dash);
+        assert!(used.len() > 20);
+        for n in used {
+            let base = ["_bucket", "_count", "_sum"]
+                .iter()
+                .find_map(|s| n.strip_suffix(s))
+                .filter(|b| known.contains(b))
+                .unwrap_or(&n);
+            assert!(
+                known.contains(&base),
+                "the dashboard uses {n}, which nothing exports"
+            );
+        }
+    }
+
+    #[test]
+    fn names_follow_the_conventions() {
+        for (name, kind, unit, help) in METRICS {
+            assert!(name.starts_with("morris_"), "{name}");
+            assert!(!help.is_empty(), "{name}");
+            match kind {
+                Kind::Counter => assert!(name.ends_with("_total"), "{name}"),
+                Kind::Histogram => assert!(name.ends_with("_seconds"), "{name}"),
+                Kind::Gauge => assert!(!name.ends_with("_total"), "{name}"),
+            }
+            if *unit == Unit::Bytes {
+                assert!(name.contains("bytes"), "{name}");
+            }
         }
     }
 }
