@@ -18,6 +18,7 @@ mod mount;
 mod mountinfo;
 mod nfs;
 mod profile;
+mod progress;
 mod runtime;
 mod scrub;
 mod server;

@@ -11,6 +11,7 @@ use futures::future::join_all;
 use morris_proto::{Reply, Request, ScrubStatus};
 
 use crate::admin::{self, Session, CONNECT_TIMEOUT};
+use crate::progress::{Progress, Units};
 use crate::runtime;
 use crate::size::{human, parse_size};
 
@@ -95,14 +96,7 @@ pub fn run(args: ScrubArgs) -> Result<ExitCode> {
             );
             return Ok(ExitCode::SUCCESS);
         }
-        let bar = indicatif::ProgressBar::new(0);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "scrub [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("=> "),
-        );
+        let mut bar = Progress::new("scrub", Units::Bytes);
         let last = loop {
             let mut all = Vec::with_capacity(sessions.len());
             for s in &sessions {
@@ -112,21 +106,23 @@ pub fn run(args: ScrubArgs) -> Result<ExitCode> {
                 }
             }
             let sum = |f: fn(&ScrubStatus) -> u64| all.iter().map(f).sum::<u64>();
-            bar.set_length(sum(|s| s.bytes_total).max(sum(|s| s.bytes_done)));
-            bar.set_position(sum(|s| s.bytes_done));
-            bar.set_message(format!(
+            bar.update(
+                sum(|s| s.bytes_done),
+                sum(|s| s.bytes_total),
+                format!(
                 "files {}/{}, bad chunks {}, blocks whose copies differ {}",
                 sum(|s| s.files_done),
                 sum(|s| s.files_total),
                 sum(|s| s.bad_chunks),
                 sum(|s| s.diverged_blocks)
-            ));
+                ),
+            );
             if all.iter().all(|s| !s.running) {
                 break all;
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         };
-        bar.finish_and_clear();
+        bar.finish();
         let (mut bad_total, mut diverged_total) = (0, 0);
         let mut failed = Vec::new();
         for (s, (st, &i)) in sessions.iter().zip(last.iter().zip(&targets)) {

@@ -7,13 +7,18 @@
 //! all stale it answers no read of them (`Request::Replace`).
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
 use clap::{Args, Subcommand};
+use morris_proto::auth::Key;
 use morris_proto::{Reply, Request};
 
 use crate::admin::{self, Session, CONNECT_TIMEOUT};
+use crate::progress::{Progress, Units};
 use crate::runtime;
+use crate::size::human;
+use crate::status;
 
 /// Arguments of `morris volume`.
 #[derive(Debug, Args)]
@@ -39,6 +44,11 @@ pub struct ReplaceArgs {
     /// empty server must already run at its address, on an empty data
     /// directory.
     pub index: u32,
+    /// Wait until the volume is healthy again, showing the rebuild's
+    /// progress (a bar with an ETA in a terminal, a line every 10 s
+    /// otherwise). Ctrl-C stops waiting, not the rebuild.
+    #[arg(long)]
+    pub wait: bool,
     #[command(flatten)]
     pub key: crate::key::KeyArg,
 }
@@ -114,6 +124,56 @@ fn replace(args: ReplaceArgs) -> Result<ExitCode> {
              (COPIES: resyncing, then current; the volume healthy)",
             args.index, volume.uuid
         );
+        if args.wait {
+            wait_rebuilt(&args.addr, &key, args.index as usize).await?;
+        }
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// Follows server `index`'s rebuild until the volume is healthy.
+async fn wait_rebuilt(addr: &str, key: &Key, index: usize) -> Result<()> {
+    let started = std::time::Instant::now();
+    let mut progress = Progress::new(&format!("rebuild of server {index}"), Units::Count);
+    loop {
+        // A server of the volume that is down now is not an error: the
+        // next look may find it back.
+        let report = match status::collect(addr, key, Duration::from_secs(2)).await {
+            Ok(r) => r,
+            Err(e) => {
+                progress.update(0, 0, format!("cannot read the volume's state: {e:#}"));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let server = report.servers.get(index);
+        let (done, total, copied, rebuilding) =
+            server
+                .and_then(|s| s.stats.as_ref())
+                .map_or((0, 0, 0, true), |st| {
+                    (
+                        st.resync.files_done,
+                        st.resync.files_total,
+                        st.resync.bytes_copied,
+                        st.rebuilding,
+                    )
+                });
+        let state = server.map_or("unknown", |s| s.copies);
+        let stage = if rebuilding {
+            "recording what to rebuild".to_string()
+        } else {
+            format!("{} copied, copies {state}", human(copied))
+        };
+        progress.update(done, total, format!("{stage}; volume {}", report.health));
+        if report.health == "healthy" {
+            progress.finish();
+            println!(
+                "server {index} is rebuilt: the volume is healthy ({} copied, {})",
+                human(copied),
+                humantime::format_duration(Duration::from_secs(started.elapsed().as_secs()))
+            );
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }

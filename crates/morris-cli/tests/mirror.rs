@@ -160,8 +160,17 @@ fn an_empty_replacement_server_serves_no_zeros_and_is_rebuilt() {
         "read before the replacement"
     );
     drop(m);
-    let o = common::morris(&["volume", "replace", c.addr(0), "1"]);
-    assert!(o.status.success(), "volume replace: {}", common::both(&o));
+    // `--wait` follows the rebuild to the end, through the restart below.
+    let mut waiting = common::morris_cmd()
+        .args(["volume", "replace", c.addr(0), "1", "--wait"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run morris volume replace --wait");
+    let mut out = std::io::BufReader::new(waiting.stdout.take().expect("stdout"));
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut out, &mut first).expect("read its first line");
+    assert!(first.contains("is a replacement"), "volume replace: {first}");
     // Killed before its rebuild could finish: it goes on after a restart.
     c.kill9(1);
     c.restart(1);
@@ -193,6 +202,18 @@ fn an_empty_replacement_server_serves_no_zeros_and_is_rebuilt() {
     read_back(&m.path, &files, "right after the replacement");
     drop(m);
     common::wait_healthy(&c);
+    let status = common::wait_timeout(&mut waiting, std::time::Duration::from_secs(60))
+        .expect("volume replace --wait ends once the volume is healthy");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).expect("read its output");
+    let mut err = String::new();
+    if let Some(mut e) = waiting.stderr.take() {
+        std::io::Read::read_to_string(&mut e, &mut err).expect("read its errors");
+    }
+    assert!(status.success(), "volume replace --wait: {rest}\n{err}");
+    assert!(rest.contains("server 1 is rebuilt: the volume is healthy"), "{rest}\n{err}");
+    // Not a terminal: plain progress lines.
+    assert!(err.contains("rebuild of server 1: "), "{rest}\n{err}");
     // The replacement holds its share again.
     let st = common::status(&c);
     let per: Vec<u64> = st["servers"]
