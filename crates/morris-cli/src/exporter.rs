@@ -6,6 +6,7 @@
 //! `metrics.rs`, the FUSE and NFS front ends); the state gauges are set
 //! just before each scrape by the functions given to [`Exporter::on_scrape`].
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,6 +45,7 @@ pub struct Exporter {
 
 struct Inner {
     handle: PrometheusHandle,
+    addr: std::net::SocketAddr,
     refresh: Mutex<Vec<Refresh>>,
     role: &'static str,
     /// The status page, once [`Exporter::serve_page`] gave what it shows.
@@ -74,6 +76,7 @@ impl Exporter {
         let inner = Arc::new(Inner {
             handle: handle.clone(),
             refresh: Mutex::new(Vec::new()),
+            addr: local,
             role,
             page: Mutex::new(None),
         });
@@ -97,6 +100,11 @@ impl Exporter {
         Ok(Exporter { inner })
     }
 
+    /// Where the endpoint listens.
+    pub fn local_addr(&self) -> std::net::SocketAddr {
+        self.inner.addr
+    }
+
     /// Runs `f` before every scrape (to set state gauges).
     pub fn on_scrape(&self, f: Refresh) {
         self.inner.refresh.lock().push(f);
@@ -113,6 +121,77 @@ impl Exporter {
             role: self.inner.role,
         }));
     }
+}
+
+/// Where mounts note their metrics address for `morris stats MOUNTPOINT`:
+/// `/run/morris/mounts` for root, else `$XDG_RUNTIME_DIR/morris/mounts` (or
+/// `/tmp/morris-UID/mounts`).
+fn notes_dir() -> PathBuf {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    if uid == 0 {
+        return PathBuf::from("/run/morris/mounts");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d).join("morris/mounts"),
+        _ => PathBuf::from(format!("/tmp/morris-{uid}/mounts")),
+    }
+}
+
+fn note_path(dev: (u32, u32)) -> PathBuf {
+    notes_dir().join(format!("{}-{}.json", dev.0, dev.1))
+}
+
+/// A mount's note of its metrics address; removed when dropped.
+pub struct MountNote(PathBuf);
+
+impl Drop for MountNote {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Notes that the mount of device `dev` at `mp` serves metrics at `x`
+/// (for `morris stats MOUNTPOINT`); `None`, logged, if it cannot.
+pub fn note_mount(dev: (u32, u32), mp: &Path, x: &Exporter) -> Option<MountNote> {
+    let path = note_path(dev);
+    let note = serde_json::json!({
+        "mountpoint": mp,
+        "pid": std::process::id(),
+        "metrics": x.local_addr().to_string(),
+    });
+    let written = path
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| std::fs::write(&path, note.to_string()));
+    match written {
+        Ok(()) => Some(MountNote(path)),
+        Err(e) => {
+            warn!(path = %path.display(), error = %e, "cannot note the metrics address for morris stats");
+            None
+        }
+    }
+}
+
+/// The metrics address the mount at `mp` noted.
+pub fn noted_metrics(mp: &Path) -> Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    let st = std::fs::metadata(mp).with_context(|| format!("{}", mp.display()))?;
+    let dev = st.dev();
+    let path = note_path((libc::major(dev), libc::minor(dev)));
+    let text = std::fs::read_to_string(&path).map_err(|_| {
+        anyhow::anyhow!(
+            "{} is not a morris mount started with --metrics (no {})",
+            mp.display(),
+            path.display()
+        )
+    })?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{}", path.display()))?;
+    v["metrics"]
+        .as_str()
+        .map(str::to_string)
+        .with_context(|| format!("no metrics address in {}", path.display()))
 }
 
 /// Starts an exporter if `addr` is given.

@@ -237,6 +237,9 @@ fn serve(args: &MountArgs, keys: Keys, mp: &Path, notifier: &mut Option<Notifier
             return Err(e);
         }
     };
+    let _note = exporter
+        .as_ref()
+        .and_then(|x| crate::exporter::note_mount(guard.device(), mp, x));
     let volume = client.descriptor().uuid;
     info!(addr = %args.addr, mountpoint = %mp.display(), %volume, "mounted");
     let msg = format!(

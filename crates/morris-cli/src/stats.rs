@@ -24,7 +24,8 @@ use serde::Serialize;
 #[derive(Debug, Args)]
 pub struct StatsArgs {
     /// Metrics endpoints of servers, mounts or gateways: HOST:PORT (as
-    /// given to --metrics, or printed by `morris up`) or a full http:// URL.
+    /// given to --metrics, or printed by `morris up`), a full http:// URL,
+    /// or the mount point of a mount started with --metrics.
     #[arg(required = true, value_name = "ENDPOINT")]
     pub endpoints: Vec<String>,
     /// Time between lines.
@@ -290,6 +291,19 @@ pub fn run(args: StatsArgs) -> Result<ExitCode> {
         .timeout_global(Some(Duration::from_secs(5)))
         .build()
         .into();
+    // A mount point stands for the endpoint its mount noted.
+    let endpoints: Vec<String> = args
+        .endpoints
+        .iter()
+        .map(|e| {
+            if e.starts_with('/') || e.starts_with('.') || std::path::Path::new(e).is_dir() {
+                crate::exporter::noted_metrics(std::path::Path::new(e))
+            } else {
+                Ok(e.clone())
+            }
+        })
+        .collect::<Result<_>>()?;
+    let args = StatsArgs { endpoints, ..args };
     let mut last: Vec<(Instant, Sampled)> = Vec::new();
     for e in &args.endpoints {
         last.push((Instant::now(), fetch(&agent, e)?));

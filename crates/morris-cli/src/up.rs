@@ -300,6 +300,9 @@ pub fn run(args: UpArgs) -> Result<ExitCode> {
         }
     };
 
+    let _note = exporter
+        .as_ref()
+        .and_then(|x| crate::exporter::note_mount(guard.device(), &mp, x));
     println!(
         "morris up: {} volume",
         if fresh {

@@ -239,6 +239,28 @@ fn servers_and_a_mount_count_what_a_file_costs() {
     assert_eq!(lines[0]["role"], "mount");
     assert_eq!(lines[1]["role"], "server");
     assert!(lines[0]["leases"].as_f64().is_some());
+    // A mount point stands for its mount's endpoint.
+    let o = morris(&[
+        "stats",
+        "--once",
+        "--json",
+        "--interval",
+        "200ms",
+        &m.path.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", both(&o));
+    assert!(
+        common::stdout(&o).contains(&format!("\"endpoint\":\"{mount}\"")),
+        "{}",
+        both(&o)
+    );
+    let o = morris(&["stats", "--once", "/tmp"]);
+    assert!(!o.status.success(), "{}", both(&o));
+    assert!(
+        common::stderr(&o).contains("not a morris mount started with --metrics"),
+        "{}",
+        both(&o)
+    );
     let o = morris(&["stats", "--once", "--interval", "200ms", &mount]);
     assert!(o.status.success(), "{}", both(&o));
     assert!(

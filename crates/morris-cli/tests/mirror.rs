@@ -170,7 +170,10 @@ fn an_empty_replacement_server_serves_no_zeros_and_is_rebuilt() {
     let mut out = std::io::BufReader::new(waiting.stdout.take().expect("stdout"));
     let mut first = String::new();
     std::io::BufRead::read_line(&mut out, &mut first).expect("read its first line");
-    assert!(first.contains("is a replacement"), "volume replace: {first}");
+    assert!(
+        first.contains("is a replacement"),
+        "volume replace: {first}"
+    );
     // Killed before its rebuild could finish: it goes on after a restart.
     c.kill9(1);
     c.restart(1);
@@ -211,7 +214,10 @@ fn an_empty_replacement_server_serves_no_zeros_and_is_rebuilt() {
         std::io::Read::read_to_string(&mut e, &mut err).expect("read its errors");
     }
     assert!(status.success(), "volume replace --wait: {rest}\n{err}");
-    assert!(rest.contains("server 1 is rebuilt: the volume is healthy"), "{rest}\n{err}");
+    assert!(
+        rest.contains("server 1 is rebuilt: the volume is healthy"),
+        "{rest}\n{err}"
+    );
     // Not a terminal: plain progress lines.
     assert!(err.contains("rebuild of server 1: "), "{rest}\n{err}");
     // The replacement holds its share again.
