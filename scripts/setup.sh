@@ -3,7 +3,7 @@
 # only calls apt-get when a package is missing.
 set -euo pipefail
 
-PACKAGES=(fuse3 libfuse3-dev attr acl pkg-config libnfs-utils libnfs-dev fio rpcbind iproute2 libclang-dev etcd-server protobuf-compiler nfs-ganesha nfs-ganesha-vfs python3 faketime rsync)
+PACKAGES=(fuse3 libfuse3-dev attr acl pkg-config libnfs-utils libnfs-dev fio rpcbind iproute2 libclang-dev etcd-server protobuf-compiler nfs-ganesha nfs-ganesha-vfs python3 faketime rsync prometheus chromium)
 MIN_RUST=1.89
 
 die() {

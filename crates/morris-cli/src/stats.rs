@@ -70,6 +70,12 @@ pub struct Line {
     pub mean_ms: f64,
     /// 99th percentile of an operation's time, milliseconds (bucket bound).
     pub p99_ms: f64,
+    /// Operations in the interval.
+    pub ops: u64,
+    /// Bytes read in the interval.
+    pub read_bytes: u64,
+    /// Bytes written in the interval.
+    pub written_bytes: u64,
     /// MiB/s read.
     pub read_mib_s: f64,
     /// MiB/s written.
@@ -211,6 +217,9 @@ fn line(endpoint: &str, a: &Sampled, b: &Sampled, secs: f64) -> Line {
             0.0
         },
         p99_ms: quantile(&a.buckets, &b.buckets, 0.99) * 1000.0,
+        ops: ops as u64,
+        read_bytes: (b.read_bytes - a.read_bytes).max(0.0) as u64,
+        written_bytes: (b.written_bytes - a.written_bytes).max(0.0) as u64,
         read_mib_s: rate(a.read_bytes, b.read_bytes) / mib,
         write_mib_s: rate(a.written_bytes, b.written_bytes) / mib,
         requests_per_s: rate(a.requests, b.requests),

@@ -239,6 +239,26 @@ fn servers_and_a_mount_count_what_a_file_costs() {
     assert_eq!(lines[0]["role"], "mount");
     assert_eq!(lines[1]["role"], "server");
     assert!(lines[0]["leases"].as_f64().is_some());
+    // Over an interval in which a known file is written, stats counts its
+    // bytes and its FUSE writes.
+    let watcher = common::morris_cmd()
+        .args(["stats", "--once", "--json", "--interval", "6s", &mount])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run morris stats");
+    std::thread::sleep(Duration::from_secs(1));
+    let known = pattern(5, 0, 3 << 20);
+    std::fs::write(m.path.join("known"), &known).expect("write");
+    let o = watcher.wait_with_output().expect("morris stats");
+    assert!(o.status.success(), "{}", both(&o));
+    let l: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON line");
+    assert_eq!(l["written_bytes"], known.len(), "{l}");
+    assert!(
+        l["ops"].as_u64() >= Some(3),
+        "create, write(s), release: {l}"
+    );
+
     // A mount point stands for its mount's endpoint.
     let o = morris(&[
         "stats",
@@ -345,9 +365,11 @@ fn info_says_where_a_file_lives_and_who_holds_it() {
         4,
         ClusterOpts {
             replicas: 2,
+            server_args: vec!["--metrics".into(), "127.0.0.1:0".into()],
             ..ClusterOpts::default()
         },
     );
+    let endpoints: Vec<String> = c.servers.iter().map(|s| endpoint_in(&s.log)).collect();
     let m = Mount::start(c.addr(0), &[]);
     let big = m.path.join("big");
     let small = m.path.join("small");
@@ -414,6 +436,18 @@ fn info_says_where_a_file_lives_and_who_holds_it() {
         serde_json::json!([(sid + 1) % 4, (sid + 2) % 4]),
         "{out}"
     );
+    // What info says each server holds is what each server wrote: the
+    // stripe units really are on the servers it names.
+    for (i, e) in endpoints.iter().enumerate() {
+        let said: u64 = [b, s]
+            .iter()
+            .flat_map(|f| f["per_server"].as_array().cloned().unwrap_or_default())
+            .filter(|x| x["server"] == i)
+            .map(|x| x["bytes"].as_u64().expect("bytes"))
+            .sum();
+        let wrote = total(&scrape(e), "morris_server_written_bytes_total", &[]);
+        assert_eq!(wrote, said as f64, "server {i}: {out}");
+    }
     drop(open);
 
     // A copy server lost during a write: its copies are recorded stale, and
@@ -501,4 +535,308 @@ fn the_access_log_has_a_line_per_request_and_profile_sums_it() {
     let o = morris(&["profile", &log.display().to_string()]);
     assert!(o.status.success(), "{}", both(&o));
     assert!(common::stdout(&o).contains("OPERATION"), "{}", both(&o));
+}
+
+/// Panics unless `tool` is on PATH (installed by scripts/setup.sh).
+fn require(tool: &str, package: &str) {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false);
+    assert!(
+        found,
+        "this test needs {tool} (Debian package {package}; scripts/setup.sh installs it)"
+    );
+}
+
+/// A `morris up` cluster whose servers and mount serve metrics; stopped
+/// (SIGINT, which unmounts) when dropped.
+struct Up {
+    child: std::process::Child,
+    dir: tempfile::TempDir,
+    /// The metrics endpoints: the servers', then the mount's.
+    endpoints: Vec<String>,
+}
+
+impl Up {
+    fn start(servers: u16) -> Up {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = common::free_ports(servers);
+        let metrics = common::free_ports(servers + 1);
+        let out = dir.path().join("up.out");
+        let mut child = common::morris_cmd()
+            .args([
+                "up",
+                "--servers",
+                &servers.to_string(),
+                "--lease-ms",
+                "1500",
+            ])
+            .arg("--dir")
+            .arg(dir.path().join("data"))
+            .arg("--mount")
+            .arg(dir.path().join("mnt"))
+            .args([
+                "--port",
+                &port.to_string(),
+                "--metrics-port",
+                &metrics.to_string(),
+            ])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::fs::File::create(&out).expect("stdout file"))
+            .stderr(std::fs::File::create(dir.path().join("up.err")).expect("stderr file"))
+            .spawn()
+            .expect("start morris up");
+        let mnt = dir.path().join("mnt");
+        wait_for(Duration::from_secs(60), "morris up to mount", || {
+            if let Ok(Some(st)) = child.try_wait() {
+                panic!(
+                    "morris up exited with {st}: {}",
+                    read_log(&dir.path().join("up.err"))
+                );
+            }
+            let text = read_log(&out);
+            if common::is_mounted(&mnt) && text.contains("Ctrl-C") {
+                Ok(())
+            } else {
+                Err(text)
+            }
+        });
+        let endpoints = (0..=servers)
+            .map(|i| format!("127.0.0.1:{}", metrics + i))
+            .collect();
+        Up {
+            child,
+            dir,
+            endpoints,
+        }
+    }
+
+    fn mnt(&self) -> std::path::PathBuf {
+        self.dir.path().join("mnt")
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        common::signal(self.child.id(), libc::SIGINT);
+        if common::wait_timeout(&mut self.child, Duration::from_secs(30)).is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            let _ = std::process::Command::new("fusermount3")
+                .arg("-uz")
+                .arg(self.mnt())
+                .status();
+        }
+    }
+}
+
+/// Runs a PromQL query against the Prometheus at `port`.
+fn promql(port: u16, expr: &str) -> serde_json::Value {
+    let q: String = expr
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    let (_, body) = get(
+        &format!("127.0.0.1:{port}"),
+        &format!("/api/v1/query?query={q}"),
+    );
+    serde_json::from_str(&body).expect("a Prometheus API answer")
+}
+
+#[test]
+fn a_real_prometheus_scrapes_every_server_and_sees_a_read() {
+    require("prometheus", "prometheus");
+    require("promtool", "prometheus");
+    common::require_fuse();
+    let up = Up::start(3);
+    // Every endpoint's text passes Prometheus's own parser and linter.
+    for e in &up.endpoints {
+        let text = scrape(e);
+        let mut check = std::process::Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run promtool");
+        check
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(text.as_bytes())
+            .expect("feed promtool");
+        let o = check.wait_with_output().expect("promtool");
+        assert!(
+            o.status.success(),
+            "promtool check metrics of {e}: {}",
+            both(&o)
+        );
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = common::free_port();
+    let targets: Vec<String> = up.endpoints.iter().map(|e| format!("\"{e}\"")).collect();
+    std::fs::write(
+        dir.path().join("prometheus.yml"),
+        format!(
+            "global: {{scrape_interval: 1s}}\nscrape_configs:\n  - job_name: morris\n    static_configs: [{{targets: [{}]}}]\n",
+            targets.join(", ")
+        ),
+    )
+    .expect("config");
+    let mut prom = std::process::Command::new("prometheus")
+        .arg(format!(
+            "--config.file={}",
+            dir.path().join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("tsdb").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(std::fs::File::create(dir.path().join("prom.log")).expect("log"))
+        .stderr(std::fs::File::create(dir.path().join("prom.err")).expect("log"))
+        .spawn()
+        .expect("start prometheus");
+    let result = std::panic::catch_unwind(|| {
+        wait_for(
+            Duration::from_secs(60),
+            "Prometheus to scrape all four endpoints",
+            || {
+                let v = std::panic::catch_unwind(|| promql(port, "sum(up{job=\"morris\"})"))
+                    .map_err(|_| "not answering yet".to_string())?;
+                match v["data"]["result"][0]["value"][1].as_str() {
+                    Some("4") => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        );
+        // Written, then read past the page cache: every server serves some.
+        let data = pattern(11, 0, 8 << 20);
+        std::fs::write(up.mnt().join("f"), &data).expect("write");
+        let mut f = std::fs::File::open(up.mnt().join("f")).expect("open");
+        // SAFETY: posix_fadvise has no memory-safety preconditions.
+        unsafe {
+            libc::posix_fadvise(
+                std::os::fd::AsRawFd::as_raw_fd(&f),
+                0,
+                0,
+                libc::POSIX_FADV_DONTNEED,
+            )
+        };
+        let mut back = Vec::new();
+        f.read_to_end(&mut back).expect("read");
+        assert!(back == data);
+        wait_for(
+            Duration::from_secs(30),
+            "a read rate at every server",
+            || {
+                let v = promql(
+                    port,
+                    "sum by (instance) (rate(morris_server_read_bytes_total[1m])) > 0",
+                );
+                let n = v["data"]["result"].as_array().map_or(0, Vec::len);
+                if n == 3 {
+                    Ok(())
+                } else {
+                    Err(v.to_string())
+                }
+            },
+        );
+        // And the mount's side: FUSE reads and bytes from the servers.
+        let v = promql(
+            port,
+            "sum(increase(morris_fuse_request_duration_seconds_count{op=\"read\"}[1m])) > 0",
+        );
+        assert_eq!(v["data"]["result"].as_array().map(Vec::len), Some(1), "{v}");
+    });
+    let _ = prom.kill();
+    let _ = prom.wait();
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
+/// Headless Chromium's DOM of `url` (after the page loaded), or a
+/// screenshot of it into `png`.
+fn chromium(url: &str, png: Option<&Path>) -> String {
+    let profile = tempfile::tempdir().expect("tempdir");
+    let mut cmd = std::process::Command::new("chromium");
+    cmd.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+    ])
+    .arg(format!("--user-data-dir={}", profile.path().display()));
+    match png {
+        Some(p) => cmd
+            .arg(format!("--screenshot={}", p.display()))
+            .arg("--window-size=1500,1000"),
+        None => cmd.arg("--dump-dom"),
+    };
+    let o = cmd.arg(url).output().expect("run chromium");
+    assert!(o.status.success(), "chromium {url}: {}", both(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The state column of `addr`'s row in the status page's table.
+fn state_in_page(dom: &str, addr: &str) -> Option<String> {
+    dom.lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(addr))
+        .and_then(|l| l.split_whitespace().nth(2).map(str::to_string))
+}
+
+#[test]
+fn chromium_shows_every_server_and_a_killed_one_down() {
+    require("chromium", "chromium");
+    let mut c = Cluster::start(
+        3,
+        ClusterOpts {
+            server_args: vec!["--metrics".into(), "127.0.0.1:0".into()],
+            ..ClusterOpts::default()
+        },
+    );
+    let page = format!("http://{}/", endpoint_in(&c.servers[0].log));
+    let dom = chromium(&page, None);
+    assert!(dom.contains("Volume: healthy"), "{dom}");
+    for i in 0..3 {
+        assert_eq!(
+            state_in_page(&dom, c.addr(i)).as_deref(),
+            Some("up"),
+            "server {i}: {dom}"
+        );
+    }
+    c.kill9(2);
+    // The page asks every server at each view: the next refresh (10 s)
+    // shows the killed one down.
+    let asked = std::time::Instant::now();
+    let dom = chromium(&page, None);
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "the page took {:?}",
+        asked.elapsed()
+    );
+    assert_eq!(
+        state_in_page(&dom, c.addr(2)).as_deref(),
+        Some("down"),
+        "{dom}"
+    );
+    assert_eq!(
+        state_in_page(&dom, c.addr(1)).as_deref(),
+        Some("up"),
+        "{dom}"
+    );
+    assert!(dom.contains("Volume: degraded"), "{dom}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let png = dir.path().join("page.png");
+    chromium(&page, Some(&png));
+    let bytes = std::fs::read(&png).expect("a screenshot");
+    assert!(
+        bytes.len() > 10_000 && bytes.starts_with(b"\x89PNG"),
+        "{} bytes",
+        bytes.len()
+    );
 }

@@ -97,8 +97,9 @@ fn escape(s: &str) -> String {
     out
 }
 
-/// A line graph of `values` (oldest first) over the last hour, as SVG.
-fn graph(title: &str, unit: &str, scale: f64, points: &[(f64, f64)]) -> String {
+/// A line graph of `points` ((age in seconds, value), oldest first) as
+/// SVG: from `span` seconds ago to now.
+fn graph(title: &str, unit: &str, scale: f64, span: f64, points: &[(f64, f64)]) -> String {
     const W: f64 = 720.0;
     const H: f64 = 120.0;
     let max = points
@@ -108,19 +109,20 @@ fn graph(title: &str, unit: &str, scale: f64, points: &[(f64, f64)]) -> String {
         .max(1e-9);
     let mut path = String::new();
     for (i, (age, v)) in points.iter().enumerate() {
-        // x: 0 = an hour ago, W = now.
-        let x = W * (1.0 - (age / 3600.0).clamp(0.0, 1.0));
+        // x: 0 = `span` ago, W = now.
+        let x = W * (1.0 - (age / span).clamp(0.0, 1.0));
         let y = H - H * (v / scale / max);
         let _ = write!(path, "{}{x:.1},{y:.1}", if i == 0 { "" } else { " " });
     }
     let last = points.last().map_or(0.0, |p| p.1 / scale);
     format!(
-        "<figure><figcaption>{} — now {last:.1} {unit}, peak {max:.1} {unit} (last hour)</figcaption>\
+        "<figure><figcaption>{} — now {last:.1} {unit}, peak {max:.1} {unit} (last {} min)</figcaption>\
          <svg width=\"{W}\" height=\"{H}\" viewBox=\"0 0 {W} {H}\" role=\"img\" aria-label=\"{}\">\
          <rect width=\"{W}\" height=\"{H}\" fill=\"#f6f6f6\"/>\
          <polyline fill=\"none\" stroke=\"#2060c0\" stroke-width=\"1.5\" points=\"{path}\"/>\
          </svg></figure>",
         escape(title),
+        (span / 60.0).round(),
         escape(title)
     )
 }
@@ -143,6 +145,12 @@ pub(super) async fn render(page: &Page) -> String {
             .collect()
     };
     let mib = 1024.0 * 1024.0;
+    // From the oldest sample (five minutes at least) to now.
+    let span = samples
+        .first()
+        .and_then(|s| now.duration_since(s.at).ok())
+        .map_or(0.0, |d| d.as_secs_f64())
+        .clamp(300.0, 3600.0);
     let mut html = String::from(
         "<!doctype html><html><head><meta charset=\"utf-8\">\
          <meta http-equiv=\"refresh\" content=\"10\"><title>morris</title>\
@@ -169,13 +177,19 @@ pub(super) async fn render(page: &Page) -> String {
     }
     let _ = write!(
         html,
-        "<h2>This server, last hour</h2><p>{} samples, one every {} s.</p>",
+        "<h2>This server</h2><p>{} samples, one every {} s (the last hour is kept).</p>",
         samples.len(),
         EVERY.as_secs()
     );
-    html += &graph("requests served", "/s", 1.0, &pts(|s| s.ops));
-    html += &graph("block data read", "MiB/s", mib, &pts(|s| s.read));
-    html += &graph("block data written", "MiB/s", mib, &pts(|s| s.written));
+    html += &graph("requests served", "/s", 1.0, span, &pts(|s| s.ops));
+    html += &graph("block data read", "MiB/s", mib, span, &pts(|s| s.read));
+    html += &graph(
+        "block data written",
+        "MiB/s",
+        mib,
+        span,
+        &pts(|s| s.written),
+    );
     html += "<p><a href=\"/metrics\">Prometheus metrics</a></p></body></html>\n";
     html
 }
