@@ -127,6 +127,17 @@ mod tests {
     }
 
     #[test]
+    fn the_operations_guide_lists_every_metric() {
+        let guide = include_str!("../../../../docs/operations.md");
+        for (name, ..) in METRICS {
+            assert!(
+                guide.contains(&format!("| `{name}` |")),
+                "docs/operations.md does not list {name}"
+            );
+        }
+    }
+
+    #[test]
     fn names_follow_the_conventions() {
         for (name, kind, unit, help) in METRICS {
             assert!(name.starts_with("morris_"), "{name}");
