@@ -472,8 +472,11 @@ impl Blocks {
         }
         if sync {
             let what = format!("flush data of file {id}");
+            let started = std::time::Instant::now();
             f.data.sync_data().map_err(|e| io_err(&what, &e))?;
             f.sums.sync_data().map_err(|e| io_err(&what, &e))?;
+            metrics::histogram!("morris_server_fsync_seconds")
+                .record(started.elapsed().as_secs_f64());
             if created {
                 self.sync_dir(id)?;
             }
@@ -800,8 +803,11 @@ impl Blocks {
         for r in 0..copies.min(MAX_REPLICAS) {
             if let Some(f) = self.existing(id, r)? {
                 let what = format!("flush data of file {id}");
+                let started = std::time::Instant::now();
                 f.data.sync_all().map_err(|e| io_err(&what, &e))?;
                 f.sums.sync_all().map_err(|e| io_err(&what, &e))?;
+                metrics::histogram!("morris_server_fsync_seconds")
+                    .record(started.elapsed().as_secs_f64());
                 any = true;
             }
         }
