@@ -55,6 +55,9 @@ struct Sampled {
     leases: f64,
     connections: Option<f64>,
     behind: Option<f64>,
+    /// Cache mode: reads answered from cached units, and fetched from home.
+    cache_hits: f64,
+    cache_misses: f64,
 }
 
 /// One line of the view.
@@ -88,6 +91,9 @@ pub struct Line {
     pub connections: Option<f64>,
     /// Bytes gathered for write-behind now (a client).
     pub write_behind_bytes: Option<f64>,
+    /// Cache mode (a server): the share of reads of cached data answered
+    /// without home in the interval, if there were any.
+    pub cache_hit_ratio: Option<f64>,
 }
 
 /// The operation histogram of each role.
@@ -178,6 +184,8 @@ fn digest(text: &str) -> Result<Sampled> {
         leases,
         connections: find(&scrape, "morris_server_connections"),
         behind,
+        cache_hits: sum(&scrape, "morris_server_cache_hits_total"),
+        cache_misses: sum(&scrape, "morris_server_cache_misses_total"),
         role,
     })
 }
@@ -226,6 +234,11 @@ fn line(endpoint: &str, a: &Sampled, b: &Sampled, secs: f64) -> Line {
         leases: b.leases,
         connections: b.connections,
         write_behind_bytes: b.behind,
+        cache_hit_ratio: {
+            let hits = (b.cache_hits - a.cache_hits).max(0.0);
+            let all = hits + (b.cache_misses - a.cache_misses).max(0.0);
+            (all > 0.0).then(|| hits / all)
+        },
     }
 }
 
@@ -252,7 +265,7 @@ fn fetch(agent: &ureq::Agent, endpoint: &str) -> Result<Sampled> {
 
 fn header() -> String {
     format!(
-        "{:<8}  {:<22} {:<6} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>7} {:>6} {:>9}",
+        "{:<8}  {:<22} {:<6} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>7} {:>6} {:>9} {:>5}",
         "time",
         "endpoint",
         "role",
@@ -264,7 +277,8 @@ fn header() -> String {
         "req/s",
         "leases",
         "conns",
-        "behind"
+        "behind",
+        "hit%"
     )
 }
 
@@ -276,7 +290,7 @@ fn row(l: &Line) -> String {
     let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let clock = now.get(11..19).unwrap_or("");
     format!(
-        "{clock:<8}  {:<22} {:<6} {:>9.0} {:>8.3} {:>8.3} {:>9.1} {:>10.1} {:>9.0} {:>7.0} {} {}",
+        "{clock:<8}  {:<22} {:<6} {:>9.0} {:>8.3} {:>8.3} {:>9.1} {:>10.1} {:>9.0} {:>7.0} {} {} {}",
         l.endpoint,
         l.role,
         l.ops_per_s,
@@ -288,6 +302,7 @@ fn row(l: &Line) -> String {
         l.leases,
         opt(l.connections, 6),
         opt(l.write_behind_bytes, 9),
+        opt(l.cache_hit_ratio.map(|r| r * 100.0), 5),
     )
 }
 

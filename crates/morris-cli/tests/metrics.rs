@@ -840,3 +840,58 @@ fn chromium_shows_every_server_and_a_killed_one_down() {
         bytes.len()
     );
 }
+
+#[test]
+fn a_cache_binding_counts_misses_hits_and_bytes_fetched() {
+    common::require_fuse();
+    let c = Cluster::start(
+        2,
+        ClusterOpts {
+            server_args: vec!["--metrics".into(), "127.0.0.1:0".into()],
+            ..ClusterOpts::default()
+        },
+    );
+    let endpoints: Vec<String> = c.servers.iter().map(|s| endpoint_in(&s.log)).collect();
+    let home = tempfile::tempdir().expect("home");
+    let data = pattern(21, 0, 300_000);
+    std::fs::write(home.path().join("h"), &data).expect("write at home");
+    let m = c.mount();
+    std::fs::create_dir(m.path.join("c")).expect("mkdir");
+    let url = format!("file://{}", home.path().display());
+    let o = morris(&[
+        "cache",
+        "bind",
+        &m.path.join("c").display().to_string(),
+        &url,
+    ]);
+    assert!(o.status.success(), "{}", both(&o));
+    assert!(std::fs::read(m.path.join("c/h")).expect("read, a miss") == data);
+    // Read again past the page cache: a hit at the servers.
+    let f = std::fs::File::open(m.path.join("c/h")).expect("open");
+    // SAFETY: posix_fadvise has no memory-safety preconditions.
+    unsafe {
+        libc::posix_fadvise(
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            0,
+            0,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
+    drop(f);
+    assert!(std::fs::read(m.path.join("c/h")).expect("read, a hit") == data);
+    let texts: Vec<String> = endpoints.iter().map(|e| scrape(e)).collect();
+    let sum = |name: &str| texts.iter().map(|t| total(t, name, &[])).sum::<f64>();
+    assert_eq!(
+        sum("morris_server_cache_fetched_bytes_total"),
+        data.len() as f64,
+        "{texts:?}"
+    );
+    assert!(sum("morris_server_cache_misses_total") >= 1.0, "{texts:?}");
+    assert!(sum("morris_server_cache_hits_total") >= 1.0, "{texts:?}");
+    assert_eq!(
+        sum("morris_server_cache_bytes"),
+        data.len() as f64,
+        "{texts:?}"
+    );
+    assert_eq!(sum("morris_server_cache_home_reachable"), 2.0, "{texts:?}");
+}

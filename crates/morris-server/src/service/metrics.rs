@@ -130,6 +130,10 @@ impl Server {
             }
         };
         export(&st, data_bytes.is_some());
+        match self.cache_status() {
+            Ok(list) => export_cache(&list),
+            Err(e) => debug!(error = %e, "metrics: no cache state to export"),
+        }
     }
 }
 
@@ -177,4 +181,22 @@ fn export(st: &ServerStats, with_data_bytes: bool) {
     counter!("morris_server_repairs_total").absolute(i.repairs);
     counter!("morris_server_unrepairable_total").absolute(i.unrepairable);
     counter!("morris_server_fenced_writes_total").absolute(i.fenced);
+}
+
+/// Sets each home binding's counters (cache mode), labelled by the bound
+/// directory's id.
+fn export_cache(list: &[morris_proto::BindingStatus]) {
+    for b in list {
+        let labels = [("binding", b.binding.to_string())];
+        counter!("morris_server_cache_hits_total", &labels).absolute(b.hits);
+        counter!("morris_server_cache_misses_total", &labels).absolute(b.misses);
+        counter!("morris_server_cache_fetched_bytes_total", &labels).absolute(b.fetched_bytes);
+        counter!("morris_server_cache_evictions_total", &labels).absolute(b.evictions);
+        counter!("morris_server_cache_pushed_total", &labels).absolute(b.pushed);
+        counter!("morris_server_cache_conflicts_total", &labels).absolute(b.conflicts);
+        gauge!("morris_server_cache_bytes", &labels).set(b.cached_bytes as f64);
+        gauge!("morris_server_cache_home_reachable", &labels).set(f64::from(u8::from(b.reachable)));
+        gauge!("morris_server_cache_queued", &labels).set(b.queued as f64);
+        gauge!("morris_server_cache_dirty_bytes", &labels).set(b.dirty_bytes as f64);
+    }
 }
