@@ -13,6 +13,8 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::progress::{plain_lines, Units};
+
 use crate::size::parse_size;
 
 /// Arguments of `morris bench`.
@@ -59,6 +61,7 @@ fn big_file(dir: &Path, size: u64, block: usize) -> Result<(f64, f64)> {
     let path = dir.join("big");
     let buf: Vec<u8> = (0..block).map(|i| (i * 7 + 3) as u8).collect();
     let pb = bar(size, "big file write");
+    let _plain = plain_lines(&pb, "big file write", Units::Bytes);
     let t = Instant::now();
     let mut f = File::create(&path).with_context(|| format!("create {}", path.display()))?;
     let mut left = size;
@@ -75,6 +78,7 @@ fn big_file(dir: &Path, size: u64, block: usize) -> Result<(f64, f64)> {
     let mut f = File::open(&path)?;
     drop_cache(&f);
     let pb = bar(size, "big file read");
+    let _plain = plain_lines(&pb, "big file read", Units::Bytes);
     let mut rbuf = vec![0u8; block];
     let t = Instant::now();
     let mut total = 0u64;
@@ -102,6 +106,7 @@ fn small_files(dir: &Path, n: u32, size: u64) -> Result<[f64; 4]> {
     let names: Vec<PathBuf> = (0..n).map(|i| d.join(format!("f{i:07}"))).collect();
     let rate = |t: Instant| f64::from(n) / t.elapsed().as_secs_f64();
     let pb = bar(u64::from(n), "small file write");
+    let _plain = plain_lines(&pb, "small file write", Units::Count);
     let t = Instant::now();
     for p in &names {
         let mut f = OpenOptions::new().write(true).create_new(true).open(p)?;
@@ -111,6 +116,7 @@ fn small_files(dir: &Path, n: u32, size: u64) -> Result<[f64; 4]> {
     let w = rate(t);
     pb.finish_and_clear();
     let pb = bar(u64::from(n), "small file read");
+    let _plain = plain_lines(&pb, "small file read", Units::Count);
     let mut buf = Vec::with_capacity(size as usize);
     let t = Instant::now();
     for p in &names {

@@ -126,6 +126,65 @@ impl Progress {
     }
 }
 
+/// Plain progress lines for an `indicatif` bar that stderr cannot show
+/// (not a terminal): a line every ten seconds while it lives, and one when
+/// dropped. Nothing on a terminal, where the bar draws itself.
+pub struct PlainLines {
+    stop: Option<(
+        std::sync::Arc<std::sync::atomic::AtomicBool>,
+        std::thread::JoinHandle<()>,
+    )>,
+}
+
+/// Follows `bar` (counting `units`) with plain lines named `what`.
+pub fn plain_lines(bar: &ProgressBar, what: &str, units: Units) -> PlainLines {
+    if std::io::stderr().is_terminal() {
+        return PlainLines { stop: None };
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (flag, bar, what) = (stop.clone(), bar.clone(), what.to_string());
+    let thread = std::thread::spawn(move || {
+        let mut p = Progress {
+            what,
+            units,
+            bar: None,
+            started: Instant::now(),
+            last_line: Some(Instant::now()),
+            pos: 0,
+            len: 0,
+            msg: String::new(),
+        };
+        loop {
+            let stopping = flag.load(std::sync::atomic::Ordering::Relaxed);
+            (p.pos, p.len) = (
+                bar.position(),
+                bar.length().unwrap_or(0).max(bar.position()),
+            );
+            if stopping {
+                eprintln!("{}", p.line());
+                return;
+            }
+            if p.last_line.is_none_or(|t| t.elapsed() >= EVERY) {
+                p.last_line = Some(Instant::now());
+                eprintln!("{}", p.line());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    });
+    PlainLines {
+        stop: Some((stop, thread)),
+    }
+}
+
+impl Drop for PlainLines {
+    fn drop(&mut self) {
+        if let Some((flag, thread)) = self.stop.take() {
+            flag.store(true, std::sync::atomic::Ordering::Relaxed);
+            let _ = thread.join();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

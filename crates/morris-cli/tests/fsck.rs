@@ -170,6 +170,8 @@ fn fsck_finds_and_repairs_damage_but_keeps_live_files() {
 
     // Check only: errors are reported and the exit code says so.
     let (ok, out, all) = fsck(&["fsck", c.addr(0), "--all"]);
+    // Not a terminal: progress as plain lines.
+    assert!(all.contains("fsck scanning: "), "{all}");
     assert!(!ok, "damage must fail fsck: {all}");
     assert!(out.contains("\"ghost\" names inode 1000"), "{all}");
     assert!(out.contains("nlink 3 but 1 entries"), "{all}");

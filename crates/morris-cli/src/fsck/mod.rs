@@ -99,8 +99,14 @@ async fn scan_all(sessions: &[Session], what: &str) -> Result<Snapshot> {
         let before = serving_wait(sessions).await?;
         let total = scan::count(sessions).await;
         let bar = progress(total, what);
+        let plain = crate::progress::plain_lines(
+            &bar,
+            &format!("fsck {what}"),
+            crate::progress::Units::Count,
+        );
         let snap = scan::scan(sessions, &bar).await;
         bar.finish_and_clear();
+        drop(plain);
         let snap = snap?;
         if serving_wait(sessions).await? == before {
             return Ok(snap);
