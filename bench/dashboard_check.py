@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,29 +22,11 @@ import time
 import urllib.parse
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from lib.util import free_range  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-
-
-def free_range(n):
-    """A first port P such that P .. P+n-1 are free now (below the
-    ephemeral range, so that no connection takes one meanwhile)."""
-    import random
-    for _ in range(200):
-        p = random.randint(20000, 30000 - n)
-        socks = []
-        try:
-            for q in range(p, p + n):
-                s = socket.socket()
-                s.bind(("127.0.0.1", q))
-                socks.append(s)
-            return p
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    sys.exit("no free ports")
 
 
 def query(port, expr):

@@ -17,10 +17,8 @@ Usage: sudo python3 bench/metrics_cost.py [--exe target/release/morris] [--round
 import argparse
 import json
 import os
-import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,25 +27,10 @@ import threading
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from lib.util import free_range  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_range(n):
-    for _ in range(200):
-        p = random.randint(20000, 30000 - n)
-        socks = []
-        try:
-            for q in range(p, p + n):
-                s = socket.socket()
-                s.bind(("127.0.0.1", q))
-                socks.append(s)
-            return p
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    sys.exit("no free ports")
 
 
 def start_up(exe, base, metrics):

@@ -26,6 +26,27 @@ def free_port():
         return s.getsockname()[1]
 
 
+def free_range(n):
+    """A first port P such that P .. P+n-1 are free on 127.0.0.1 now, below
+    the ephemeral range (so that no outgoing connection takes one meanwhile)."""
+    import random
+    for _ in range(200):
+        p = random.randint(20000, 30000 - n)
+        socks = []
+        try:
+            for q in range(p, p + n):
+                s = socket.socket()
+                s.bind(("127.0.0.1", q))
+                socks.append(s)
+            return p
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    sys.exit("no free ports")
+
+
 def drop_caches():
     """Writes dirty pages back, then drops the page cache (needs root)."""
     subprocess.run(["sync"], check=True)

@@ -14,6 +14,37 @@ use std::time::Duration;
 use common::{both, morris, pattern, read_log, wait_for, Cluster, ClusterOpts, Mount};
 use nfs_harness::{tool, write_local, Gateway};
 
+/// A cluster of `n` servers keeping `replicas` copies, each serving metrics
+/// on a port of its own.
+fn metered(n: usize, replicas: u8) -> Cluster {
+    Cluster::start(
+        n,
+        ClusterOpts {
+            replicas,
+            server_args: vec!["--metrics".into(), "127.0.0.1:0".into()],
+            ..ClusterOpts::default()
+        },
+    )
+}
+
+/// The bytes of `path`, read from the servers: the page cache's copy is
+/// dropped first.
+fn read_past_cache(path: &Path) -> Vec<u8> {
+    let mut f = std::fs::File::open(path).expect("open");
+    // SAFETY: posix_fadvise has no memory-safety preconditions.
+    unsafe {
+        libc::posix_fadvise(
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            0,
+            0,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
+    let mut back = Vec::new();
+    f.read_to_end(&mut back).expect("read");
+    back
+}
+
 /// The endpoint address a process logged ("metrics at http://ADDR/metrics").
 fn endpoint_in(log: &Path) -> String {
     wait_for(
@@ -101,11 +132,7 @@ fn total(text: &str, name: &str, want: &[(&str, &str)]) -> f64 {
 #[test]
 fn servers_and_a_mount_count_what_a_file_costs() {
     common::require_fuse();
-    let opts = ClusterOpts {
-        server_args: vec!["--metrics".into(), "127.0.0.1:0".into()],
-        ..ClusterOpts::default()
-    };
-    let c = Cluster::start(3, opts);
+    let c = metered(3, 1);
     let servers: Vec<String> = c.servers.iter().map(|s| endpoint_in(&s.log)).collect();
     let m = Mount::start(c.addr(0), &["--metrics", "127.0.0.1:0"]);
     let mount = endpoint_in(&m.log);
@@ -113,19 +140,7 @@ fn servers_and_a_mount_count_what_a_file_costs() {
     let data = pattern(3, 0, (1 << 20) + 4321);
     std::fs::write(m.path.join("f"), &data).expect("write");
     // Read back past the page cache, so that the bytes come from servers.
-    let mut f = std::fs::File::open(m.path.join("f")).expect("open");
-    // SAFETY: posix_fadvise has no memory-safety preconditions.
-    unsafe {
-        libc::posix_fadvise(
-            std::os::fd::AsRawFd::as_raw_fd(&f),
-            0,
-            0,
-            libc::POSIX_FADV_DONTNEED,
-        )
-    };
-    let mut back = Vec::new();
-    f.read_to_end(&mut back).expect("read");
-    assert!(back == data);
+    assert!(read_past_cache(&m.path.join("f")) == data);
 
     let mtext = scrape(&mount);
     assert_eq!(
@@ -361,14 +376,7 @@ fn a_taken_metrics_port_is_a_clear_error() {
 #[test]
 fn info_says_where_a_file_lives_and_who_holds_it() {
     common::require_fuse();
-    let mut c = Cluster::start(
-        4,
-        ClusterOpts {
-            replicas: 2,
-            server_args: vec!["--metrics".into(), "127.0.0.1:0".into()],
-            ..ClusterOpts::default()
-        },
-    );
+    let mut c = metered(4, 2);
     let endpoints: Vec<String> = c.servers.iter().map(|s| endpoint_in(&s.log)).collect();
     let m = Mount::start(c.addr(0), &[]);
     let big = m.path.join("big");
@@ -716,19 +724,7 @@ fn a_real_prometheus_scrapes_every_server_and_sees_a_read() {
         // Written, then read past the page cache: every server serves some.
         let data = pattern(11, 0, 8 << 20);
         std::fs::write(up.mnt().join("f"), &data).expect("write");
-        let mut f = std::fs::File::open(up.mnt().join("f")).expect("open");
-        // SAFETY: posix_fadvise has no memory-safety preconditions.
-        unsafe {
-            libc::posix_fadvise(
-                std::os::fd::AsRawFd::as_raw_fd(&f),
-                0,
-                0,
-                libc::POSIX_FADV_DONTNEED,
-            )
-        };
-        let mut back = Vec::new();
-        f.read_to_end(&mut back).expect("read");
-        assert!(back == data);
+        assert!(read_past_cache(&up.mnt().join("f")) == data);
         wait_for(
             Duration::from_secs(30),
             "a read rate at every server",
@@ -792,13 +788,7 @@ fn state_in_page(dom: &str, addr: &str) -> Option<String> {
 #[test]
 fn chromium_shows_every_server_and_a_killed_one_down() {
     require("chromium", "chromium");
-    let mut c = Cluster::start(
-        3,
-        ClusterOpts {
-            server_args: vec!["--metrics".into(), "127.0.0.1:0".into()],
-            ..ClusterOpts::default()
-        },
-    );
+    let mut c = metered(3, 1);
     let page = format!("http://{}/", endpoint_in(&c.servers[0].log));
     let dom = chromium(&page, None);
     assert!(dom.contains("Volume: healthy"), "{dom}");
@@ -844,13 +834,7 @@ fn chromium_shows_every_server_and_a_killed_one_down() {
 #[test]
 fn a_cache_binding_counts_misses_hits_and_bytes_fetched() {
     common::require_fuse();
-    let c = Cluster::start(
-        2,
-        ClusterOpts {
-            server_args: vec!["--metrics".into(), "127.0.0.1:0".into()],
-            ..ClusterOpts::default()
-        },
-    );
+    let c = metered(2, 1);
     let endpoints: Vec<String> = c.servers.iter().map(|s| endpoint_in(&s.log)).collect();
     let home = tempfile::tempdir().expect("home");
     let data = pattern(21, 0, 300_000);
@@ -867,18 +851,7 @@ fn a_cache_binding_counts_misses_hits_and_bytes_fetched() {
     assert!(o.status.success(), "{}", both(&o));
     assert!(std::fs::read(m.path.join("c/h")).expect("read, a miss") == data);
     // Read again past the page cache: a hit at the servers.
-    let f = std::fs::File::open(m.path.join("c/h")).expect("open");
-    // SAFETY: posix_fadvise has no memory-safety preconditions.
-    unsafe {
-        libc::posix_fadvise(
-            std::os::fd::AsRawFd::as_raw_fd(&f),
-            0,
-            0,
-            libc::POSIX_FADV_DONTNEED,
-        )
-    };
-    drop(f);
-    assert!(std::fs::read(m.path.join("c/h")).expect("read, a hit") == data);
+    assert!(read_past_cache(&m.path.join("c/h")) == data);
     let texts: Vec<String> = endpoints.iter().map(|e| scrape(e)).collect();
     let sum = |name: &str| texts.iter().map(|t| total(t, name, &[])).sum::<f64>();
     assert_eq!(
