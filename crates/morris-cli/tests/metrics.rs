@@ -713,8 +713,9 @@ fn a_real_prometheus_scrapes_every_server_and_sees_a_read() {
             Duration::from_secs(60),
             "Prometheus to scrape all four endpoints",
             || {
-                let v = std::panic::catch_unwind(|| promql(port, "sum(up{job=\"morris\"})"))
-                    .map_err(|_| "not answering yet".to_string())?;
+                // Not listening yet, at first.
+                std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+                let v = promql(port, "sum(up{job=\"morris\"})");
                 match v["data"]["result"][0]["value"][1].as_str() {
                     Some("4") => Ok(()),
                     other => Err(format!("{other:?}")),
@@ -741,12 +742,18 @@ fn a_real_prometheus_scrapes_every_server_and_sees_a_read() {
                 }
             },
         );
-        // And the mount's side: FUSE reads and bytes from the servers.
-        let v = promql(
-            port,
-            "sum(increase(morris_fuse_request_duration_seconds_count{op=\"read\"}[1m])) > 0",
-        );
-        assert_eq!(v["data"]["result"].as_array().map(Vec::len), Some(1), "{v}");
+        // And the mount's side: its FUSE reads (once Prometheus has
+        // scraped the mount after the read).
+        wait_for(Duration::from_secs(30), "the mount's FUSE reads", || {
+            let v = promql(
+                port,
+                "sum(increase(morris_fuse_request_duration_seconds_count{op=\"read\"}[1m])) > 0",
+            );
+            match v["data"]["result"].as_array().map(Vec::len) {
+                Some(1) => Ok(()),
+                _ => Err(v.to_string()),
+            }
+        });
     });
     let _ = prom.kill();
     let _ = prom.wait();
