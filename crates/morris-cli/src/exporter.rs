@@ -124,22 +124,21 @@ impl Exporter {
 }
 
 /// Where mounts note their metrics address for `morris stats MOUNTPOINT`:
-/// `/run/morris/mounts` for root, else `$XDG_RUNTIME_DIR/morris/mounts` (or
-/// `/tmp/morris-UID/mounts`).
-fn notes_dir() -> PathBuf {
+/// `/run/morris/mounts` for root, else `$XDG_RUNTIME_DIR/morris/mounts`;
+/// nowhere for a user without a runtime directory (a shared `/tmp` could
+/// be made to point elsewhere by another user).
+fn notes_dir() -> Option<PathBuf> {
     // SAFETY: geteuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::geteuid() };
-    if uid == 0 {
-        return PathBuf::from("/run/morris/mounts");
+    if unsafe { libc::geteuid() } == 0 {
+        return Some(PathBuf::from("/run/morris/mounts"));
     }
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(d) if !d.is_empty() => PathBuf::from(d).join("morris/mounts"),
-        _ => PathBuf::from(format!("/tmp/morris-{uid}/mounts")),
-    }
+    std::env::var_os("XDG_RUNTIME_DIR")
+        .filter(|d| !d.is_empty())
+        .map(|d| PathBuf::from(d).join("morris/mounts"))
 }
 
-fn note_path(dev: (u32, u32)) -> PathBuf {
-    notes_dir().join(format!("{}-{}.json", dev.0, dev.1))
+fn note_path(dev: (u32, u32)) -> Option<PathBuf> {
+    notes_dir().map(|d| d.join(format!("{}-{}.json", dev.0, dev.1)))
 }
 
 /// A mount's note of its metrics address; removed when dropped.
@@ -154,7 +153,10 @@ impl Drop for MountNote {
 /// Notes that the mount of device `dev` at `mp` serves metrics at `x`
 /// (for `morris stats MOUNTPOINT`); `None`, logged, if it cannot.
 pub fn note_mount(dev: (u32, u32), mp: &Path, x: &Exporter) -> Option<MountNote> {
-    let path = note_path(dev);
+    let Some(path) = note_path(dev) else {
+        info!("no runtime directory ($XDG_RUNTIME_DIR): `morris stats` needs the metrics address, not the mount point");
+        return None;
+    };
     let note = serde_json::json!({
         "mountpoint": mp,
         "pid": std::process::id(),
@@ -178,7 +180,12 @@ pub fn noted_metrics(mp: &Path) -> Result<String> {
     use std::os::unix::fs::MetadataExt;
     let st = std::fs::metadata(mp).with_context(|| format!("{}", mp.display()))?;
     let dev = st.dev();
-    let path = note_path((libc::major(dev), libc::minor(dev)));
+    let path = note_path((libc::major(dev), libc::minor(dev))).ok_or_else(|| {
+        anyhow::anyhow!(
+            "no runtime directory ($XDG_RUNTIME_DIR) to find {}'s metrics address in: give HOST:PORT",
+            mp.display()
+        )
+    })?;
     let text = std::fs::read_to_string(&path).map_err(|_| {
         anyhow::anyhow!(
             "{} is not a morris mount started with --metrics (no {})",
