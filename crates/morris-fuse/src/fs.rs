@@ -13,7 +13,8 @@ use std::future::Future;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -184,14 +185,14 @@ impl Drop for InFlight {
 tokio::task_local! {
     /// The errno a request's task replied with (0: it succeeded), for the
     /// access log.
-    static OUTCOME: Arc<AtomicI32>;
+    static OUTCOME: Cell<i32>;
 }
 
 /// Replies `errno` to a request, noting it for the access log.
 macro_rules! refuse {
     ($reply:expr, $errno:expr) => {{
         let errno: Errno = $errno;
-        let _ = OUTCOME.try_with(|o| o.store(errno.code(), Ordering::Relaxed));
+        let _ = OUTCOME.try_with(|o| o.set(errno.code()));
         $reply.error(errno)
     }};
 }
@@ -204,13 +205,12 @@ struct Done {
     ino: u64,
     who: (u32, u32, u32),
     started: Instant,
-    outcome: Arc<AtomicI32>,
 }
 
 impl Done {
-    fn finish(self) {
+    /// Records the request as answered with `errno` (0: it succeeded).
+    fn finish(self, errno: i32) {
         let took = self.started.elapsed();
-        let errno = self.outcome.load(Ordering::Relaxed);
         self.shared.timers.record(self.op, took, errno != 0);
         if let Some(log) = &self.shared.access {
             log.record(self.who, self.op, self.ino, errno, took);
@@ -262,9 +262,8 @@ impl MorrisFs {
             ino,
             who: (req.uid(), req.gid(), req.pid()),
             started,
-            outcome: Arc::new(AtomicI32::new(0)),
         };
-        let mut fut = Box::pin(OUTCOME.scope(done.outcome.clone(), work(self.shared.clone())));
+        let mut fut = Box::pin(OUTCOME.scope(Cell::new(0), work(self.shared.clone())));
         // Polled once on this FUSE thread first: a request answered without
         // waiting (a write gathered in the client, attributes or names under
         // a held lease) then costs no hand-over to a runtime thread and
@@ -278,13 +277,13 @@ impl MorrisFs {
         match first {
             Ok(std::task::Poll::Ready(())) => {
                 drop(counted);
-                done.finish();
+                done.finish(fut.as_mut().take_value().map_or(0, |c| c.get()));
             }
             Ok(std::task::Poll::Pending) => {
                 self.rt.spawn(async move {
-                    fut.await;
+                    (&mut fut).await;
                     drop(counted);
-                    done.finish();
+                    done.finish(fut.as_mut().take_value().map_or(0, |c| c.get()));
                 });
             }
             // (The runtime shutting down under it: the reply is dropped,
