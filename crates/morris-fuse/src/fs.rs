@@ -8,12 +8,12 @@
 //! sends (it bounds them itself: `max_background` for readahead and other
 //! asynchronous requests, one per blocked application thread otherwise).
 
+use std::cell::Cell;
 use std::ffi::OsStr;
 use std::future::Future;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};

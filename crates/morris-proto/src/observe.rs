@@ -6,7 +6,7 @@
 //! handles are registered once, so a record is a table look-up and an
 //! atomic push, not a registry search with a label allocation.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use metrics::{Counter, Histogram};
 
@@ -49,15 +49,22 @@ impl OpTimers {
         }
     }
 
-    fn position(&self, op: &str) -> Option<usize> {
+    /// Where `op` is in the names given to [`OpTimers::new`].
+    pub fn position(&self, op: &str) -> Option<usize> {
         self.names.iter().position(|&n| n == op)
     }
 
     /// Records that `op` took `took`, and whether it failed.
     pub fn record(&self, op: &'static str, took: Duration, failed: bool) {
-        match self.position(op) {
-            Some(i) => {
-                self.hists[i].record(took.as_secs_f64());
+        self.record_at(self.position(op), op, took, failed);
+    }
+
+    /// [`OpTimers::record`] for a caller that already knows `op`'s
+    /// [`OpTimers::position`].
+    pub fn record_at(&self, at: Option<usize>, op: &'static str, took: Duration, failed: bool) {
+        match at.and_then(|i| self.hists.get(i).map(|h| (i, h))) {
+            Some((i, h)) => {
+                h.record(took.as_secs_f64());
                 if let (true, Some(c)) = (failed, self.errors.get(i)) {
                     c.increment(1);
                 }
@@ -71,44 +78,6 @@ impl OpTimers {
             }
         }
     }
-
-    /// A guard that records `op`'s time since now when dropped (as failed
-    /// unless [`Timing::ok`] was called).
-    pub fn start<'a>(&'a self, op: &'static str) -> Timing<'a> {
-        Timing {
-            timers: self,
-            op,
-            started: Instant::now(),
-            failed: true,
-        }
-    }
-}
-
-/// One operation being timed ([`OpTimers::start`]).
-pub struct Timing<'a> {
-    timers: &'a OpTimers,
-    op: &'static str,
-    started: Instant,
-    failed: bool,
-}
-
-impl Timing<'_> {
-    /// Marks the operation as succeeded.
-    pub fn ok(&mut self) {
-        self.failed = false;
-    }
-
-    /// Sets whether the operation failed.
-    pub fn set_failed(&mut self, failed: bool) {
-        self.failed = failed;
-    }
-}
-
-impl Drop for Timing<'_> {
-    fn drop(&mut self) {
-        self.timers
-            .record(self.op, self.started.elapsed(), self.failed);
-    }
 }
 
 #[cfg(test)]
@@ -120,7 +89,6 @@ mod tests {
         let t = OpTimers::new("x_seconds", Some("x_errors_total"), &["A", "B"]);
         t.record("A", Duration::from_millis(1), false);
         t.record("C", Duration::from_millis(1), true);
-        let mut g = t.start("B");
-        g.ok();
+        t.record_at(t.position("B"), "B", Duration::from_millis(1), false);
     }
 }

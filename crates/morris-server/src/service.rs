@@ -461,7 +461,10 @@ impl Server {
     async fn handle(self: Arc<Self>, conn: Arc<Conn>, req: Request, payload: Bytes) -> Outcome {
         let op = req.name();
         self.requests.fetch_add(1, Ordering::Relaxed);
-        if let Some(i) = OPS.iter().position(|&n| n == op) {
+        // One look-up serves the counters and the timers (both in
+        // `Request::NAMES` order).
+        let at = OPS.iter().position(|&n| n == op);
+        if let Some(i) = at {
             self.by_op[i].fetch_add(1, Ordering::Relaxed);
         }
         let ino = subject(&req);
@@ -476,7 +479,8 @@ impl Server {
         let sent = payload.len();
         let started = std::time::Instant::now();
         let out = self.dispatch(&conn, req, payload).await;
-        self.metrics.request(op, started.elapsed(), out.0.is_err());
+        self.metrics
+            .request(at, op, started.elapsed(), out.0.is_err());
         if let (Some((write, copy)), Ok(_)) = (data, &out.0) {
             let bytes = if write { sent } else { out.1.len() };
             self.metrics.data(write, copy, bytes);

@@ -63,9 +63,16 @@ impl ServerMetrics {
         }
     }
 
-    /// Records one request: its name, time and outcome.
-    pub(crate) fn request(&self, op: &'static str, took: Duration, failed: bool) {
-        self.timers.record(op, took, failed);
+    /// Records one request: its name (at `at` in [`Request::NAMES`]), time
+    /// and outcome.
+    pub(crate) fn request(
+        &self,
+        at: Option<usize>,
+        op: &'static str,
+        took: Duration,
+        failed: bool,
+    ) {
+        self.timers.record_at(at, op, took, failed);
     }
 
     /// Counts block bytes read from or written to copy `copy` here.
