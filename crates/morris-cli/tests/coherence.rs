@@ -393,3 +393,78 @@ fn a_paused_client_drops_what_its_expired_leases_protected() {
         },
     );
 }
+
+/// An unlink answers once the entry is gone and lowers the inode's link
+/// count afterwards (`deferred.rs`): nobody may see the count in between,
+/// and an unmount right after many removals leaves none of them undone.
+#[test]
+fn a_removed_names_link_count_is_right_at_once_everywhere() {
+    let t = Two::long_ttl();
+    let (a, b) = (t.a.path.clone(), t.b.path.clone());
+    write_closed(&a.join("f"), b"data");
+    fs::hard_link(a.join("f"), a.join("g")).expect("A: link");
+    assert_eq!(fs::metadata(b.join("g")).expect("B: stat g").nlink(), 2);
+    fs::remove_file(a.join("f")).expect("A: unlink f");
+    assert_eq!(
+        fs::metadata(a.join("g")).expect("A: stat g").nlink(),
+        1,
+        "A: g after unlink f"
+    );
+    assert_eq!(
+        fs::metadata(b.join("g")).expect("B: stat g").nlink(),
+        1,
+        "B: g after A's unlink f"
+    );
+
+    // Renamed over: the replaced object's other name counts one link less.
+    write_closed(&a.join("h"), b"old");
+    fs::hard_link(a.join("h"), a.join("h2")).expect("A: link h2");
+    write_closed(&a.join("new"), b"new");
+    fs::rename(a.join("new"), a.join("h")).expect("A: rename over h");
+    assert_eq!(
+        fs::metadata(a.join("h2")).expect("A: stat h2").nlink(),
+        1,
+        "A: h2"
+    );
+    assert_eq!(
+        fs::metadata(b.join("h2")).expect("B: stat h2").nlink(),
+        1,
+        "B: h2"
+    );
+    assert_eq!(fs::read(b.join("h2")).expect("B: read h2"), b"old");
+
+    // An open file unlinked: no name at once, its data until the close.
+    let f = File::open(a.join("g")).expect("A: open g");
+    fs::remove_file(a.join("g")).expect("A: unlink g");
+    assert_eq!(
+        f.metadata().expect("A: fstat").nlink(),
+        0,
+        "A: fstat after unlink"
+    );
+    let mut got = [0u8; 4];
+    f.read_exact_at(&mut got, 0)
+        .expect("A: read the unlinked file");
+    assert_eq!(&got, b"data");
+    drop(f);
+
+    // Many removals, then the mount goes at once: every link count landed
+    // first, so fsck finds no inode without a name.
+    fs::create_dir(a.join("many")).expect("A: mkdir");
+    for i in 0..300 {
+        write_closed(&a.join(format!("many/m{i}")), b"x");
+    }
+    for i in 0..300 {
+        fs::remove_file(a.join(format!("many/m{i}"))).expect("A: unlink");
+    }
+    let TwoMounts { a: ma, b: mb, c } = t;
+    drop(ma);
+    drop(mb);
+    let o = common::morris(&["fsck", c.addr(0)]);
+    let out = common::both(&o);
+    assert!(
+        o.status.success(),
+        "fsck after the unmount: {out}\n{}",
+        c.logs()
+    );
+    assert!(out.contains("0 unreachable inodes"), "{out}");
+}

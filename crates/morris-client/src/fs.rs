@@ -92,6 +92,17 @@ pub(crate) fn inode_reply(r: Reply) -> Result<Inode> {
     }
 }
 
+/// The guard on `id` out of `guards`; the others are dropped.
+fn take(mut guards: Vec<LeaseGuard>, id: FileId) -> Result<LeaseGuard> {
+    match guards.iter().position(|g| g.entry.id == id) {
+        Some(at) => Ok(guards.swap_remove(at)),
+        None => Err(Error::new(
+            ErrorCode::NoLease,
+            format!("no lease taken on {id}"),
+        )),
+    }
+}
+
 /// The inode and fence number of a write grant (`CreateInode`).
 fn leased_reply(r: Reply) -> Result<(Inode, u64)> {
     match r {
@@ -243,6 +254,8 @@ impl Client {
 
     /// Attributes of `id`.
     pub(crate) async fn do_getattr(&self, id: FileId) -> Result<Inode> {
+        // A link count this client is still changing (`deferred.rs`).
+        self.deferred.settled(id).await;
         let h = self.leases.handle(id)?;
         let g = self.leases.get(h, Mode::Read).await?;
         self.fresh(&g).await
@@ -283,6 +296,8 @@ impl Client {
             let Some(e) = entry else {
                 return Err(Error::new(ErrorCode::NotFound, "no such entry"));
             };
+            // Another name of it removed a moment ago (`deferred.rs`).
+            self.deferred.settled(e.child.id).await;
             let seed = self.cache.take_seed(e.child);
             let tried_seed = seed.is_some();
             match self
@@ -601,6 +616,8 @@ impl Client {
         caller: &Caller,
     ) -> Result<Inode> {
         check_new_name(new_name)?;
+        // Its link count, as this client may still be changing it.
+        self.deferred.settled(id).await;
         self.ensure_listed(new_dir).await?;
         let child = self.leases.handle(id)?;
         let dir = self.leases.handle(new_dir)?;
@@ -744,6 +761,30 @@ impl Client {
         Ok(())
     }
 
+    /// [`Client::drop_link`] after the caller has its answer, in a task
+    /// that keeps the use of `cg`'s lease until the owner has answered
+    /// (`deferred.rs`). A failure there is logged: the inode then keeps a
+    /// link count one too high, with no entry naming it, until fsck.
+    async fn drop_link_later(&self, cg: LeaseGuard) -> Result<()> {
+        let pending = self.deferred.begin(cg.entry.id).await;
+        let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
+            return self.drop_link(&cg).await;
+        };
+        tokio::spawn(async move {
+            let id = cg.entry.id;
+            if let Err(e) = me.drop_link(&cg).await {
+                tracing::warn!(
+                    ino = id,
+                    error = %e,
+                    "the link count of a removed entry's inode was not lowered: fsck reclaims it"
+                );
+            }
+            drop(cg);
+            drop(pending);
+        });
+        Ok(())
+    }
+
     async fn is_empty_dir(&self, g: &LeaseGuard) -> Result<bool> {
         let r = self
             .call_owner(
@@ -829,7 +870,9 @@ impl Client {
             if let Some(inv) = self.leases.invalidator() {
                 inv.entry(dir, name);
             }
-            return self.drop_link(cg).await;
+            // The name is gone for everyone: answer now, and let the
+            // inode's link count follow (`deferred.rs`).
+            return self.drop_link_later(take(gs, e.child.id)?).await;
         }
         Err(Error::new(
             ErrorCode::Unavailable,
@@ -872,6 +915,7 @@ impl Client {
         set: SetAttr,
         caller: &Caller,
     ) -> Result<Inode> {
+        self.deferred.settled(id).await;
         if let Some(size) = set.size {
             // Emptied without fetching home's bytes first, but only by a
             // caller allowed to (checked again under the lease below).

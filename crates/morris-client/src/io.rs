@@ -757,6 +757,7 @@ impl Client {
 
     pub(crate) async fn do_fsync(&self, fh: u64, datasync: bool) -> Result<()> {
         let f = self.open_file(fh)?;
+        self.deferred.settled(f.h.id).await;
         self.do_flush(fh).await?;
         if (f.wrote.load(Ordering::Relaxed) || f.write) && self.layout.replicas > 1 {
             let from = f.unsynced_from.swap(u64::MAX, Ordering::Relaxed);

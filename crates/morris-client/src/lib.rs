@@ -16,6 +16,7 @@ mod behind;
 mod cache;
 mod copies;
 mod copy;
+mod deferred;
 mod dirlock;
 mod dirpages;
 mod fs;
@@ -329,6 +330,8 @@ pub struct Client {
     pub(crate) atime: Mutex<Atime>,
     /// Small writes gathered and not sent yet (`behind.rs`).
     pub(crate) behind: behind::Behind,
+    /// Namespace steps finished after their operation answered (`deferred.rs`).
+    pub(crate) deferred: Arc<deferred::Deferred>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
@@ -397,6 +400,7 @@ impl Client {
             )),
             lock_users: locks::LockUsers::default(),
             behind: behind::Behind::default(),
+            deferred: Arc::default(),
             tasks: Mutex::new(Vec::new()),
         });
         let _ = client.me.set(Arc::downgrade(&client));
@@ -565,6 +569,7 @@ impl Client {
     /// unstored), else read once from the owner. Unlike `getattr`, nothing
     /// keeps them fresh afterwards.
     pub async fn getattr_snapshot(&self, h: Handle) -> Result<Inode> {
+        self.deferred.settled(h.id).await;
         if let Some(i) = self.leases.cached_inode(h.id) {
             if i.gen != h.gen {
                 return Err(Error::new(ErrorCode::Stale, "replaced"));
@@ -768,6 +773,8 @@ impl Client {
     /// Opens `id`; `write` takes the write lease, `truncate` empties the file.
     /// Returns an open-file number for read/write/flush/fsync/release.
     pub async fn open(&self, id: FileId, write: bool, truncate: bool) -> Result<u64> {
+        // Whether it still has a name decides whether its open is recorded.
+        self.deferred.settled(id).await;
         if let Some(i) = self.leases.cached_inode(id) {
             if i.home.as_ref().is_some_and(|l| !l.is_local()) {
                 self.after_find_by_id(i).await?;
@@ -868,6 +875,7 @@ impl Client {
     /// Writes back everything, releases all leases, forgets this client's
     /// open records and removes the orphans it was waiting to remove.
     pub async fn shutdown(&self) {
+        self.deferred.all_settled().await;
         self.drain_all().await;
         for e in self.leases.dirty_entries() {
             let _ = self.leases.write_back(&e).await;

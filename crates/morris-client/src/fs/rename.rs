@@ -156,8 +156,8 @@ impl Client {
                 inv.entry(ddir, dname);
             }
             if let Some(d) = &d {
-                let tg = pick(&gs, d.child.id)?;
-                self.drop_link(tg).await?;
+                // The replaced object's link count follows (`deferred.rs`).
+                return self.drop_link_later(super::take(gs, d.child.id)?).await;
             }
             return Ok(());
         }
