@@ -91,6 +91,12 @@ pub struct MountTuning {
     /// and mount; each update is a request to the file's server).
     #[arg(long)]
     pub strictatime: bool,
+    /// Answer a file's create only once the entry naming it is stored
+    /// (default: once its inode is; the entry follows at once, and
+    /// `fsync` of the file or directory, another mount's look, and the
+    /// unmount wait for it; a mount killed in between loses the name).
+    #[arg(long)]
+    pub sync_creates: bool,
     /// Append a line per FUSE request (time, caller, operation, inode,
     /// result, seconds taken) to FILE; `morris profile FILE` sums it up.
     #[arg(long, value_name = "FILE")]
@@ -117,6 +123,7 @@ impl MountTuning {
         c.name = name;
         // A mount keeps attribute changes with the size (`behind.rs`).
         c.attrs_behind = true;
+        c.creates_behind = !self.sync_creates;
         c
     }
 

@@ -468,3 +468,143 @@ fn a_removed_names_link_count_is_right_at_once_everywhere() {
     );
     assert!(out.contains("0 unreachable inodes"), "{out}");
 }
+
+/// A mount answers a file's create once its inode is stored and stores the
+/// name right after (`creates_behind`, `deferred.rs`): the same mount lists
+/// it, renames and removes it in order; another mount sees every name at
+/// once and cannot make one of them again; an unmount right after leaves
+/// every name stored.
+#[test]
+fn names_of_files_just_created_are_seen_everywhere_at_once() {
+    let t = Two::long_ttl();
+    let (a, b) = (t.a.path.clone(), t.b.path.clone());
+    fs::create_dir(a.join("d")).expect("A: mkdir d");
+    assert_eq!(names(&b.join("d")), Vec::<String>::new(), "B: d empty");
+    let want: Vec<String> = {
+        let mut v: Vec<String> = (0..200).map(|i| format!("f{i:03}")).collect();
+        v.sort();
+        v
+    };
+    for n in &want {
+        write_closed(&a.join("d").join(n), n.as_bytes());
+    }
+    assert_eq!(names(&a.join("d")), want, "A: its own listing right after");
+    assert_eq!(names(&b.join("d")), want, "B: A's names right after");
+    assert_eq!(fs::read(b.join("d/f123")).expect("B: read"), b"f123");
+
+    // Made and at once renamed over, or removed, on the same mount.
+    for i in 0..50 {
+        let tmp = a.join(format!("d/tmp{i}"));
+        write_closed(&tmp, format!("v{i}").as_bytes());
+        fs::rename(&tmp, a.join("d/f000")).expect("A: rename over f000");
+        write_closed(&a.join("d/gone"), b"x");
+        fs::remove_file(a.join("d/gone")).expect("A: unlink just made");
+    }
+    assert_eq!(
+        names(&b.join("d")),
+        want,
+        "B: after the renames and removals"
+    );
+    assert_eq!(fs::read(b.join("d/f000")).expect("B: read f000"), b"v49");
+
+    // An exclusive create of a name the other mount made a moment ago.
+    for i in 0..20 {
+        let p = format!("e{i}");
+        File::create_new(a.join("d").join(&p)).expect("A: create_new");
+        expect_errno(
+            File::create_new(b.join("d").join(&p)),
+            libc::EEXIST,
+            "B: create_new of a name A just made",
+        );
+    }
+
+    // fsync of the directory, then many creates and the unmount at once.
+    let dir = File::open(a.join("d")).expect("A: open d");
+    dir.sync_all().expect("A: fsync d");
+    drop(dir);
+    fs::create_dir(a.join("many")).expect("A: mkdir many");
+    for i in 0..300 {
+        drop(File::create(a.join(format!("many/m{i}"))).expect("A: create"));
+    }
+    let TwoMounts { a: ma, b: mb, c } = t;
+    drop(ma);
+    drop(mb);
+    let o = common::morris(&["fsck", c.addr(0)]);
+    let out = common::both(&o);
+    assert!(
+        o.status.success(),
+        "fsck after the unmount: {out}\n{}",
+        c.logs()
+    );
+    assert!(out.contains("0 unreachable inodes"), "{out}");
+    let m = c.mount();
+    assert_eq!(
+        names(&m.path.join("many")).len(),
+        300,
+        "a new mount: every name"
+    );
+}
+
+/// A create answers once the new inode is stored: with the directory's
+/// server stopped (`SIGSTOP`: connected, answering nothing), an empty
+/// file, a directory (with an empty file in it) and a symlink are made there,
+/// and the mount answers for them; once the server runs again the names
+/// land and the other mount sees them.
+#[test]
+fn a_create_answers_before_its_directorys_server_has_the_name() {
+    let t = Two::long_ttl();
+    let (a, b) = (t.a.path.clone(), t.b.path.clone());
+    fs::create_dir(a.join("d")).expect("A: mkdir d");
+    // Warm: A holds d's write lease and knows d whole (it made it).
+    write_closed(&a.join("d/warm"), b"");
+    let ino = fs::metadata(a.join("d")).expect("A: stat d").ino();
+    let owner = (ino % 4) as usize;
+    let pid = t.c.pids()[owner].expect("the directory's server runs");
+    common::signal(pid, libc::SIGSTOP);
+    let maker = {
+        let d = a.join("d");
+        std::thread::spawn(move || {
+            let p = d.join("made-while-stopped");
+            let f = File::create_new(&p).map_err(|e| format!("create: {e}"))?;
+            close_checked(f).map_err(|e| format!("close: {e}"))?;
+            fs::create_dir(d.join("sub")).map_err(|e| format!("mkdir: {e}"))?;
+            // (Empty: a byte might be due at the stopped server.)
+            let f =
+                File::create_new(d.join("sub/inner")).map_err(|e| format!("create inner: {e}"))?;
+            close_checked(f).map_err(|e| format!("close inner: {e}"))?;
+            std::os::unix::fs::symlink("warm", d.join("ln"))
+                .map_err(|e| format!("symlink: {e}"))?;
+            fs::metadata(&p)
+                .map(|m| m.len())
+                .map_err(|e| format!("stat: {e}"))
+        })
+    };
+    // Bounded, so that the server is always resumed; no timing is asserted.
+    let start = std::time::Instant::now();
+    while !maker.is_finished() && start.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let finished = maker.is_finished();
+    common::signal(pid, libc::SIGCONT);
+    assert!(
+        finished,
+        "the create waited for the stopped directory server\n{}",
+        t.logs()
+    );
+    assert_eq!(maker.join().expect("maker thread"), Ok(0));
+    assert_eq!(
+        names(&b.join("d")),
+        vec!["ln", "made-while-stopped", "sub", "warm"],
+        "B: after the server runs again"
+    );
+    assert_eq!(names(&b.join("d/sub")), vec!["inner"], "B: d/sub");
+    assert_eq!(
+        fs::read_link(b.join("d/ln")).expect("B: readlink"),
+        Path::new("warm")
+    );
+    assert_eq!(
+        fs::metadata(b.join("d")).expect("B: stat d").nlink(),
+        3,
+        "d holds sub"
+    );
+}

@@ -21,6 +21,7 @@
 //! (one task per inode at a time, `store_lock`), and at most
 //! [`MAX_PENDING`] run at once: a caller waits for a free place first.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -33,12 +34,27 @@ use crate::leases::FastMap;
 /// Deferred steps in flight at once per client.
 pub(crate) const MAX_PENDING: usize = 256;
 
-/// The deferred steps of one client, counted per inode.
+/// What a deferred step leaves behind on an inode until it lands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Its link count is lowered after the answer (`DropLink`): the
+    /// attributes cached here are behind.
+    Attrs = 0,
+    /// A directory whose entries at its owner are behind this client's
+    /// (a create's `Link`): every other request about it waits.
+    Entries = 1,
+    /// A file whose first name is not stored yet (a create's `Link`).
+    Named = 2,
+}
+
+/// The deferred steps of one client, counted per inode and kind.
 pub(crate) struct Deferred {
-    counts: Mutex<FastMap<FileId, usize>>,
+    counts: Mutex<FastMap<FileId, [usize; 3]>>,
     total: AtomicUsize,
     done: Notify,
     room: Arc<Semaphore>,
+    /// Files whose create answered but whose name never landed.
+    lost: Mutex<HashSet<FileId>>,
 }
 
 impl Default for Deferred {
@@ -48,14 +64,15 @@ impl Default for Deferred {
             total: AtomicUsize::new(0),
             done: Notify::new(),
             room: Arc::new(Semaphore::new(MAX_PENDING)),
+            lost: Mutex::new(HashSet::new()),
         }
     }
 }
 
-/// One deferred step on an inode; dropping it marks the step done.
+/// One deferred step; dropping it marks the step done.
 pub(crate) struct Pending {
     of: Arc<Deferred>,
-    id: FileId,
+    on: Vec<(FileId, Step)>,
     _room: Option<OwnedSemaphorePermit>,
 }
 
@@ -63,10 +80,12 @@ impl Drop for Pending {
     fn drop(&mut self) {
         {
             let mut m = self.of.counts.lock();
-            if let Some(n) = m.get_mut(&self.id) {
-                *n -= 1;
-                if *n == 0 {
-                    m.remove(&self.id);
+            for &(id, step) in &self.on {
+                if let Some(n) = m.get_mut(&id) {
+                    n[step as usize] = n[step as usize].saturating_sub(1);
+                    if n.iter().all(|&c| c == 0) {
+                        m.remove(&id);
+                    }
                 }
             }
         }
@@ -76,35 +95,52 @@ impl Drop for Pending {
 }
 
 impl Deferred {
-    /// Registers a step on `id`, once there is room for one more.
-    pub(crate) async fn begin(self: &Arc<Self>, id: FileId) -> Pending {
+    /// Registers a step that leaves `on` behind, once there is room for
+    /// one more.
+    pub(crate) async fn begin(self: &Arc<Self>, on: &[(FileId, Step)]) -> Pending {
         // (The semaphore is never closed: `None` cannot happen.)
         let room = self.room.clone().acquire_owned().await.ok();
         self.total.fetch_add(1, Ordering::SeqCst);
-        *self.counts.lock().entry(id).or_insert(0) += 1;
+        {
+            let mut m = self.counts.lock();
+            for &(id, step) in on {
+                m.entry(id).or_insert([0; 3])[step as usize] += 1;
+            }
+        }
         Pending {
             of: self.clone(),
-            id,
+            on: on.to_vec(),
             _room: room,
         }
     }
 
-    /// Steps still pending on `id`.
-    fn pending(&self, id: FileId) -> bool {
-        self.total.load(Ordering::SeqCst) > 0 && self.counts.lock().contains_key(&id)
+    /// Steps of the kinds `kinds` still pending on `id`.
+    fn pending(&self, id: FileId, kinds: &[Step]) -> bool {
+        if self.total.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
+        let m = self.counts.lock();
+        m.get(&id)
+            .is_some_and(|n| kinds.iter().any(|&k| n[k as usize] > 0))
     }
 
-    /// Waits until no step is pending on `id` (at once when none is).
-    pub(crate) async fn settled(&self, id: FileId) {
+    /// Waits until no step of the kinds `kinds` is pending on `id` (at
+    /// once when none is).
+    pub(crate) async fn settled_for(&self, id: FileId, kinds: &[Step]) {
         loop {
             let done = self.done.notified();
             tokio::pin!(done);
             done.as_mut().enable();
-            if !self.pending(id) {
+            if !self.pending(id, kinds) {
                 return;
             }
             done.await;
         }
+    }
+
+    /// Waits until the attributes cached for `id` are no longer behind.
+    pub(crate) async fn settled(&self, id: FileId) {
+        self.settled_for(id, &[Step::Attrs]).await;
     }
 
     /// Waits until no step is pending on any inode.
@@ -119,6 +155,22 @@ impl Deferred {
             done.await;
         }
     }
+
+    /// Records that the create of `id` answered but its name never landed.
+    pub(crate) fn mark_lost(&self, id: FileId) {
+        self.lost.lock().insert(id);
+    }
+
+    /// Whether `id`'s create answered but its name never landed (its
+    /// `fsync` and close then fail).
+    pub(crate) fn is_lost(&self, id: FileId) -> bool {
+        self.lost.lock().contains(&id)
+    }
+
+    /// Forgets `id` (its last close).
+    pub(crate) fn forget_lost(&self, id: FileId) {
+        self.lost.lock().remove(&id);
+    }
 }
 
 #[cfg(test)]
@@ -129,9 +181,9 @@ mod tests {
     #[tokio::test]
     async fn settled_waits_for_the_inodes_own_steps_only() {
         let d = Arc::new(Deferred::default());
-        let a = d.begin(7).await;
-        let b = d.begin(7).await;
-        let other = d.begin(8).await;
+        let a = d.begin(&[(7, Step::Attrs)]).await;
+        let b = d.begin(&[(7, Step::Attrs)]).await;
+        let other = d.begin(&[(8, Step::Attrs)]).await;
         // Nothing pending on 9.
         tokio::time::timeout(Duration::from_secs(1), d.settled(9))
             .await
@@ -162,15 +214,46 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn each_kind_is_waited_for_by_its_own_waiters() {
+        let d = Arc::new(Deferred::default());
+        let create = d.begin(&[(1, Step::Entries), (2, Step::Named)]).await;
+        // The directory's attributes are not behind: no wait.
+        tokio::time::timeout(Duration::from_secs(1), d.settled(1))
+            .await
+            .unwrap();
+        let dir = {
+            let d = d.clone();
+            tokio::spawn(async move { d.settled_for(1, &[Step::Entries]).await })
+        };
+        let file = {
+            let d = d.clone();
+            tokio::spawn(async move { d.settled_for(2, &[Step::Named, Step::Attrs]).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!dir.is_finished() && !file.is_finished());
+        drop(create);
+        for w in [dir, file] {
+            tokio::time::timeout(Duration::from_secs(1), w)
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        d.mark_lost(2);
+        assert!(d.is_lost(2) && !d.is_lost(1));
+        d.forget_lost(2);
+        assert!(!d.is_lost(2));
+    }
+
+    #[tokio::test]
     async fn a_caller_waits_for_room() {
         let d = Arc::new(Deferred::default());
         let mut held = Vec::new();
         for i in 0..MAX_PENDING {
-            held.push(d.begin(i as u64).await);
+            held.push(d.begin(&[(i as u64, Step::Attrs)]).await);
         }
         let next = {
             let d = d.clone();
-            tokio::spawn(async move { d.begin(1_000_000).await })
+            tokio::spawn(async move { d.begin(&[(1_000_000, Step::Attrs)]).await })
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!next.is_finished(), "no room until one step ends");

@@ -10,6 +10,8 @@
 //! Every operation that changes several inodes takes their write leases in
 //! ascending id order ([`Leases::lock_many`]), the paper's fixed lock order.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use morris_proto::home::is_cache_id;
 use morris_proto::{
@@ -17,6 +19,7 @@ use morris_proto::{
     MAX_NAME_LEN, MAX_SYMLINK_LEN, ROOT_ID,
 };
 
+use crate::deferred::Step;
 use crate::leases::{pick, LeaseGuard, Mode};
 use crate::perm::{check_delete, check_setattr, W_OK, X_OK};
 use crate::pool::unexpected;
@@ -117,8 +120,20 @@ impl Client {
     }
 
     /// Sends a metadata request about `id` to the server that serves its
-    /// range now (`Pool::call_range`).
+    /// range now (`Pool::call_range`). A directory whose new names this
+    /// client is still storing gets every other request after them
+    /// (`deferred.rs`); a lookup need not wait, as the names on their way
+    /// are answered here.
     pub(crate) async fn call_owner(&self, id: FileId, req: Request) -> Result<Reply> {
+        if !matches!(req, Request::Lookup { .. }) {
+            self.deferred.settled_for(id, &[Step::Entries]).await;
+        }
+        self.call_owner_now(id, req).await
+    }
+
+    /// [`Client::call_owner`] without waiting for deferred steps (they
+    /// send their own requests with it).
+    pub(crate) async fn call_owner_now(&self, id: FileId, req: Request) -> Result<Reply> {
         let range = self.layout.inode_server(id);
         Ok(self.pool.call_range(range, req, Bytes::new()).await?.1)
     }
@@ -479,6 +494,11 @@ impl Client {
             .await?;
         self.leases
             .install_granted(Mode::Write, inode.clone(), fence, xattrs);
+        let me = self.me.get().and_then(std::sync::Weak::upgrade);
+        if let Some(me) = me.filter(|_| self.config.creates_behind && dir_inode.home.is_none()) {
+            me.link_later(g, name, &inode).await;
+            return Ok(inode);
+        }
         let linked = self
             .dir_call(
                 &g,
@@ -751,7 +771,7 @@ impl Client {
             ino: cg.handle(),
             op: self.pool.next_op(),
         };
-        let inode = inode_reply(self.call_owner(id, req).await?)?;
+        let inode = inode_reply(self.call_owner_now(id, req).await?)?;
         let orphan = inode.attr.nlink == 0;
         let h = inode.handle();
         self.leases.refreshed(&cg.entry, inode);
@@ -761,12 +781,97 @@ impl Client {
         Ok(())
     }
 
+    /// The entry naming a new object, stored after the create has answered
+    /// (`deferred.rs`): this client's cached directory has it at once
+    /// (with the directory's size and times moved as its owner moves
+    /// them), and a task keeps the use `g` of the directory's write lease
+    /// until the owner has stored it, so another client that asks for the
+    /// directory waits for it. If it never lands (this client lost its
+    /// lease and another took the name meanwhile), the new inode is
+    /// removed and the file's `fsync` and close fail with `EIO`.
+    async fn link_later(self: Arc<Self>, g: LeaseGuard, name: &[u8], inode: &Inode) {
+        let (dir, child, kind) = (g.entry.id, inode.handle(), inode.attr.kind);
+        let entry = DirEntry {
+            name: name.to_vec(),
+            child,
+            kind,
+            cookie: 0,
+        };
+        {
+            let mut st = g.entry.state.lock();
+            st.changed();
+            st.names.insert(name.to_vec(), Some(entry));
+            let now = Timestamp::now();
+            let a = &mut st.inode.attr;
+            a.size = a.size.saturating_add(1);
+            if kind == FileKind::Dir {
+                // As the owner counts a new subdirectory.
+                a.nlink = a.nlink.saturating_add(1).max(2);
+            }
+            a.mtime = now;
+            a.ctime = now;
+        }
+        let pending = self
+            .deferred
+            .begin(&[(dir, Step::Entries), (child.id, Step::Named)])
+            .await;
+        let req = Request::Link {
+            dir: g.handle(),
+            name: name.to_vec(),
+            child,
+            kind,
+            replace: None,
+            op: self.pool.next_op(),
+        };
+        let name = name.to_vec();
+        let me = self;
+        tokio::spawn(async move {
+            let res = me.call_owner_now(dir, req).await;
+            let err = match res {
+                Ok(Reply::Removed { .. }) => None,
+                Ok(other) => Some(unexpected(&other)),
+                Err(e) => Some(e),
+            };
+            if let Some(e) = err {
+                tracing::error!(
+                    dir,
+                    ino = child.id,
+                    name = %String::from_utf8_lossy(&name),
+                    error = %e,
+                    "a created file's name was not stored: the file is removed, its fsync and close fail"
+                );
+                {
+                    let mut st = g.entry.state.lock();
+                    st.changed();
+                    st.names.remove(&name);
+                    st.complete = false;
+                    st.attr_valid = false;
+                }
+                me.deferred.mark_lost(child.id);
+                if let Some(inv) = me.leases.invalidator() {
+                    inv.entry(dir, &name);
+                }
+                let _ = me
+                    .call_owner_now(
+                        child.id,
+                        Request::DeleteInode {
+                            ino: child,
+                            op: me.pool.next_op(),
+                        },
+                    )
+                    .await;
+            }
+            drop(g);
+            drop(pending);
+        });
+    }
+
     /// [`Client::drop_link`] after the caller has its answer, in a task
     /// that keeps the use of `cg`'s lease until the owner has answered
     /// (`deferred.rs`). A failure there is logged: the inode then keeps a
     /// link count one too high, with no entry naming it, until fsck.
     async fn drop_link_later(&self, cg: LeaseGuard) -> Result<()> {
-        let pending = self.deferred.begin(cg.entry.id).await;
+        let pending = self.deferred.begin(&[(cg.entry.id, Step::Attrs)]).await;
         let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
             return self.drop_link(&cg).await;
         };

@@ -19,6 +19,7 @@ use morris_proto::{ErrorCode, FileId, FileKind, Handle, Reply, Request, Timestam
 /// A block fetch in flight or done; cloneable so a block can serve two reads.
 type Fetch = Shared<BoxFuture<'static, Result<Bytes>>>;
 
+use crate::deferred::Step;
 use crate::leases::{LeaseEntry, LeaseGuard, Mode};
 use crate::pool::{unexpected, Pool};
 use crate::{Atime, Client, Error, Result};
@@ -292,6 +293,7 @@ impl Client {
         if !closed.last {
             return;
         }
+        self.deferred.forget_lost(h.id);
         self.behind.closed(h.id);
         if closed.recorded {
             if let Err(e) = self.opens.reconcile(h.id).await {
@@ -735,6 +737,7 @@ impl Client {
     /// flush's, until `fh` is released).
     pub(crate) async fn do_flush(&self, fh: u64) -> Result<()> {
         let f = self.open_file(fh)?;
+        self.check_named(f.id)?;
         let mut tries = 0;
         let stored = loop {
             if !self.leases.has_unstored(f.id) && !self.behind.holds(f.id) {
@@ -755,9 +758,25 @@ impl Client {
         }
     }
 
+    /// `EIO` for a file whose create answered but whose name never landed
+    /// (`deferred.rs`): what was written to it is gone with it.
+    fn check_named(&self, id: FileId) -> Result<()> {
+        if self.deferred.is_lost(id) {
+            return Err(Error::new(
+                ErrorCode::Io,
+                format!("file {id} was created but its name could not be stored; it was removed"),
+            ));
+        }
+        Ok(())
+    }
+
     pub(crate) async fn do_fsync(&self, fh: u64, datasync: bool) -> Result<()> {
         let f = self.open_file(fh)?;
-        self.deferred.settled(f.h.id).await;
+        // Its link count and, for a file just made, its name, as on a
+        // local file system whose fsync commits the create with it.
+        self.deferred
+            .settled_for(f.id, &[Step::Attrs, Step::Named])
+            .await;
         self.do_flush(fh).await?;
         if (f.wrote.load(Ordering::Relaxed) || f.write) && self.layout.replicas > 1 {
             let from = f.unsynced_from.swap(u64::MAX, Ordering::Relaxed);
