@@ -91,12 +91,13 @@ pub struct MountTuning {
     /// and mount; each update is a request to the file's server).
     #[arg(long)]
     pub strictatime: bool,
-    /// Answer a file's create only once the entry naming it is stored
-    /// (default: once its inode is; the entry follows at once, and
+    /// Answer a create, unlink or rmdir only once the directory's server
+    /// has stored the entry's change (default: a create once the new inode
+    /// is stored, a removal at once; the change follows at once, and
     /// `fsync` of the file or directory, another mount's look, and the
-    /// unmount wait for it; a mount killed in between loses the name).
+    /// unmount wait for it; a mount killed in between loses it).
     #[arg(long)]
-    pub sync_creates: bool,
+    pub sync_names: bool,
     /// Append a line per FUSE request (time, caller, operation, inode,
     /// result, seconds taken) to FILE; `morris profile FILE` sums it up.
     #[arg(long, value_name = "FILE")]
@@ -123,7 +124,7 @@ impl MountTuning {
         c.name = name;
         // A mount keeps attribute changes with the size (`behind.rs`).
         c.attrs_behind = true;
-        c.creates_behind = !self.sync_creates;
+        c.names_behind = !self.sync_names;
         c
     }
 

@@ -470,7 +470,7 @@ fn a_removed_names_link_count_is_right_at_once_everywhere() {
 }
 
 /// A mount answers a file's create once its inode is stored and stores the
-/// name right after (`creates_behind`, `deferred.rs`): the same mount lists
+/// name right after (`names_behind`, `deferred.rs`): the same mount lists
 /// it, renames and removes it in order; another mount sees every name at
 /// once and cannot make one of them again; an unmount right after leaves
 /// every name stored.
@@ -548,8 +548,8 @@ fn names_of_files_just_created_are_seen_everywhere_at_once() {
 /// A create answers once the new inode is stored: with the directory's
 /// server stopped (`SIGSTOP`: connected, answering nothing), an empty
 /// file, a directory (with an empty file in it) and a symlink are made there,
-/// and the mount answers for them; once the server runs again the names
-/// land and the other mount sees them.
+/// and names removed there, and the mount answers for them; once the
+/// server runs again the changes land and the other mount sees them.
 #[test]
 fn a_create_answers_before_its_directorys_server_has_the_name() {
     let t = Two::long_ttl();
@@ -557,6 +557,7 @@ fn a_create_answers_before_its_directorys_server_has_the_name() {
     fs::create_dir(a.join("d")).expect("A: mkdir d");
     // Warm: A holds d's write lease and knows d whole (it made it).
     write_closed(&a.join("d/warm"), b"");
+    write_closed(&a.join("d/old"), b"");
     let ino = fs::metadata(a.join("d")).expect("A: stat d").ino();
     let owner = (ino % 4) as usize;
     let pid = t.c.pids()[owner].expect("the directory's server runs");
@@ -574,6 +575,11 @@ fn a_create_answers_before_its_directorys_server_has_the_name() {
             close_checked(f).map_err(|e| format!("close inner: {e}"))?;
             std::os::unix::fs::symlink("warm", d.join("ln"))
                 .map_err(|e| format!("symlink: {e}"))?;
+            // Made and removed again, and a name from before removed.
+            let f = File::create_new(d.join("gone")).map_err(|e| format!("create gone: {e}"))?;
+            close_checked(f).map_err(|e| format!("close gone: {e}"))?;
+            fs::remove_file(d.join("gone")).map_err(|e| format!("unlink gone: {e}"))?;
+            fs::remove_file(d.join("old")).map_err(|e| format!("unlink old: {e}"))?;
             fs::metadata(&p)
                 .map(|m| m.len())
                 .map_err(|e| format!("stat: {e}"))

@@ -1,33 +1,33 @@
 //! Namespace steps finished after the operation has answered its caller.
 //!
-//! An unlink is two ordered changes on (usually) two servers: the entry
-//! goes at the directory's owner (`Unlink`), then the inode's link count
-//! at the inode's owner (`DropLink`, `fs.rs` `drop_link`). Once the entry
-//! is gone the name is gone for everyone, so the caller is answered then
-//! and the `DropLink` follows in a task of its own ([`Client::defer`]):
-//! an `rm -rf` waits for one server round trip per file, not two.
+//! A create is `CreateInode` then `Link`, an unlink `Unlink` then
+//! `DropLink`, usually at two servers. While this client holds the write
+//! leases of the directory (and of the removed object), nobody else can
+//! see what the later steps change, so a mount answers early and sends
+//! them in a task that keeps a use of those leases until they land
+//! (`fs.rs`: `link_later`, `unlink_later`, `drop_link_later`; the table
+//! and the failure cases are in docs/architecture.md, "Steps finished
+//! after the answer"). This module counts what is on its way, per inode
+//! and kind ([`Step`]), for whoever must wait for it:
 //!
-//! What keeps that invisible:
-//!
-//! | who could see the link count before the `DropLink` lands | what makes them wait |
+//! | kind left behind | who waits for it |
 //! |---|---|
-//! | another client (it needs a lease on the inode) | the task holds a use of this client's write lease on the inode until the `DropLink` is answered, so the recall, and the other client, wait for it (`leases.rs`) |
-//! | this client: `getattr`, `setattr`, a listing's attributes, a new hard link, a rename | they wait for the inode's pending steps first ([`Deferred::settled`]) |
-//! | `fsync` of the file, unmount | the same; unmount waits for every pending step |
+//! | [`Step::Attrs`]: a link count still dropping | this client's `getattr`, lookup, open, `setattr`, link, listing attributes of the object; its `fsync` |
+//! | [`Step::Entries`]: a directory's entries at its owner behind this client's | every request about the directory but a lookup (`Client::call_owner`); its `fsync` |
+//! | [`Step::Named`]: a new object's name still on its way | its `fsync` |
 //!
-//! A crash between the two steps leaves what it always did: an inode no
-//! entry names, with a link count one too high, which `morris fsck`
-//! reclaims. The steps of one inode run in the order they were deferred
-//! (one task per inode at a time, `store_lock`), and at most
-//! [`MAX_PENDING`] run at once: a caller waits for a free place first.
+//! Two changes of one name go in the order they were made ([`NameTurn`]);
+//! the unmount waits for everything; at most [`MAX_PENDING`] steps are on
+//! their way at once (a caller waits for room first).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use futures::future::{FutureExt, Shared};
 use morris_proto::FileId;
 use parking_lot::Mutex;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::leases::FastMap;
 
@@ -55,6 +55,42 @@ pub(crate) struct Deferred {
     room: Arc<Semaphore>,
     /// Files whose create answered but whose name never landed.
     lost: Mutex<HashSet<FileId>>,
+    /// The last deferred change of each (directory, name) still on its
+    /// way: the next one of the same name goes after it.
+    names: Mutex<FastMap<(FileId, Vec<u8>), Done>>,
+}
+
+/// Resolves once a deferred change of a name has landed (or failed).
+type Done = Shared<oneshot::Receiver<()>>;
+
+/// A deferred change of one name: its place after the earlier changes of
+/// the same name (a removal after the create it follows, a create after
+/// the removal of the same name). Dropping it lets the next one go.
+pub(crate) struct NameTurn {
+    of: Arc<Deferred>,
+    key: (FileId, Vec<u8>),
+    prev: Option<Done>,
+    done: Done,
+    _mine: oneshot::Sender<()>,
+}
+
+impl NameTurn {
+    /// Waits until the earlier changes of the same name have landed.
+    pub(crate) async fn wait(&mut self) {
+        if let Some(p) = self.prev.take() {
+            // A dropped sender (`Err`) means landed, too.
+            let _ = p.await;
+        }
+    }
+}
+
+impl Drop for NameTurn {
+    fn drop(&mut self) {
+        let mut m = self.of.names.lock();
+        if m.get(&self.key).is_some_and(|d| d.ptr_eq(&self.done)) {
+            m.remove(&self.key);
+        }
+    }
 }
 
 impl Default for Deferred {
@@ -65,6 +101,7 @@ impl Default for Deferred {
             done: Notify::new(),
             room: Arc::new(Semaphore::new(MAX_PENDING)),
             lost: Mutex::new(HashSet::new()),
+            names: Mutex::new(FastMap::default()),
         }
     }
 }
@@ -156,6 +193,22 @@ impl Deferred {
         }
     }
 
+    /// Takes the next turn of `name` in `dir` (call in the order the
+    /// changes were made: under the directory's `dir_locks`).
+    pub(crate) fn turn(self: &Arc<Self>, dir: FileId, name: &[u8]) -> NameTurn {
+        let (tx, rx) = oneshot::channel();
+        let done = rx.shared();
+        let key = (dir, name.to_vec());
+        let prev = self.names.lock().insert(key.clone(), done.clone());
+        NameTurn {
+            of: self.clone(),
+            key,
+            prev,
+            done,
+            _mine: tx,
+        }
+    }
+
     /// Records that the create of `id` answered but its name never landed.
     pub(crate) fn mark_lost(&self, id: FileId) {
         self.lost.lock().insert(id);
@@ -242,6 +295,35 @@ mod tests {
         assert!(d.is_lost(2) && !d.is_lost(1));
         d.forget_lost(2);
         assert!(!d.is_lost(2));
+    }
+
+    #[tokio::test]
+    async fn changes_of_one_name_go_in_turn_and_others_do_not_wait() {
+        let d = Arc::new(Deferred::default());
+        let first = d.turn(1, b"a");
+        let mut second = d.turn(1, b"a");
+        let mut other = d.turn(1, b"b");
+        tokio::time::timeout(Duration::from_secs(1), other.wait())
+            .await
+            .unwrap();
+        let waiter = tokio::spawn(async move {
+            second.wait().await;
+            second
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(
+            !waiter.is_finished(),
+            "a's second change waits for its first"
+        );
+        drop(first);
+        let second = tokio::time::timeout(Duration::from_secs(1), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(d.names.lock().len(), 2, "a's second and b are on their way");
+        drop(second);
+        drop(other);
+        assert!(d.names.lock().is_empty(), "nothing left once all landed");
     }
 
     #[tokio::test]

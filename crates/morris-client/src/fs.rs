@@ -106,6 +106,20 @@ fn take(mut guards: Vec<LeaseGuard>, id: FileId) -> Result<LeaseGuard> {
     }
 }
 
+/// The guards on `a` and `b` out of `guards`; the others are dropped.
+fn take_two(mut guards: Vec<LeaseGuard>, a: FileId, b: FileId) -> Result<(LeaseGuard, LeaseGuard)> {
+    let at = guards.iter().position(|g| g.entry.id == a);
+    let ga = at.map(|i| guards.swap_remove(i));
+    let gb = take(guards, b)?;
+    match ga {
+        Some(ga) => Ok((ga, gb)),
+        None => Err(Error::new(
+            ErrorCode::NoLease,
+            format!("no lease taken on {a}"),
+        )),
+    }
+}
+
 /// The inode and fence number of a write grant (`CreateInode`).
 fn leased_reply(r: Reply) -> Result<(Inode, u64)> {
     match r {
@@ -495,7 +509,7 @@ impl Client {
         self.leases
             .install_granted(Mode::Write, inode.clone(), fence, xattrs);
         let me = self.me.get().and_then(std::sync::Weak::upgrade);
-        if let Some(me) = me.filter(|_| self.config.creates_behind && dir_inode.home.is_none()) {
+        if let Some(me) = me.filter(|_| self.config.names_behind && dir_inode.home.is_none()) {
             me.link_later(g, name, &inode).await;
             return Ok(inode);
         }
@@ -815,6 +829,7 @@ impl Client {
             .deferred
             .begin(&[(dir, Step::Entries), (child.id, Step::Named)])
             .await;
+        let mut turn = self.deferred.turn(dir, name);
         let req = Request::Link {
             dir: g.handle(),
             name: name.to_vec(),
@@ -826,7 +841,9 @@ impl Client {
         let name = name.to_vec();
         let me = self;
         tokio::spawn(async move {
+            turn.wait().await;
             let res = me.call_owner_now(dir, req).await;
+            drop(turn);
             let err = match res {
                 Ok(Reply::Removed { .. }) => None,
                 Ok(other) => Some(unexpected(&other)),
@@ -862,6 +879,89 @@ impl Client {
                     .await;
             }
             drop(g);
+            drop(pending);
+        });
+    }
+
+    /// An entry removed after the unlink or rmdir has answered
+    /// (`deferred.rs`): this client's cached directory has lost it at once
+    /// (with the directory's size, link count and times moved as its owner
+    /// moves them), and a task keeps the uses `dg` and `cg` of the
+    /// directory's and the object's write leases until the owners have
+    /// stored the removal (`Unlink`) and then the link count (`DropLink`),
+    /// after any earlier change of the same name.
+    async fn unlink_later(
+        self: Arc<Self>,
+        dg: LeaseGuard,
+        cg: LeaseGuard,
+        name: &[u8],
+        kind: FileKind,
+    ) {
+        let (dir, child) = (dg.entry.id, cg.entry.id);
+        {
+            let mut st = dg.entry.state.lock();
+            st.changed();
+            st.names.insert(name.to_vec(), None);
+            let now = Timestamp::now();
+            let a = &mut st.inode.attr;
+            a.size = a.size.saturating_sub(1);
+            if kind == FileKind::Dir {
+                a.nlink = a.nlink.saturating_sub(1).max(2);
+            }
+            a.mtime = now;
+            a.ctime = now;
+        }
+        if let Some(inv) = self.leases.invalidator() {
+            inv.entry(dir, name);
+        }
+        let pending = self
+            .deferred
+            .begin(&[(dir, Step::Entries), (child, Step::Attrs)])
+            .await;
+        let mut turn = self.deferred.turn(dir, name);
+        let req = Request::Unlink {
+            dir: dg.handle(),
+            name: name.to_vec(),
+            expect: Some(child),
+            op: self.pool.next_op(),
+        };
+        let name = name.to_vec();
+        let me = self;
+        tokio::spawn(async move {
+            turn.wait().await;
+            let res = me.call_owner_now(dir, req).await;
+            drop(turn);
+            match res {
+                Ok(Reply::Removed { .. }) => {
+                    drop(dg);
+                    if let Err(e) = me.drop_link(&cg).await {
+                        tracing::warn!(
+                            ino = child,
+                            error = %e,
+                            "the link count of a removed entry's inode was not lowered: fsck reclaims it"
+                        );
+                    }
+                }
+                res => {
+                    let e = match res {
+                        Ok(other) => unexpected(&other),
+                        Err(e) => e,
+                    };
+                    tracing::error!(
+                        dir,
+                        ino = child,
+                        name = %String::from_utf8_lossy(&name),
+                        error = %e,
+                        "a removed name was not removed at its directory's server"
+                    );
+                    let mut st = dg.entry.state.lock();
+                    st.changed();
+                    st.names.remove(&name);
+                    st.complete = false;
+                    st.attr_valid = false;
+                }
+            }
+            drop(cg);
             drop(pending);
         });
     }
@@ -958,6 +1058,12 @@ impl Client {
             check_delete(&dg.inode(), acl.as_ref(), &cg.inode(), caller)?;
             if want_dir && !self.is_empty_dir(cg).await? {
                 return Err(Error::new(ErrorCode::NotEmpty, "directory not empty"));
+            }
+            let me = self.me.get().and_then(std::sync::Weak::upgrade);
+            if let Some(me) = me.filter(|_| self.config.names_behind && dg.inode().home.is_none()) {
+                let (dg, cg) = take_two(gs, dir, e.child.id)?;
+                me.unlink_later(dg, cg, name, e.kind).await;
+                return Ok(());
             }
             // Removing: the entry first.
             let reply = self

@@ -149,15 +149,17 @@ pub struct ClientConfig {
     /// SETATTR stored when answered); mounts turn it on.
     pub attrs_behind: bool,
     /// Answer a create (file, directory, symlink, device node) once its
-    /// inode is stored, and store the entry naming it (`Link`) right afterwards, under the
+    /// inode is stored, and an unlink or rmdir at once, and store the
+    /// entry's change (`Link`, `Unlink`) right afterwards, under the
     /// directory's write lease (`deferred.rs`): one server round trip per
-    /// create instead of two. Another client sees the name at once (its
-    /// lease recalls this one's, which waits for the entry); `fsync` of the
-    /// file or its directory and unmount wait for it; a client killed in
-    /// that moment loses the name (the inode is left for fsck to reclaim).
-    /// Off by default (the NFS gateway: NFSv3 wants a CREATE stored when
-    /// answered); mounts turn it on unless `--sync-creates`.
-    pub creates_behind: bool,
+    /// create instead of two, none per removal instead of two. Another
+    /// client sees the change at once (its lease recalls this one's, which
+    /// waits for it); `fsync` of the file or its directory and unmount
+    /// wait for it; a client killed in that moment loses it (a nameless
+    /// inode, or a link count one too high, left for fsck). Off by default
+    /// (the NFS gateway: NFSv3 wants CREATE and REMOVE stored when
+    /// answered); mounts turn it on unless `--sync-names`.
+    pub names_behind: bool,
     /// Bytes a second this client copies at most when it resyncs or
     /// rebuilds a server's copies (0: no limit), so that what others read
     /// keeps most of the disks and links.
@@ -189,7 +191,7 @@ impl ClientConfig {
             max_cached_leases: 100_000,
             atime: Atime::Relative,
             attrs_behind: false,
-            creates_behind: false,
+            names_behind: false,
             copy_rate: 0,
         }
     }
@@ -852,7 +854,7 @@ impl Client {
 
     /// Makes the names made and removed in directory `dir` durable
     /// (`fsync` of a directory): waits for the entries this client is
-    /// still storing there (`ClientConfig::creates_behind`); every other
+    /// still storing there (`ClientConfig::names_behind`); every other
     /// change of a directory is stored before it is answered.
     pub async fn fsync_dir(&self, dir: FileId) -> Result<()> {
         self.deferred

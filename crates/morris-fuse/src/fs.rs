@@ -964,7 +964,7 @@ impl Filesystem for MorrisFs {
         reply: ReplyEmpty,
     ) {
         // Names of new files still on their way to the directory's owner
-        // (`creates_behind`); every other namespace change is stored by
+        // (`names_behind`); every other namespace change is stored by
         // its server before it is answered.
         self.spawn("fsyncdir", req, ino.0, move |s| async move {
             match s.client.fsync_dir(ino.0).await {
