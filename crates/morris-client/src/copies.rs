@@ -226,7 +226,14 @@ impl Client {
         payload: Bytes,
         fence: Option<Fence>,
     ) -> Result<(Reply, Bytes)> {
-        if self.pool.recently_down(server) {
+        // A create that gets no answer in time says the server's metadata
+        // range is stalled (e.g. waiting for a silent copy), not that its
+        // blocks cannot be written: it only sends the next creates
+        // elsewhere for a while.
+        let creating = matches!(req, Request::CreateInode { .. });
+        if self.pool.recently_down(server)
+            || (creating && self.pool.recently_slow_to_create(server))
+        {
             return Err(Error::new(
                 ErrorCode::Unavailable,
                 format!("server {server} did not answer recently"),
@@ -268,7 +275,11 @@ impl Client {
             )),
         };
         if matches!(&r, Err(e) if e.code == ErrorCode::Unavailable) {
-            self.pool.mark_down(server);
+            if creating {
+                self.pool.mark_slow_to_create(server);
+            } else {
+                self.pool.mark_down(server);
+            }
         }
         r
     }

@@ -89,6 +89,9 @@ struct Slot {
     /// When a copy request to this server last failed for want of an
     /// answer (ns since the pool started; 0: not since it last answered).
     down_since: AtomicU64,
+    /// When a `CreateInode` there last got no answer in time (0: not
+    /// since it was last heard from): creates go elsewhere meanwhile.
+    slow_since: AtomicU64,
     /// When connecting to this server was first refused since it last
     /// answered (ns since the pool started; 0: it answers).
     refused_since: AtomicU64,
@@ -290,6 +293,7 @@ impl Pool {
                     last_ok: AtomicU64::new(0),
                     renewing: std::sync::atomic::AtomicBool::new(false),
                     down_since: AtomicU64::new(0),
+                    slow_since: AtomicU64::new(0),
                     refused_since: AtomicU64::new(0),
                 })
                 .collect(),
@@ -742,6 +746,7 @@ impl Pool {
         if let Some(s) = self.slots.get(i as usize) {
             s.last_ok.fetch_max(sent, Ordering::SeqCst);
             s.down_since.store(0, Ordering::Relaxed);
+            s.slow_since.store(0, Ordering::Relaxed);
             s.refused_since.store(0, Ordering::Relaxed);
         }
     }
@@ -772,6 +777,26 @@ impl Pool {
         if let Some(s) = self.slots.get(i as usize) {
             s.down_since.store(self.now_ns().max(1), Ordering::Relaxed);
         }
+    }
+
+    /// Records that a `CreateInode` at server `i` got no answer in time. A
+    /// server whose metadata range waits for a silent copy answers its
+    /// creates late but its block writes at once, so this is not
+    /// [`Pool::mark_down`], which makes copy writes pass the server over.
+    pub(crate) fn mark_slow_to_create(&self, i: u32) {
+        if let Some(s) = self.slots.get(i as usize) {
+            s.slow_since.store(self.now_ns().max(1), Ordering::Relaxed);
+        }
+    }
+
+    /// True if a `CreateInode` at server `i` got no answer within the last
+    /// `DOWN_HOLD` and nothing has been heard from it since.
+    pub(crate) fn recently_slow_to_create(&self, i: u32) -> bool {
+        let Some(s) = self.slots.get(i as usize) else {
+            return false;
+        };
+        let since = s.slow_since.load(Ordering::Relaxed);
+        since != 0 && self.now_ns().saturating_sub(since) < DOWN_HOLD.as_nanos() as u64
     }
 
     /// True if a copy request to server `i` got no answer within the last
