@@ -394,9 +394,27 @@ fn a_paused_client_drops_what_its_expired_leases_protected() {
     );
 }
 
-/// An unlink answers once the entry is gone and lowers the inode's link
-/// count afterwards (`deferred.rs`): nobody may see the count in between,
-/// and an unmount right after many removals leaves none of them undone.
+/// Unmounts both mounts, then checks that fsck finds nothing wrong and no
+/// inode without a name; the volume stays up.
+fn unmount_then_fsck_clean(t: TwoMounts) -> common::Cluster {
+    let TwoMounts { a, b, c } = t;
+    drop(a);
+    drop(b);
+    let o = common::morris(&["fsck", c.addr(0)]);
+    let out = common::both(&o);
+    assert!(
+        o.status.success(),
+        "fsck after the unmount: {out}\n{}",
+        c.logs()
+    );
+    assert!(out.contains("0 unreachable inodes"), "{out}");
+    c
+}
+
+/// A mount answers an unlink before the removal and the inode's lowered
+/// link count are stored (`deferred.rs`): nobody may see the count in
+/// between, and an unmount right after many removals leaves none of them
+/// undone.
 #[test]
 fn a_removed_names_link_count_is_right_at_once_everywhere() {
     let t = Two::long_ttl();
@@ -456,17 +474,7 @@ fn a_removed_names_link_count_is_right_at_once_everywhere() {
     for i in 0..300 {
         fs::remove_file(a.join(format!("many/m{i}"))).expect("A: unlink");
     }
-    let TwoMounts { a: ma, b: mb, c } = t;
-    drop(ma);
-    drop(mb);
-    let o = common::morris(&["fsck", c.addr(0)]);
-    let out = common::both(&o);
-    assert!(
-        o.status.success(),
-        "fsck after the unmount: {out}\n{}",
-        c.logs()
-    );
-    assert!(out.contains("0 unreachable inodes"), "{out}");
+    unmount_then_fsck_clean(t);
 }
 
 /// A mount answers a file's create once its inode is stored and stores the
@@ -526,17 +534,7 @@ fn names_of_files_just_created_are_seen_everywhere_at_once() {
     for i in 0..300 {
         drop(File::create(a.join(format!("many/m{i}"))).expect("A: create"));
     }
-    let TwoMounts { a: ma, b: mb, c } = t;
-    drop(ma);
-    drop(mb);
-    let o = common::morris(&["fsck", c.addr(0)]);
-    let out = common::both(&o);
-    assert!(
-        o.status.success(),
-        "fsck after the unmount: {out}\n{}",
-        c.logs()
-    );
-    assert!(out.contains("0 unreachable inodes"), "{out}");
+    let c = unmount_then_fsck_clean(t);
     let m = c.mount();
     assert_eq!(
         names(&m.path.join("many")).len(),

@@ -161,18 +161,23 @@ impl Deferred {
             .is_some_and(|n| kinds.iter().any(|&k| n[k as usize] > 0))
     }
 
+    /// Waits until `done()` holds, looked at after every step that lands.
+    async fn wait_until(&self, done: impl Fn() -> bool) {
+        loop {
+            let landed = self.done.notified();
+            tokio::pin!(landed);
+            landed.as_mut().enable();
+            if done() {
+                return;
+            }
+            landed.await;
+        }
+    }
+
     /// Waits until no step of the kinds `kinds` is pending on `id` (at
     /// once when none is).
     pub(crate) async fn settled_for(&self, id: FileId, kinds: &[Step]) {
-        loop {
-            let done = self.done.notified();
-            tokio::pin!(done);
-            done.as_mut().enable();
-            if !self.pending(id, kinds) {
-                return;
-            }
-            done.await;
-        }
+        self.wait_until(|| !self.pending(id, kinds)).await;
     }
 
     /// Waits until the attributes cached for `id` are no longer behind.
@@ -182,15 +187,8 @@ impl Deferred {
 
     /// Waits until no step is pending on any inode.
     pub(crate) async fn all_settled(&self) {
-        loop {
-            let done = self.done.notified();
-            tokio::pin!(done);
-            done.as_mut().enable();
-            if self.total.load(Ordering::SeqCst) == 0 {
-                return;
-            }
-            done.await;
-        }
+        self.wait_until(|| self.total.load(Ordering::SeqCst) == 0)
+            .await;
     }
 
     /// Takes the next turn of `name` in `dir` (call in the order the

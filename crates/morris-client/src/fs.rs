@@ -106,6 +106,17 @@ fn take(mut guards: Vec<LeaseGuard>, id: FileId) -> Result<LeaseGuard> {
     }
 }
 
+/// The cached directory under `g` forgets what it knew of `name` and of
+/// its own attributes (a deferred change of that name failed): both are
+/// asked of its owner again.
+fn forget_name(g: &LeaseGuard, name: &[u8]) {
+    let mut st = g.entry.state.lock();
+    st.changed();
+    st.names.remove(name);
+    st.complete = false;
+    st.attr_valid = false;
+}
+
 /// The guards on `a` and `b` out of `guards`; the others are dropped.
 fn take_two(mut guards: Vec<LeaseGuard>, a: FileId, b: FileId) -> Result<(LeaseGuard, LeaseGuard)> {
     let at = guards.iter().position(|g| g.entry.id == a);
@@ -857,13 +868,7 @@ impl Client {
                     error = %e,
                     "a created file's name was not stored: the file is removed, its fsync and close fail"
                 );
-                {
-                    let mut st = g.entry.state.lock();
-                    st.changed();
-                    st.names.remove(&name);
-                    st.complete = false;
-                    st.attr_valid = false;
-                }
+                forget_name(&g, &name);
                 me.deferred.mark_lost(child.id);
                 if let Some(inv) = me.leases.invalidator() {
                     inv.entry(dir, &name);
@@ -954,11 +959,7 @@ impl Client {
                         error = %e,
                         "a removed name was not removed at its directory's server"
                     );
-                    let mut st = dg.entry.state.lock();
-                    st.changed();
-                    st.names.remove(&name);
-                    st.complete = false;
-                    st.attr_valid = false;
+                    forget_name(&dg, &name);
                 }
             }
             drop(cg);
