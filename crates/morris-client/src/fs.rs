@@ -106,6 +106,30 @@ fn take(mut guards: Vec<LeaseGuard>, id: FileId) -> Result<LeaseGuard> {
     }
 }
 
+/// Applies to the cached directory under `g` what its owner's `Link`
+/// (`now` is the new entry) or `Unlink` (`now` is `None`) of an object of
+/// `kind` named `name` will do to it (`store.rs` `link`, `unlink`): the
+/// name, the entry count, a subdirectory's link (never below 2), and
+/// the times.
+fn apply_entry_change(g: &LeaseGuard, name: &[u8], now: Option<DirEntry>, kind: FileKind) {
+    let added = now.is_some();
+    let mut st = g.entry.state.lock();
+    st.changed();
+    st.names.insert(name.to_vec(), now);
+    let t = Timestamp::now();
+    let a = &mut st.inode.attr;
+    let subdir = u32::from(kind == FileKind::Dir);
+    if added {
+        a.size = a.size.saturating_add(1);
+        a.nlink = a.nlink.saturating_add(subdir).max(2);
+    } else {
+        a.size = a.size.saturating_sub(1);
+        a.nlink = a.nlink.saturating_sub(subdir).max(2);
+    }
+    a.mtime = t;
+    a.ctime = t;
+}
+
 /// The cached directory under `g` forgets what it knew of `name` and of
 /// its own attributes (a deferred change of that name failed): both are
 /// asked of its owner again.
@@ -822,20 +846,7 @@ impl Client {
             kind,
             cookie: 0,
         };
-        {
-            let mut st = g.entry.state.lock();
-            st.changed();
-            st.names.insert(name.to_vec(), Some(entry));
-            let now = Timestamp::now();
-            let a = &mut st.inode.attr;
-            a.size = a.size.saturating_add(1);
-            if kind == FileKind::Dir {
-                // As the owner counts a new subdirectory.
-                a.nlink = a.nlink.saturating_add(1).max(2);
-            }
-            a.mtime = now;
-            a.ctime = now;
-        }
+        apply_entry_change(&g, name, Some(entry), kind);
         let pending = self
             .deferred
             .begin(&[(dir, Step::Entries), (child.id, Step::Named)])
@@ -903,19 +914,7 @@ impl Client {
         kind: FileKind,
     ) {
         let (dir, child) = (dg.entry.id, cg.entry.id);
-        {
-            let mut st = dg.entry.state.lock();
-            st.changed();
-            st.names.insert(name.to_vec(), None);
-            let now = Timestamp::now();
-            let a = &mut st.inode.attr;
-            a.size = a.size.saturating_sub(1);
-            if kind == FileKind::Dir {
-                a.nlink = a.nlink.saturating_sub(1).max(2);
-            }
-            a.mtime = now;
-            a.ctime = now;
-        }
+        apply_entry_change(&dg, name, None, kind);
         if let Some(inv) = self.leases.invalidator() {
             inv.entry(dir, name);
         }
