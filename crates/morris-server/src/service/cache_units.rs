@@ -100,22 +100,21 @@ impl Server {
             .clone()
     }
 
-    /// After a miss on unit `index` of a file this server also held the
-    /// previous unit of (`index - k`, same content): the file is read
-    /// sequentially, so the rest of this server's units of it are fetched
-    /// in the background ([`BACKGROUND_FETCHES`] at a time per server),
-    /// unless that would pass the cache's space limit. Every server does
-    /// the same for its own units, so the whole file comes in, striped.
+    /// After a miss on unit `index` of a file this server also holds the
+    /// previous unit of (`index - k`, same content), or the next one
+    /// (`index + k`: a reader's read-ahead asks for several at once, and
+    /// they may land in any order): the file is read sequentially, so the
+    /// rest of this server's units of it are fetched in the background
+    /// ([`BACKGROUND_FETCHES`] at a time per server), unless that would
+    /// pass the cache's space limit. Every server does the same for its
+    /// own units, so the whole file comes in, striped. Of two neighbours
+    /// fetched at once, the one stored second sees the other.
     fn maybe_prefetch(&self, vol: &Formatted, id: FileId, index: u64, replica: u8, home: &HomeRef) {
         let k = u64::from(vol.layout.servers.max(1));
-        if index <= k {
-            return;
-        }
         let store = self.store.clone();
-        let sequential = matches!(
-            store.unit(id, replica, index - k),
-            Ok(Some(u)) if u.tag == home.tag()
-        );
+        let held =
+            |i: u64| matches!(store.unit(id, replica, i), Ok(Some(u)) if u.tag == home.tag());
+        let sequential = (index > k && held(index - k)) || held(index.saturating_add(k));
         if !sequential || home.size == 0 {
             return;
         }
