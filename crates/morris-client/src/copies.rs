@@ -226,13 +226,12 @@ impl Client {
         payload: Bytes,
         fence: Option<Fence>,
     ) -> Result<(Reply, Bytes)> {
-        // A create that gets no answer in time says the server's metadata
-        // range is stalled (e.g. waiting for a silent copy), not that its
-        // blocks cannot be written: it only sends the next creates
-        // elsewhere for a while.
-        let creating = matches!(req, Request::CreateInode { .. });
-        if self.pool.recently_down(server)
-            || (creating && self.pool.recently_slow_to_create(server))
+        // A metadata request that gets no answer in time says the server's
+        // metadata range is stalled (e.g. waiting for a silent copy), not
+        // that its blocks cannot be written: it only sends the next
+        // metadata requests of this kind elsewhere for a while.
+        let metadata = matches!(req, Request::CreateInode { .. } | Request::ScanStale { .. });
+        if self.pool.recently_down(server) || (metadata && self.pool.recently_metadata_slow(server))
         {
             return Err(Error::new(
                 ErrorCode::Unavailable,
@@ -275,8 +274,8 @@ impl Client {
             )),
         };
         if matches!(&r, Err(e) if e.code == ErrorCode::Unavailable) {
-            if creating {
-                self.pool.mark_slow_to_create(server);
+            if metadata {
+                self.pool.mark_metadata_slow(server);
             } else {
                 self.pool.mark_down(server);
             }

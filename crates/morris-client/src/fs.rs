@@ -130,6 +130,14 @@ fn apply_entry_change(g: &LeaseGuard, name: &[u8], now: Option<DirEntry>, kind: 
     a.ctime = t;
 }
 
+/// The outcome of a `Link` or `Unlink` sent by a deferred step.
+fn entry_changed(r: Result<Reply>) -> Result<()> {
+    match r? {
+        Reply::Removed { .. } => Ok(()),
+        other => Err(unexpected(&other)),
+    }
+}
+
 /// The cached directory under `g` forgets what it knew of `name` and of
 /// its own attributes (a deferred change of that name failed): both are
 /// asked of its owner again.
@@ -864,14 +872,9 @@ impl Client {
         let me = self;
         tokio::spawn(async move {
             turn.wait().await;
-            let res = me.call_owner_now(dir, req).await;
+            let res = entry_changed(me.call_owner_now(dir, req).await);
             drop(turn);
-            let err = match res {
-                Ok(Reply::Removed { .. }) => None,
-                Ok(other) => Some(unexpected(&other)),
-                Err(e) => Some(e),
-            };
-            if let Some(e) = err {
+            if let Err(e) = res {
                 tracing::error!(
                     dir,
                     ino = child.id,
@@ -933,24 +936,14 @@ impl Client {
         let me = self;
         tokio::spawn(async move {
             turn.wait().await;
-            let res = me.call_owner_now(dir, req).await;
+            let res = entry_changed(me.call_owner_now(dir, req).await);
             drop(turn);
             match res {
-                Ok(Reply::Removed { .. }) => {
+                Ok(()) => {
                     drop(dg);
-                    if let Err(e) = me.drop_link(&cg).await {
-                        tracing::warn!(
-                            ino = child,
-                            error = %e,
-                            "the link count of a removed entry's inode was not lowered: fsck reclaims it"
-                        );
-                    }
+                    me.drop_link_or_log(&cg).await;
                 }
-                res => {
-                    let e = match res {
-                        Ok(other) => unexpected(&other),
-                        Err(e) => e,
-                    };
+                Err(e) => {
                     tracing::error!(
                         dir,
                         ino = child,
@@ -976,18 +969,23 @@ impl Client {
             return self.drop_link(&cg).await;
         };
         tokio::spawn(async move {
-            let id = cg.entry.id;
-            if let Err(e) = me.drop_link(&cg).await {
-                tracing::warn!(
-                    ino = id,
-                    error = %e,
-                    "the link count of a removed entry's inode was not lowered: fsck reclaims it"
-                );
-            }
+            me.drop_link_or_log(&cg).await;
             drop(cg);
             drop(pending);
         });
         Ok(())
+    }
+
+    /// [`Client::drop_link`] in a deferred step: a failure is logged (the
+    /// inode then keeps a link count one too high until fsck).
+    async fn drop_link_or_log(&self, cg: &LeaseGuard) {
+        if let Err(e) = self.drop_link(cg).await {
+            tracing::warn!(
+                ino = cg.entry.id,
+                error = %e,
+                "the link count of a removed entry's inode was not lowered: fsck reclaims it"
+            );
+        }
     }
 
     async fn is_empty_dir(&self, g: &LeaseGuard) -> Result<bool> {

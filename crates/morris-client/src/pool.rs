@@ -89,8 +89,8 @@ struct Slot {
     /// When a copy request to this server last failed for want of an
     /// answer (ns since the pool started; 0: not since it last answered).
     down_since: AtomicU64,
-    /// When a `CreateInode` there last got no answer in time (0: not
-    /// since it was last heard from): creates go elsewhere meanwhile.
+    /// When a bounded metadata request there (`CreateInode`, `ScanStale`)
+    /// last got no answer in time (0: not since it was last heard from).
     slow_since: AtomicU64,
     /// When connecting to this server was first refused since it last
     /// answered (ns since the pool started; 0: it answers).
@@ -779,19 +779,19 @@ impl Pool {
         }
     }
 
-    /// Records that a `CreateInode` at server `i` got no answer in time. A
-    /// server whose metadata range waits for a silent copy answers its
-    /// creates late but its block writes at once, so this is not
+    /// Records that a bounded metadata request at server `i` got no answer
+    /// in time. A server whose metadata range waits for a silent copy
+    /// answers those late but its block writes at once, so this is not
     /// [`Pool::mark_down`], which makes copy writes pass the server over.
-    pub(crate) fn mark_slow_to_create(&self, i: u32) {
+    pub(crate) fn mark_metadata_slow(&self, i: u32) {
         if let Some(s) = self.slots.get(i as usize) {
             s.slow_since.store(self.now_ns().max(1), Ordering::Relaxed);
         }
     }
 
-    /// True if a `CreateInode` at server `i` got no answer within the last
-    /// `DOWN_HOLD` and nothing has been heard from it since.
-    pub(crate) fn recently_slow_to_create(&self, i: u32) -> bool {
+    /// True if a bounded metadata request at server `i` got no answer
+    /// within the last `DOWN_HOLD` and nothing has been heard from it since.
+    pub(crate) fn recently_metadata_slow(&self, i: u32) -> bool {
         let Some(s) = self.slots.get(i as usize) else {
             return false;
         };
