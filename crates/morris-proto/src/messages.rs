@@ -966,6 +966,35 @@ pub enum Request {
         /// The inode.
         ino: FileId,
     },
+    /// Sets aside `count` (1..=1024) new file ids of this server's own
+    /// metadata range for the caller, who may later create inodes with
+    /// them ([`Request::CreateInodeAt`]); nobody else is given them.
+    /// [`Reply::Ids`].
+    ReserveIds {
+        /// How many.
+        count: u32,
+    },
+    /// [`Request::CreateInode`] with an id the caller reserved
+    /// ([`Request::ReserveIds`]) and the generation it chose: stores the
+    /// inode, unless the op was done already, and grants the caller the
+    /// write lease on it. Sent to whoever serves the id's range.
+    /// [`Reply::Leased`].
+    CreateInodeAt {
+        /// The reserved id.
+        id: FileId,
+        /// Its generation (not 0).
+        gen: u32,
+        /// Parent directory (recorded for directories).
+        parent: FileId,
+        /// Initial attributes, as for [`Request::CreateInode`].
+        attr: Attr,
+        /// Symlink target.
+        target: Option<Vec<u8>>,
+        /// Operation id (see "Exactly once" above; 0: none).
+        op: u64,
+        /// Its first extended attributes (inherited ACLs).
+        xattrs: Vec<Xattr>,
+    },
 }
 
 /// A change to one object not yet pushed home (cache mode II), kept by the
@@ -1007,6 +1036,7 @@ impl Request {
     pub fn op(&self) -> u64 {
         match self {
             Request::CreateInode { op, .. }
+            | Request::CreateInodeAt { op, .. }
             | Request::DeleteInode { op, .. }
             | Request::Link { op, .. }
             | Request::Unlink { op, .. }
@@ -1025,6 +1055,7 @@ impl Request {
     pub fn with_op(mut self, id: u64) -> Request {
         match &mut self {
             Request::CreateInode { op, .. }
+            | Request::CreateInodeAt { op, .. }
             | Request::DeleteInode { op, .. }
             | Request::Link { op, .. }
             | Request::Unlink { op, .. }
@@ -1070,7 +1101,7 @@ impl Request {
     }
 
     /// Every request name [`Request::name`] returns (for metrics).
-    pub const NAMES: [&'static str; 80] = [
+    pub const NAMES: [&'static str; 82] = [
         "Hello",
         "Format",
         "Replace",
@@ -1151,6 +1182,8 @@ impl Request {
         "ChunkSums",
         "Allocated",
         "Holders",
+        "ReserveIds",
+        "CreateInodeAt",
     ];
 
     /// The request's name, for counters and logs.
@@ -1236,6 +1269,8 @@ impl Request {
             Request::ChunkSums { .. } => "ChunkSums",
             Request::Allocated { .. } => "Allocated",
             Request::Holders { .. } => "Holders",
+            Request::ReserveIds { .. } => "ReserveIds",
+            Request::CreateInodeAt { .. } => "CreateInodeAt",
         }
     }
 }
@@ -1409,6 +1444,8 @@ pub enum Reply {
     Allocated(u64),
     /// Answer to [`Request::Holders`]: each lease on the inode.
     Holders(Vec<LeaseHolder>),
+    /// Answer to [`Request::ReserveIds`]: the ids set aside.
+    Ids(Vec<FileId>),
 }
 
 /// One lease on an inode and the client holding it ([`Reply::Holders`]).

@@ -177,6 +177,7 @@ fn subject(req: &Request) -> Option<FileId> {
         | Request::Seed { dir, .. } => Some(dir.id),
         Request::Revalidate { ino } | Request::Detach { ino, .. } => Some(ino.id),
         Request::CreateCached { inode } => Some(inode.id),
+        Request::CreateInodeAt { id, .. } => Some(*id),
         Request::AcquireCached { seed } => Some(seed.id),
         Request::ReadCached { id, .. }
         | Request::FetchCached { id, .. }
@@ -870,14 +871,17 @@ impl Server {
             _ => {}
         }
         let range = match &req {
-            Request::CreateInode { .. } => match ranges.home().refusal(now) {
-                None => Some(ranges.home().clone()),
-                Some(e) => return Err(e),
-            },
+            Request::CreateInode { .. } | Request::ReserveIds { .. } => {
+                match ranges.home().refusal(now) {
+                    None => Some(ranges.home().clone()),
+                    Some(e) => return Err(e),
+                }
+            }
             Request::AcquireRead { .. }
             | Request::AcquireWrite { .. }
             | Request::GetInode { .. }
             | Request::Holders { .. }
+            | Request::CreateInodeAt { .. }
             | Request::SetAttr { .. }
             | Request::GetXattrs { .. }
             | Request::SetXattr { .. }
@@ -919,6 +923,8 @@ impl Server {
         let mutating = matches!(
             req,
             Request::CreateInode { .. }
+                | Request::ReserveIds { .. }
+                | Request::CreateInodeAt { .. }
                 | Request::SetAttr { .. }
                 | Request::TouchAtime { .. }
                 | Request::TouchCtime { .. }
@@ -1101,6 +1107,29 @@ impl Server {
                     )
                 })?;
                 // A fresh id: nobody else can hold or wait for it.
+                let fence = self
+                    .lease(client, conn_id, inode.id, LeaseMode::Write)
+                    .await?;
+                Ok(Reply::Leased { inode, fence })
+            }
+            Request::ReserveIds { count } => {
+                metadata(move || store.reserve_ids(count)).map(Reply::Ids)
+            }
+            Request::CreateInodeAt {
+                id,
+                gen,
+                parent,
+                attr,
+                target,
+                op,
+                xattrs,
+            } => {
+                Self::check_owner(vol, id)?;
+                let op = OpKey::new(client, op);
+                let inode = metadata(move || {
+                    store.create_inode_at(id, parent, &attr, target.as_deref(), gen, op, &xattrs)
+                })?;
+                // Reserved for this client: nobody else has named it.
                 let fence = self
                     .lease(client, conn_id, inode.id, LeaseMode::Write)
                     .await?;

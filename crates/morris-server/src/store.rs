@@ -42,11 +42,10 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use morris_proto::home::HomeLink;
 use morris_proto::layout::{Layout, FIRST_COUNTER};
 use morris_proto::{
     Attr, DirEntry, ErrorCode, FileId, FileKind, Handle, Inode, SetAttr, Timestamp,
-    VolumeDescriptor, WireError, Xattr, MAX_FILE_SIZE, MAX_NAME_LEN, MAX_SYMLINK_LEN, ROOT_ID,
+    VolumeDescriptor, WireError, MAX_FILE_SIZE, MAX_NAME_LEN, ROOT_ID,
 };
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
@@ -685,154 +684,6 @@ impl Store {
     /// Reads the inode a handle names; `Stale` if it is gone or was reused.
     pub fn get_handle(&self, h: Handle) -> Result<Inode, WireError> {
         check_handle(h, self.get_inode(h.id)?)
-    }
-
-    /// Allocates an id, stores a new inode and returns it.
-    #[cfg(test)]
-    pub fn create_inode(
-        &self,
-        parent: FileId,
-        attr: &Attr,
-        target: Option<&[u8]>,
-        gen: u32,
-        home: Option<FileId>,
-        op: Option<OpKey>,
-    ) -> Result<Inode, WireError> {
-        self.create_inode_with(parent, attr, target, gen, home, op, &[])
-    }
-
-    /// `create_inode`, with the new object's first extended attributes
-    /// (the ACLs it inherits from its directory).
-    #[allow(clippy::too_many_arguments)]
-    pub fn create_inode_with(
-        &self,
-        parent: FileId,
-        attr: &Attr,
-        target: Option<&[u8]>,
-        gen: u32,
-        home: Option<FileId>,
-        op: Option<OpKey>,
-        first: &[Xattr],
-    ) -> Result<Inode, WireError> {
-        if home.is_some() && !first.is_empty() {
-            return Err(WireError::new(
-                ErrorCode::NotSupported,
-                "extended attributes are not kept for objects cached from a home",
-            ));
-        }
-        let (layout, index) = self.layout_and_index()?;
-        let mut attr = attr.clone();
-        attr.mode &= 0o7777;
-        match (attr.kind, target) {
-            (FileKind::Symlink, Some(t)) => {
-                if t.is_empty() || t.len() > MAX_SYMLINK_LEN {
-                    return Err(WireError::new(
-                        ErrorCode::NameTooLong,
-                        format!(
-                            "symlink target of {} bytes (1..={MAX_SYMLINK_LEN})",
-                            t.len()
-                        ),
-                    ));
-                }
-                attr.size = t.len() as u64;
-            }
-            (FileKind::Symlink, None) => {
-                return Err(WireError::new(
-                    ErrorCode::Invalid,
-                    "symlink without a target",
-                ));
-            }
-            (_, Some(_)) => {
-                return Err(WireError::new(
-                    ErrorCode::Invalid,
-                    "only symlinks have a target",
-                ));
-            }
-            (FileKind::Dir, None) => attr.size = 0,
-            (_, None) => {}
-        }
-        if attr.size > MAX_FILE_SIZE {
-            return Err(WireError::new(
-                ErrorCode::FileTooBig,
-                format!("size {} exceeds {MAX_FILE_SIZE}", attr.size),
-            ));
-        }
-        let is_dir = attr.kind == FileKind::Dir;
-        attr.nlink = if is_dir { 2 } else { 1 };
-        let mut used = 0;
-        let (inode, replayed) = self.write_txn_once(op, |tx| {
-            let counter: i64 = tx
-                .row("SELECT counter FROM volume WHERE one = 1", [], |r| r.get(0))
-                .map_err(db_err)?;
-            let counter = (counter as u64).max(FIRST_COUNTER).max(self.first_id);
-            let id = layout.allocate_id(index, counter);
-            if id == FileId::MAX || sql_id(id) < 0 {
-                return Err(WireError::new(ErrorCode::NoSpace, "file ids exhausted"));
-            }
-            tx.exec(
-                "UPDATE volume SET counter = ?1 WHERE one = 1",
-                params![(counter + 1) as i64],
-            )
-            .map_err(db_err)?;
-            // Past the reservation: the next batch, made durable below
-            // before this id is answered.
-            tx.exec(
-                "INSERT INTO id_reserve (one, hw) VALUES (1, ?1)
-                 ON CONFLICT (one) DO UPDATE SET hw = ?1 WHERE hw <= ?2",
-                params![(counter + ID_BATCH) as i64, counter as i64],
-            )
-            .map_err(db_err)?;
-            used = counter;
-            let inode = Inode {
-                id,
-                gen,
-                parent: if is_dir { parent } else { 0 },
-                attr,
-                target: target.map(<[u8]>::to_vec),
-                stale: Vec::new(),
-                alloc: None,
-                home: None,
-            };
-            tx.exec(
-                "INSERT INTO inodes (id, gen, data, next_cookie) VALUES (?1, ?2, ?3, 1)",
-                params![sql_id(id), i64::from(gen), encode_inode(&inode)?],
-            )
-            .map_err(db_err)?;
-            xattrs::put_initial(tx, &inode, first)?;
-            let mut inode = inode;
-            if let Some(binding) = home {
-                // Made in a writable cache: the cache's own object until
-                // the write-back makes it at home.
-                let link = HomeLink::local(binding, inode.attr.kind);
-                cached::put_link(tx, id, &link)?;
-                wb::mark(
-                    tx,
-                    id,
-                    binding,
-                    wb::Changed {
-                        attrs: true,
-                        ..Default::default()
-                    },
-                )?;
-                inode.home = Some(Box::new(link));
-            }
-            Ok(inode)
-        })?;
-        if !replayed {
-            self.inodes.fetch_add(1, Ordering::Relaxed);
-        } else {
-            // Answered again: its reservation may not have reached the
-            // disk the first time (a failed fsync).
-            used = (inode.id.saturating_sub(u64::from(index))) / u64::from(layout.servers.max(1));
-        }
-        if used >= self.reserved.load(Ordering::Acquire) {
-            // Every commit so far, this reservation with them, on disk
-            // before an id of it is used.
-            self.sync()?;
-            self.reserved
-                .fetch_max(used.saturating_add(ID_BATCH), Ordering::AcqRel);
-        }
-        Ok(inode)
     }
 
     /// Moves the access time of the inode `h` names forward to `atime`
@@ -1518,6 +1369,7 @@ mod cached;
 #[cfg(test)]
 mod cached_tests;
 mod cookies;
+mod create;
 mod exchange;
 mod fences;
 #[cfg(test)]
@@ -1530,6 +1382,7 @@ mod replica;
 mod replica_tests;
 mod stale;
 mod stored;
+
 #[cfg(test)]
 mod tests;
 mod wb;

@@ -71,6 +71,7 @@ pub(super) fn takes_lease(req: &Request) -> bool {
         Request::AcquireRead { .. }
             | Request::AcquireWrite { .. }
             | Request::CreateInode { .. }
+            | Request::CreateInodeAt { .. }
             | Request::SetAttr { .. }
             | Request::TouchAtime { .. }
             | Request::TouchCtime { .. }

@@ -1,4 +1,5 @@
 use super::*;
+use morris_proto::MAX_SYMLINK_LEN;
 use uuid::Uuid;
 
 pub(super) fn descriptor(servers: usize) -> VolumeDescriptor {
@@ -143,6 +144,64 @@ fn ids_are_reserved_durably_in_batches_before_use() {
         super::ID_BATCH + 3
     );
     assert_eq!(layout.inode_server(last), 2);
+}
+
+/// Ids set aside for a client (`ReserveIds`) are never handed out again,
+/// here or after a reopen, and an inode can be made with one only once,
+/// only if it was handed out, and only in this store's range.
+#[test]
+fn reserved_ids_are_used_once_and_only_as_reserved() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.sqlite");
+    let s = Store::open(&path).unwrap();
+    s.format(&descriptor(4), 2, 1).unwrap();
+    let layout = s.formatted().unwrap().layout;
+    assert_eq!(s.reserve_ids(0).unwrap_err().code, ErrorCode::Invalid);
+    assert_eq!(s.reserve_ids(1025).unwrap_err().code, ErrorCode::Invalid);
+    let ids = s.reserve_ids(10).unwrap();
+    assert_eq!(ids.len(), 10);
+    assert!(
+        ids.iter().all(|&id| layout.inode_server(id) == 2),
+        "{ids:?}"
+    );
+    // The store's own next create skips them.
+    let own = s
+        .create_inode(0, &attr(FileKind::File), None, 9, None, None)
+        .unwrap();
+    assert!(!ids.contains(&own.id), "{} handed out twice", own.id);
+    assert!(own.id > ids[9]);
+    // Made with an id reserved: as `create_inode` would make it.
+    let dirattr = attr(FileKind::Dir);
+    let made = s
+        .create_inode_at(ids[3], 1, &dirattr, None, 77, None, &[])
+        .unwrap();
+    assert_eq!((made.id, made.gen, made.parent), (ids[3], 77, 1));
+    assert_eq!(made.attr.nlink, 2);
+    assert_eq!(s.get_inode(ids[3]).unwrap(), Some(made));
+    // Once only.
+    let again = s.create_inode_at(ids[3], 1, &dirattr, None, 78, None, &[]);
+    assert_eq!(again.unwrap_err().code, ErrorCode::Exists);
+    // Not an id of this range, not yet handed out, generation 0.
+    let file = attr(FileKind::File);
+    let other = layout.allocate_id(1, FIRST_COUNTER);
+    let e = s.create_inode_at(other, 0, &file, None, 5, None, &[]);
+    assert_eq!(e.unwrap_err().code, ErrorCode::Invalid);
+    let future = layout.allocate_id(2, FIRST_COUNTER + 1000);
+    let e = s.create_inode_at(future, 0, &file, None, 5, None, &[]);
+    assert_eq!(e.unwrap_err().code, ErrorCode::Invalid);
+    let e = s.create_inode_at(ids[4], 0, &file, None, 0, None, &[]);
+    assert_eq!(e.unwrap_err().code, ErrorCode::Invalid);
+    // A reopened store never hands them out, and still takes them.
+    drop(s);
+    let s = Store::open(&path).unwrap();
+    let more = s.reserve_ids(5).unwrap();
+    assert!(more.iter().all(|id| !ids.contains(id) && *id != own.id));
+    let next = s
+        .create_inode(0, &attr(FileKind::File), None, 9, None, None)
+        .unwrap();
+    assert!(!ids.contains(&next.id) && !more.contains(&next.id));
+    s.create_inode_at(ids[5], 0, &file, None, 6, None, &[])
+        .unwrap();
 }
 
 #[test]
