@@ -92,8 +92,8 @@ pub struct MountTuning {
     #[arg(long)]
     pub strictatime: bool,
     /// Answer a create, unlink or rmdir only once the directory's server
-    /// has stored the entry's change (default: a create once the new inode
-    /// is stored, a removal at once; the change follows at once, and
+    /// has stored the entry's change (default: a create and a removal at
+    /// once, a create with a file id set aside ahead; the change follows at once, and
     /// `fsync` of the file or directory, another mount's look, and the
     /// unmount wait for it; a mount killed in between loses it).
     #[arg(long)]

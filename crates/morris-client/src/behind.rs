@@ -545,6 +545,9 @@ impl Client {
         e: &Arc<LeaseEntry>,
         then: impl std::future::Future<Output = Result<T>>,
     ) -> Result<T> {
+        // A file made with a reserved id: its inode (and the fence number
+        // its writes carry) first.
+        self.created(e.id).await;
         let slot = self.behind.slot(e.id);
         let r = {
             let mut p = slot.lock().await;

@@ -154,7 +154,8 @@ impl Client {
         let ino = self.fresh(g).await?;
         let (id, size) = (ino.id, ino.attr.size);
         let unit = u64::from(self.layout.unit);
-        let fence = g.entry.fence;
+        self.created(g.entry.id).await;
+        let fence = g.entry.fence_no();
         let last = if size == 0 {
             0
         } else {
@@ -358,7 +359,7 @@ impl Client {
                     replica: replica as u8,
                     offset: *within,
                     sync: false,
-                    fence: g.fence,
+                    fence: g.fence_no(),
                 };
                 let (index, piece) = (*index, piece.clone());
                 let fence = Some(g.fence());

@@ -15,6 +15,7 @@
 //! | [`Step::Attrs`]: a link count still dropping | this client's `getattr`, lookup, open, `setattr`, link, listing attributes of the object; its `fsync` |
 //! | [`Step::Entries`]: a directory's entries at its owner behind this client's | every request about the directory but a lookup (`Client::call_owner`); its `fsync` |
 //! | [`Step::Named`]: a new object's name still on its way | its `fsync` |
+//! | [`Step::Created`]: a new object's inode still on its way | every request about it (`Client::call_owner`, block writes, a stored size or change of attributes, the `Link` of a name in it) |
 //!
 //! Two changes of one name go in the order they were made ([`NameTurn`]);
 //! the unmount waits for everything; at most [`MAX_PENDING`] steps are on
@@ -45,11 +46,15 @@ pub(crate) enum Step {
     Entries = 1,
     /// A file whose first name is not stored yet (a create's `Link`).
     Named = 2,
+    /// A new object whose inode is not stored yet (a create with an id
+    /// reserved ahead: `CreateInodeAt`): no request about it may go out,
+    /// and its write grant's fence number is not known yet.
+    Created = 3,
 }
 
 /// The deferred steps of one client, counted per inode and kind.
 pub(crate) struct Deferred {
-    counts: Mutex<FastMap<FileId, [usize; 3]>>,
+    counts: Mutex<FastMap<FileId, [usize; 4]>>,
     total: AtomicUsize,
     done: Notify,
     room: Arc<Semaphore>,
@@ -141,7 +146,7 @@ impl Deferred {
         {
             let mut m = self.counts.lock();
             for &(id, step) in on {
-                m.entry(id).or_insert([0; 3])[step as usize] += 1;
+                m.entry(id).or_insert([0; 4])[step as usize] += 1;
             }
         }
         Pending {

@@ -26,6 +26,7 @@ use crate::pool::unexpected;
 use crate::{Caller, Client, Error, FsStat, Result};
 
 mod rename;
+mod reserved;
 
 /// Most names a directory listing adds to the cache; past it the directory
 /// is not cached whole (lookups still are).
@@ -183,7 +184,9 @@ impl Client {
     /// are answered here.
     pub(crate) async fn call_owner(&self, id: FileId, req: Request) -> Result<Reply> {
         if !matches!(req, Request::Lookup { .. }) {
-            self.deferred.settled_for(id, &[Step::Entries]).await;
+            self.deferred
+                .settled_for(id, &[Step::Entries, Step::Created])
+                .await;
         }
         self.call_owner_now(id, req).await
     }
@@ -539,6 +542,13 @@ impl Client {
         let mut attr = attr_of(&dir_inode);
         let xattrs = self.inherit(&g, &dir_inode, &mut attr, caller).await?;
         let kind = attr.kind;
+        if self.config.names_behind && dir_inode.home.is_none() {
+            if let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) {
+                if let Some(id) = self.reserved_id() {
+                    return Ok(me.create_reserved(g, name, id, attr, target, xattrs).await);
+                }
+            }
+        }
         let (inode, fence) = self
             .create_inode(Request::CreateInode {
                 parent: dir,
@@ -553,7 +563,7 @@ impl Client {
             .install_granted(Mode::Write, inode.clone(), fence, xattrs);
         let me = self.me.get().and_then(std::sync::Weak::upgrade);
         if let Some(me) = me.filter(|_| self.config.names_behind && dir_inode.home.is_none()) {
-            me.link_later(g, name, &inode).await;
+            me.link_later(g, name, &inode, None).await;
             return Ok(inode);
         }
         let linked = self
@@ -846,7 +856,17 @@ impl Client {
     /// directory waits for it. If it never lands (this client lost its
     /// lease and another took the name meanwhile), the new inode is
     /// removed and the file's `fsync` and close fail with `EIO`.
-    async fn link_later(self: Arc<Self>, g: LeaseGuard, name: &[u8], inode: &Inode) {
+    ///
+    /// With `first` (a create with a reserved id: `reserved.rs`), the
+    /// task stores the inode first; if that fails, the name is taken back
+    /// and the file's `fsync` and close fail with `EIO`.
+    async fn link_later(
+        self: Arc<Self>,
+        g: LeaseGuard,
+        name: &[u8],
+        inode: &Inode,
+        first: Option<reserved::Unstored>,
+    ) {
         let (dir, child, kind) = (g.entry.id, inode.handle(), inode.attr.kind);
         let entry = DirEntry {
             name: name.to_vec(),
@@ -871,7 +891,22 @@ impl Client {
         let name = name.to_vec();
         let me = self;
         tokio::spawn(async move {
+            if let Some(first) = first {
+                if let Err(e) = me.store_reserved(first).await {
+                    tracing::error!(
+                        dir,
+                        ino = child.id,
+                        name = %String::from_utf8_lossy(&name),
+                        error = %e,
+                        "a created file's inode was not stored: its name is taken back, its fsync and close fail"
+                    );
+                    me.name_lost(&g, &name, child.id);
+                    return;
+                }
+            }
             turn.wait().await;
+            // (A name in a directory made the same way goes after it.)
+            me.created(dir).await;
             let res = entry_changed(me.call_owner_now(dir, req).await);
             drop(turn);
             if let Err(e) = res {
@@ -882,11 +917,7 @@ impl Client {
                     error = %e,
                     "a created file's name was not stored: the file is removed, its fsync and close fail"
                 );
-                forget_name(&g, &name);
-                me.deferred.mark_lost(child.id);
-                if let Some(inv) = me.leases.invalidator() {
-                    inv.entry(dir, &name);
-                }
+                me.name_lost(&g, &name, child.id);
                 let _ = me
                     .call_owner_now(
                         child.id,
@@ -1158,7 +1189,7 @@ impl Client {
                 // Free the data beyond the new end on every server first.
                 if self.layout.replicas > 1 {
                     let from = self.layout.block_of(size).0;
-                    let fence = g.entry.fence;
+                    let fence = g.entry.fence_no();
                     self.to_every_copy_server(&g, from, |_| Request::Truncate { id, size, fence })
                         .await?;
                 } else {
@@ -1169,7 +1200,7 @@ impl Client {
                             Request::Truncate {
                                 id,
                                 size,
-                                fence: g.entry.fence,
+                                fence: g.entry.fence_no(),
                             },
                             Bytes::new(),
                             fence,

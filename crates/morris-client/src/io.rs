@@ -661,6 +661,8 @@ impl Client {
         offset: u64,
         data: Bytes,
     ) -> Result<()> {
+        // (Its fence number comes with its inode.)
+        self.created(f.id).await;
         let end = offset + data.len() as u64;
         let unit = u64::from(self.layout.unit);
         let mut pieces = Vec::new();
@@ -693,7 +695,7 @@ impl Client {
                         replica: 0,
                         offset: within,
                         sync: false,
-                        fence: e.fence,
+                        fence: e.fence_no(),
                     },
                     piece,
                     fence,

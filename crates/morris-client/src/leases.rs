@@ -87,7 +87,7 @@ pub(crate) struct LeaseEntry {
     /// The owner's fence number of this write grant (0 for a read lease):
     /// every block change made under it carries it, and data servers refuse
     /// it once a newer grant's change has reached them (`Reply::Leased`).
-    pub fence: u64,
+    fence: AtomicU64,
     uses: Arc<AsyncRwLock<()>>,
     pub state: Mutex<EntryState>,
     /// Becomes true once the lease has been given back (or dropped).
@@ -105,6 +105,21 @@ pub(crate) struct LeaseEntry {
 }
 
 impl LeaseEntry {
+    /// The owner's fence number of this write grant (0 for a read lease):
+    /// every block change made under it carries it, and data servers
+    /// refuse it once a newer grant's change has reached them. For an
+    /// object created with a reserved id, known once its inode is stored
+    /// (`deferred::Step::Created`).
+    pub fn fence_no(&self) -> u64 {
+        self.fence.load(Ordering::Acquire)
+    }
+
+    /// Records the fence number of the grant that came with a reserved
+    /// id's inode (`CreateInodeAt`).
+    pub(crate) fn set_fence_no(&self, n: u64) {
+        self.fence.store(n, Ordering::Release);
+    }
+
     /// The lease changes made under this entry are fenced by.
     pub fn fence(&self) -> crate::pool::Fence {
         crate::pool::Fence {
@@ -791,7 +806,7 @@ impl Leases {
             mode,
             epoch,
             generation: self.next_generation.fetch_add(1, Ordering::Relaxed),
-            fence,
+            fence: AtomicU64::new(fence),
             uses: Arc::new(AsyncRwLock::new(())),
             state: Mutex::new(EntryState {
                 inode,

@@ -20,6 +20,7 @@ mod deferred;
 mod dirlock;
 mod dirpages;
 mod fs;
+mod ids;
 mod io;
 mod leases;
 pub mod listing;
@@ -148,11 +149,13 @@ pub struct ClientConfig {
     /// loses gathered writes. Off by default (the NFS gateway: NFSv3 wants
     /// SETATTR stored when answered); mounts turn it on.
     pub attrs_behind: bool,
-    /// Answer a create (file, directory, symlink, device node) once its
-    /// inode is stored, and an unlink or rmdir at once, and store the
-    /// entry's change (`Link`, `Unlink`) right afterwards, under the
-    /// directory's write lease (`deferred.rs`): one server round trip per
-    /// create instead of two, none per removal instead of two. Another
+    /// Answer a create (file, directory, symlink, device node) at once
+    /// with a file id set aside ahead (`ids.rs`; else once its inode is
+    /// stored), and an unlink or rmdir at once, and store the inode
+    /// (`CreateInodeAt`) and the entry's change (`Link`, `Unlink`) right
+    /// afterwards, under the directory's write lease (`deferred.rs`,
+    /// `fs/reserved.rs`): no server round trip per create instead of two,
+    /// none per removal instead of two. Another
     /// client sees the change at once (its lease recalls this one's, which
     /// waits for it); `fsync` of the file or its directory and unmount
     /// wait for it; a client killed in that moment loses it (a nameless
@@ -345,6 +348,8 @@ pub struct Client {
     pub(crate) behind: behind::Behind,
     /// Namespace steps finished after their operation answered (`deferred.rs`).
     pub(crate) deferred: Arc<deferred::Deferred>,
+    /// File ids set aside for this client's creates (`ids.rs`).
+    pub(crate) ids: ids::Ids,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
@@ -414,6 +419,7 @@ impl Client {
             lock_users: locks::LockUsers::default(),
             behind: behind::Behind::default(),
             deferred: Arc::default(),
+            ids: ids::Ids::new(layout.servers),
             tasks: Mutex::new(Vec::new()),
         });
         let _ = client.me.set(Arc::downgrade(&client));

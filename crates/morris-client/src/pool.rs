@@ -232,6 +232,8 @@ fn retryable(req: &Request) -> bool {
         || matches!(
             req,
             Request::Renew
+                // (A lost answer only leaves a batch of ids unused.)
+                | Request::ReserveIds { .. }
                 | Request::Statfs
                 | Request::Status
                 | Request::AcquireRead { .. }
@@ -797,6 +799,14 @@ impl Pool {
         };
         let since = s.slow_since.load(Ordering::Relaxed);
         since != 0 && self.now_ns().saturating_sub(since) < DOWN_HOLD.as_nanos() as u64
+    }
+
+    /// True if server `i` refused a connection and has not been reached
+    /// since (its process is not running).
+    pub(crate) fn refusing(&self, i: u32) -> bool {
+        self.slots
+            .get(i as usize)
+            .is_some_and(|s| s.refused_since.load(Ordering::Relaxed) != 0)
     }
 
     /// True if a copy request to server `i` got no answer within the last

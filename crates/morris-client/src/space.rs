@@ -58,7 +58,7 @@ impl Client {
             if cur.attr.kind != FileKind::File {
                 return Err(Error::new(ErrorCode::Invalid, "not a regular file"));
             }
-            let fence = g.entry.fence;
+            let fence = g.entry.fence_no();
             let req = |punch| Request::Fallocate {
                 id,
                 offset,
