@@ -64,37 +64,8 @@ impl Store {
         }
         let (layout, index) = self.layout_and_index()?;
         let n = u64::from(count);
-        let first = self.write_txn(|tx| {
-            let counter: i64 = tx
-                .row("SELECT counter FROM volume WHERE one = 1", [], |r| r.get(0))
-                .map_err(db_err)?;
-            let counter = (counter as u64).max(FIRST_COUNTER).max(self.first_id);
-            let last = layout.allocate_id(index, counter + n - 1);
-            if last == FileId::MAX || sql_id(last) < 0 {
-                return Err(WireError::new(ErrorCode::NoSpace, "file ids exhausted"));
-            }
-            tx.exec(
-                "UPDATE volume SET counter = ?1 WHERE one = 1",
-                params![(counter + n) as i64],
-            )
-            .map_err(db_err)?;
-            tx.exec(
-                "INSERT INTO id_reserve (one, hw) VALUES (1, ?1)
-                 ON CONFLICT (one) DO UPDATE SET hw = ?1 WHERE hw <= ?2",
-                params![
-                    (counter + n - 1 + ID_BATCH) as i64,
-                    (counter + n - 1) as i64
-                ],
-            )
-            .map_err(db_err)?;
-            Ok(counter)
-        })?;
-        let used = first + n - 1;
-        if used >= self.reserved.load(Ordering::Acquire) {
-            self.sync()?;
-            self.reserved
-                .fetch_max(used.saturating_add(ID_BATCH), Ordering::AcqRel);
-        }
+        let first = self.write_txn(|tx| self.take_counters(tx, layout, index, n))?;
+        self.reserved_durably(first + n - 1)?;
         Ok((first..first + n)
             .map(|c| layout.allocate_id(index, c))
             .collect())
@@ -179,11 +150,8 @@ impl Store {
         attr.nlink = if is_dir { 2 } else { 1 };
         let mut used = 0;
         let (inode, replayed) = self.write_txn_once(op, |tx| {
-            let counter: i64 = tx
-                .row("SELECT counter FROM volume WHERE one = 1", [], |r| r.get(0))
-                .map_err(db_err)?;
-            let counter = (counter as u64).max(FIRST_COUNTER).max(self.first_id);
             if let Some(id) = at {
+                let counter = self.counter(tx)?;
                 // Handed out by `reserve_ids` (durable then): only its
                 // range, below the counter, and not in use.
                 let k = u64::from(layout.servers.max(1));
@@ -202,23 +170,8 @@ impl Store {
                 }
                 return store_new_inode(tx, id, gen, parent, is_dir, &attr, target, home, first);
             }
+            let counter = self.take_counters(tx, layout, index, 1)?;
             let id = layout.allocate_id(index, counter);
-            if id == FileId::MAX || sql_id(id) < 0 {
-                return Err(WireError::new(ErrorCode::NoSpace, "file ids exhausted"));
-            }
-            tx.exec(
-                "UPDATE volume SET counter = ?1 WHERE one = 1",
-                params![(counter + 1) as i64],
-            )
-            .map_err(db_err)?;
-            // Past the reservation: the next batch, made durable below
-            // before this id is answered.
-            tx.exec(
-                "INSERT INTO id_reserve (one, hw) VALUES (1, ?1)
-                 ON CONFLICT (one) DO UPDATE SET hw = ?1 WHERE hw <= ?2",
-                params![(counter + ID_BATCH) as i64, counter as i64],
-            )
-            .map_err(db_err)?;
             used = counter;
             store_new_inode(tx, id, gen, parent, is_dir, &attr, target, home, first)
         })?;
@@ -229,14 +182,59 @@ impl Store {
             // disk the first time (a failed fsync).
             used = (inode.id.saturating_sub(u64::from(index))) / u64::from(layout.servers.max(1));
         }
+        self.reserved_durably(used)?;
+        Ok(inode)
+    }
+
+    /// The id counter as a create sees it: past every id handed out, also
+    /// before a restart that lost its last updates.
+    fn counter(&self, tx: &Transaction) -> Result<u64, WireError> {
+        let counter: i64 = tx
+            .row("SELECT counter FROM volume WHERE one = 1", [], |r| r.get(0))
+            .map_err(db_err)?;
+        Ok((counter as u64).max(FIRST_COUNTER).max(self.first_id))
+    }
+
+    /// Takes the counter values `[c, c + n)` in a create's transaction and
+    /// returns `c`: the counter moves past them, and the reservation too if
+    /// they reach it (the next batch; made durable by
+    /// [`Store::reserved_durably`] before an id of them is answered).
+    fn take_counters(
+        &self,
+        tx: &Transaction,
+        layout: morris_proto::layout::Layout,
+        index: u32,
+        n: u64,
+    ) -> Result<u64, WireError> {
+        let counter = self.counter(tx)?;
+        let last = counter + n - 1;
+        let id = layout.allocate_id(index, last);
+        if id == FileId::MAX || sql_id(id) < 0 {
+            return Err(WireError::new(ErrorCode::NoSpace, "file ids exhausted"));
+        }
+        tx.exec(
+            "UPDATE volume SET counter = ?1 WHERE one = 1",
+            params![(counter + n) as i64],
+        )
+        .map_err(db_err)?;
+        tx.exec(
+            "INSERT INTO id_reserve (one, hw) VALUES (1, ?1)
+             ON CONFLICT (one) DO UPDATE SET hw = ?1 WHERE hw <= ?2",
+            params![(last + ID_BATCH) as i64, last as i64],
+        )
+        .map_err(db_err)?;
+        Ok(counter)
+    }
+
+    /// Every commit so far, the reservation covering counter value `used`
+    /// with them, on disk before an id of it is answered.
+    fn reserved_durably(&self, used: u64) -> Result<(), WireError> {
         if used >= self.reserved.load(Ordering::Acquire) {
-            // Every commit so far, this reservation with them, on disk
-            // before an id of it is used.
             self.sync()?;
             self.reserved
                 .fetch_max(used.saturating_add(ID_BATCH), Ordering::AcqRel);
         }
-        Ok(inode)
+        Ok(())
     }
 }
 
