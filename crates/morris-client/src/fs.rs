@@ -542,10 +542,17 @@ impl Client {
         let mut attr = attr_of(&dir_inode);
         let xattrs = self.inherit(&g, &dir_inode, &mut attr, caller).await?;
         let kind = attr.kind;
+        let mut g = g;
         if self.config.names_behind && dir_inode.home.is_none() {
             if let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) {
                 if let Some(id) = self.reserved_id() {
-                    return Ok(me.create_reserved(g, name, id, attr, target, xattrs).await);
+                    match me
+                        .create_reserved(g, name, id, &attr, target.as_deref(), &xattrs)
+                        .await
+                    {
+                        Ok(inode) => return Ok(inode),
+                        Err(back) => g = back,
+                    }
                 }
             }
         }

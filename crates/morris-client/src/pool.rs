@@ -365,6 +365,16 @@ impl Pool {
         self.now_ns().saturating_sub(last) < self.trust_limit()
     }
 
+    /// True if server `i` answered within the last half lease time: a
+    /// lease taken as granted by it now stays trusted for a while.
+    pub(crate) fn answered_lately(&self, i: u32) -> bool {
+        let Some(s) = self.slots.get(i as usize) else {
+            return false;
+        };
+        let last = s.last_ok.load(Ordering::SeqCst);
+        last != 0 && self.now_ns().saturating_sub(last) < (self.lease / 2).as_nanos() as u64
+    }
+
     /// Before talking to server `i` again: if it has not answered for a lease
     /// time, whatever leases it granted us may be someone else's now, even if
     /// the next answer makes the clock look fresh again. End their term.

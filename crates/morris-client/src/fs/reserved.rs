@@ -48,12 +48,16 @@ impl Client {
     /// A reserved id of the next server in turn, if this client holds one
     /// (asking that server for more when they run low). `None`: the create
     /// goes the usual way (`CreateInode`), e.g. while the first batch is
-    /// on its way, or the server is slow to answer metadata requests.
+    /// on its way, or the server is slow to answer metadata requests, or
+    /// has not answered this client for half a lease time (the lease this
+    /// client takes as granted must stay trusted until the inode is
+    /// stored; the usual create refreshes that).
     pub(crate) fn reserved_id(&self) -> Option<FileId> {
         let s = self.pick_server();
         if self.pool.recently_metadata_slow(s)
             || self.pool.recently_down(s)
             || self.pool.refusing(s)
+            || !self.pool.answered_lately(s)
         {
             return None;
         }
@@ -88,15 +92,17 @@ impl Client {
     /// reserved id `id`, and answers it at once: the inode and then the
     /// name are stored by a task (see the module's description). `attr`,
     /// `target` and `xattrs` are as for `CreateInode`, checked already.
+    /// Gives `g` back if the new object's lease cannot be used at once
+    /// (the caller then creates it the usual way).
     pub(crate) async fn create_reserved(
         self: Arc<Self>,
         g: LeaseGuard,
         name: &[u8],
         id: FileId,
-        attr: morris_proto::Attr,
-        target: Option<Vec<u8>>,
-        xattrs: Vec<Xattr>,
-    ) -> Inode {
+        attr: &morris_proto::Attr,
+        target: Option<&[u8]>,
+        xattrs: &[Xattr],
+    ) -> std::result::Result<Inode, LeaseGuard> {
         let dir = g.entry.id;
         let gen = loop {
             let n = rand::random::<u32>();
@@ -105,7 +111,9 @@ impl Client {
             }
         };
         // The inode as the server will store it (`create_inode_at`).
-        let mut attr = attr;
+        let mut attr = attr.clone();
+        let target = target.map(<[u8]>::to_vec);
+        let xattrs = xattrs.to_vec();
         attr.mode &= 0o7777;
         let is_dir = attr.kind == FileKind::Dir;
         attr.nlink = if is_dir { 2 } else { 1 };
@@ -140,22 +148,16 @@ impl Client {
         let cg = match self.leases.get(inode.handle(), Mode::Write).await {
             Ok(cg) => cg,
             Err(e) => {
-                // (Just installed: only an eviction in between could lose it.)
-                tracing::warn!(ino = id, error = %e, "a new object's lease went at once");
-                self.leases
-                    .install_granted(Mode::Write, inode.clone(), 0, Vec::new());
-                match self.leases.get(inode.handle(), Mode::Write).await {
-                    Ok(cg) => cg,
-                    Err(_) => {
-                        self.deferred.mark_lost(id);
-                        return inode;
-                    }
-                }
+                // (Just installed and trusted: not expected.) Nothing has
+                // seen the object: it is forgotten, its id left unused.
+                tracing::warn!(ino = id, error = %e, "a new object's lease could not be used; creating it the usual way");
+                self.leases.forget(id);
+                return Err(g);
             }
         };
         let first = Unstored { req, cg, created };
         self.link_later(g, name, &inode, Some(first)).await;
-        inode
+        Ok(inode)
     }
 
     /// Stores a new object's inode (`CreateInodeAt`) and records its write
