@@ -772,6 +772,19 @@ impl Leases {
         xattrs: Vec<morris_proto::Xattr>,
     ) {
         let owner = self.layout.inode_server(inode.id);
+        self.install_granted_by(owner, mode, inode, fence, xattrs);
+    }
+
+    /// [`Leases::install_granted`] for a lease granted (or to be granted)
+    /// by server `owner`: its trust follows that server's answers.
+    pub(crate) fn install_granted_by(
+        &self,
+        owner: u32,
+        mode: Mode,
+        inode: Inode,
+        fence: u64,
+        xattrs: Vec<morris_proto::Xattr>,
+    ) {
         let epoch = self.pool.epoch(owner);
         let new_dir = inode.attr.kind == morris_proto::FileKind::Dir;
         let (e, _) = self.install(owner, epoch, mode, inode, fence, false);
@@ -1104,6 +1117,13 @@ impl Leases {
             total = total.saturating_add(bytes?);
         }
         Some(total)
+    }
+
+    /// Stops trusting `entry` (it was taken as granted by another server
+    /// than the one that granted it): the next use takes the lease again
+    /// from whoever serves the inode.
+    pub(crate) fn distrust(&self, entry: &Arc<LeaseEntry>) {
+        self.discard(entry);
     }
 
     /// Removes an entry and tells the front end to drop what it cached under it.

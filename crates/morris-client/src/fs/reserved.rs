@@ -54,10 +54,12 @@ impl Client {
     /// stored; the usual create refreshes that).
     pub(crate) fn reserved_id(&self) -> Option<FileId> {
         let s = self.pick_server();
-        if self.pool.recently_metadata_slow(s)
-            || self.pool.recently_down(s)
-            || self.pool.refusing(s)
-            || !self.pool.answered_lately(s)
+        // Whoever serves its range now (its copy after a takeover).
+        let by = self.pool.range_server(s);
+        if self.pool.recently_metadata_slow(by)
+            || self.pool.recently_down(by)
+            || self.pool.refusing(by)
+            || !self.pool.answered_lately(by)
         {
             return None;
         }
@@ -133,9 +135,11 @@ impl Client {
             home: None,
         };
         let created = self.deferred.begin(&[(id, Step::Created)]).await;
-        // Its fence number comes with the stored inode.
+        // As granted by whoever serves the id's range now (a copy after a
+        // takeover); its fence number comes with the stored inode.
+        let by = self.pool.range_server(self.layout.inode_server(id));
         self.leases
-            .install_granted(Mode::Write, inode.clone(), 0, xattrs.clone());
+            .install_granted_by(by, Mode::Write, inode.clone(), 0, xattrs.clone());
         let req = Request::CreateInodeAt {
             id,
             gen,
@@ -166,17 +170,17 @@ impl Client {
         let Unstored { req, cg, created } = u;
         let id = cg.entry.id;
         let h = cg.handle();
-        let reply = match self.call_owner_now(id, req).await {
+        let range = self.layout.inode_server(id);
+        let call = |req| self.pool.call_range(range, req, bytes::Bytes::new());
+        let reply = match call(req).await {
             // Stored by an earlier sending whose answer was lost, and its
             // outcome no longer kept (`store/once.rs`): it is ours if the
             // generation says so.
-            Err(e) if e.code == ErrorCode::Exists => {
-                self.call_owner_now(id, Request::AcquireWrite { ino: h })
-                    .await
-            }
+            Err(e) if e.code == ErrorCode::Exists => call(Request::AcquireWrite { ino: h }).await,
             r => r,
         };
-        let stored = reply.and_then(leased_reply).and_then(|(inode, fence)| {
+        let stored = reply.and_then(|(by, reply, _)| {
+            let (inode, fence) = leased_reply(reply)?;
             if inode.gen != h.gen {
                 return Err(Error::new(
                     ErrorCode::Exists,
@@ -184,8 +188,23 @@ impl Client {
                 ));
             }
             cg.entry.set_fence_no(fence);
-            Ok(())
+            Ok(by)
         });
+        let stored = match stored {
+            // The range moved to another copy meanwhile: the lease was
+            // taken as granted by the wrong server, whose restarts and
+            // silence its trust follows. Taken again on its next use.
+            Ok(by) if by != cg.entry.owner => {
+                tracing::info!(
+                    ino = id,
+                    by,
+                    "a new object's lease came from another copy; taking it again"
+                );
+                self.leases.distrust(&cg.entry);
+                Ok(())
+            }
+            r => r.map(|_| ()),
+        };
         drop(cg);
         drop(created);
         stored
