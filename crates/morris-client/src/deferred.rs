@@ -168,6 +168,11 @@ impl Deferred {
 
     /// Waits until `done()` holds, looked at after every step that lands.
     async fn wait_until(&self, done: impl Fn() -> bool) {
+        // Nothing on its way (the usual case, and every block write and
+        // stored size asks): no waiter registered.
+        if done() {
+            return;
+        }
         loop {
             let landed = self.done.notified();
             tokio::pin!(landed);
