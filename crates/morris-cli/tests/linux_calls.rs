@@ -438,3 +438,115 @@ fn copy_file_range_copies_within_the_volume() {
     want[1_000_001..].copy_from_slice(&data[12_345..12_345 + 2_500_000]);
     assert_eq!(fs::read(other.path.join("mid")).expect("read"), want);
 }
+
+/// `open(dir, O_TMPFILE | flags, 0o640)`.
+fn open_tmpfile(dir: &Path, flags: i32) -> std::io::Result<File> {
+    let p = cpath(dir);
+    // SAFETY: a NUL-terminated path; the descriptor is owned by the File.
+    let fd = unsafe { libc::open(p.as_ptr(), libc::O_TMPFILE | flags, 0o640) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Names open file `f` as `to`: `linkat` of `/proc/self/fd/N` with
+/// `AT_SYMLINK_FOLLOW`, as programs that use `O_TMPFILE` do.
+fn link_open(f: &File, to: &Path) -> std::io::Result<()> {
+    let from = cpath(Path::new(&format!("/proc/self/fd/{}", f.as_raw_fd())));
+    let to = cpath(to);
+    // SAFETY: NUL-terminated paths.
+    let r = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Waits until fsck counts `inodes` inodes and no garbage.
+fn wait_for_inodes(c: &Cluster, inodes: usize, what: &str) {
+    common::wait_for(Duration::from_secs(90), what, || {
+        let (ok, out, all) = common::fsck(c.addr(0));
+        let want = format!(": {inodes} inodes,");
+        if ok && out.contains(&want) && out.contains("0 unreachable") && out.contains("0 errors") {
+            Ok(())
+        } else {
+            Err(all)
+        }
+    });
+}
+
+#[test]
+fn o_tmpfile_makes_a_file_without_a_name_that_linkat_can_name() {
+    use std::io::{Read, Write};
+    let c = Cluster::start(4, ClusterOpts::default());
+    let m = c.mount();
+    let other = c.mount();
+    let data = common::pattern(5, 0, 3 << 20);
+    // Open, writable, counted by no name and listed nowhere.
+    let mut f = open_tmpfile(&m.path, libc::O_RDWR).expect("open O_TMPFILE");
+    f.write_all(&data).expect("write");
+    let md = f.metadata().expect("fstat");
+    assert_eq!((md.nlink(), md.len()), (0, data.len() as u64));
+    assert!(md.is_file());
+    assert_eq!(fs::read_dir(&m.path).expect("list").count(), 0);
+    // Named by linkat: seen, whole, on another mount.
+    link_open(&f, &m.path.join("named")).expect("linkat the open file");
+    assert_eq!(f.metadata().expect("fstat").nlink(), 1);
+    f.write_all(b"tail").expect("write after the link");
+    drop(f);
+    let mut want = data.clone();
+    want.extend_from_slice(b"tail");
+    assert!(fs::read(other.path.join("named")).expect("read on B") == want);
+    // O_EXCL: never named (the kernel and the volume both refuse).
+    let g = open_tmpfile(&m.path, libc::O_RDWR | libc::O_EXCL).expect("O_TMPFILE|O_EXCL");
+    expect_errno(
+        link_open(&g, &m.path.join("excl")),
+        libc::ENOENT,
+        "linkat of an O_EXCL temporary file",
+    );
+    // Named once only: unlinked again, it cannot be named a second time.
+    let h = open_tmpfile(&m.path, libc::O_RDWR).expect("O_TMPFILE");
+    link_open(&h, &m.path.join("once")).expect("linkat");
+    fs::remove_file(m.path.join("once")).expect("unlink");
+    expect_errno(
+        link_open(&h, &m.path.join("twice")),
+        libc::ENOENT,
+        "a second linkat after the unlink",
+    );
+    let mut read_back = Vec::new();
+    let mut g2 = g.try_clone().expect("dup");
+    g2.write_all(b"excl").expect("write");
+    drop(g2);
+    let mut r = File::open(format!("/proc/self/fd/{}", g.as_raw_fd())).expect("reopen");
+    r.read_to_end(&mut read_back).expect("read through /proc");
+    assert_eq!(read_back, b"excl");
+    drop((g, h, r));
+    let names: Vec<_> = fs::read_dir(&other.path)
+        .expect("list on B")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert_eq!(names, ["named"]);
+    // Closed without a name: gone (root and `named` remain).
+    wait_for_inodes(&c, 2, "unnamed temporary files removed at their close");
+    // A mount killed with one open: the servers remove it once its client
+    // is gone (after `ORPHAN_AGE`).
+    let mut third = c.mount();
+    let mut t = open_tmpfile(&third.path, libc::O_WRONLY).expect("O_TMPFILE on C");
+    t.write_all(&data).expect("write on C");
+    t.sync_all().expect("fsync on C");
+    third.kill9();
+    drop(t);
+    wait_for_inodes(&c, 2, "a killed mount's temporary file removed");
+    fsck_clean(&c);
+}

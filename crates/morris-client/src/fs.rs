@@ -27,6 +27,7 @@ use crate::{Caller, Client, Error, FsStat, Result};
 
 mod rename;
 mod reserved;
+mod tmpfile;
 
 /// Most names a directory listing adds to the cache; past it the directory
 /// is not cached whole (lookups still are).
@@ -730,7 +731,8 @@ impl Client {
         if c.attr.kind == FileKind::Dir {
             return Err(Error::new(ErrorCode::Perm, "hard link to a directory"));
         }
-        if c.attr.nlink == 0 {
+        let relink = c.attr.nlink == 0;
+        if relink && !self.may_relink(id) {
             // linkat(2) of a file whose last name is gone.
             return Err(Error::new(ErrorCode::NotFound, "file has no name left"));
         }
@@ -786,6 +788,10 @@ impl Client {
             kind: c.attr.kind,
             cookie: 0,
         };
+        if relink {
+            // Named once, as the kernel allows (`I_LINKABLE` goes too).
+            self.linkable.lock().remove(&id);
+        }
         Self::dir_changed(dg, reply, new_name, Some(entry))?;
         Ok(bumped)
     }

@@ -295,6 +295,7 @@ impl Client {
         }
         self.deferred.forget_lost(h.id);
         self.behind.closed(h.id);
+        self.linkable.lock().remove(&h.id);
         if closed.recorded {
             if let Err(e) = self.opens.reconcile(h.id).await {
                 tracing::warn!(id = h.id, error = %e, "could not forget an open record; it lapses with this client");

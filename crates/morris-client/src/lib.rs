@@ -310,6 +310,9 @@ pub struct Client {
     pub(crate) opens: Arc<opens::Opens>,
     /// Orphans waiting for their reap (`reaper.rs`).
     pub(crate) reaps: Mutex<HashSet<Handle>>,
+    /// Files made here without a name that `linkat(2)` may still name
+    /// (`O_TMPFILE` without `O_EXCL`: `fs/tmpfile.rs`).
+    pub(crate) linkable: Mutex<HashSet<FileId>>,
     /// Reaps running at once (`reaper.rs`).
     pub(crate) reaping: tokio::sync::Semaphore,
     /// One round of removing this client's pending orphans at a time, and
@@ -400,6 +403,7 @@ impl Client {
             next_fh: AtomicU64::new(1),
             opens,
             reaps: Mutex::new(HashSet::new()),
+            linkable: Mutex::new(HashSet::new()),
             reaping: tokio::sync::Semaphore::new(reaper::REAPS_AT_ONCE),
             reap_gate: tokio::sync::Mutex::new(()),
             reap_rounds: AtomicU64::new(0),
@@ -732,6 +736,21 @@ impl Client {
         caller: &Caller,
     ) -> Result<Inode> {
         self.do_symlink(dir, name, target, caller).await
+    }
+
+    /// Makes a regular file without a name in directory `dir` and opens it
+    /// (`open(2)` with `O_TMPFILE`): it goes at its last close unless
+    /// [`Client::link`] names it first, which only a `linkable` one allows
+    /// (`O_TMPFILE` without `O_EXCL`). Returns it and its open-file handle.
+    pub async fn tmpfile(
+        &self,
+        dir: FileId,
+        mode: u32,
+        write: bool,
+        linkable: bool,
+        caller: &Caller,
+    ) -> Result<(Inode, u64)> {
+        self.do_tmpfile(dir, mode, write, linkable, caller).await
     }
 
     /// Adds a hard link to `id` as `new_dir/new_name`.

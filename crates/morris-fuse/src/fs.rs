@@ -1065,6 +1065,45 @@ impl Filesystem for MorrisFs {
         });
     }
 
+    /// `open(2)` with `O_TMPFILE`: a file without a name, open; without
+    /// `O_EXCL`, `linkat(2)` may name it later.
+    fn tmpfile(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let who = Caller {
+            umask,
+            ..caller(req)
+        };
+        let write = writes(flags);
+        let linkable = flags & libc::O_EXCL == 0;
+        self.spawn("tmpfile", req, parent.0, move |s| async move {
+            match s
+                .client
+                .tmpfile(parent.0, mode & 0o7777, write, linkable, &who)
+                .await
+            {
+                Ok((inode, fh)) => {
+                    let attr = file_attr(&inode, s.blksize);
+                    let gen = Generation(u64::from(inode.gen));
+                    reply.created(
+                        &Duration::ZERO,
+                        &attr,
+                        gen,
+                        FileHandle(fh),
+                        open_flags(flags),
+                    );
+                }
+                Err(e) => refuse!(reply, fail("tmpfile", parent.0, &e)),
+            }
+        });
+    }
+
     // Extended attributes: `user.`, `trusted.`, `security.` (the kernel
     // checks permissions; `system.` ACLs it answers itself, EOPNOTSUPP).
     // The kernel asks for `security.capability` before every write: the
