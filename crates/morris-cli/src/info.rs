@@ -380,6 +380,7 @@ mod tests {
                 mtime: now,
                 ctime: now,
                 rdev: 0,
+                flags: 0,
             },
             target: None,
             stale: Vec::new(),

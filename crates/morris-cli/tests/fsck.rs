@@ -74,6 +74,7 @@ impl Raw {
                 mtime: now,
                 ctime: now,
                 rdev: 0,
+                flags: 0,
             },
             target: None,
             home: None,

@@ -550,3 +550,137 @@ fn o_tmpfile_makes_a_file_without_a_name_that_linkat_can_name() {
     wait_for_inodes(&c, 2, "a killed mount's temporary file removed");
     fsck_clean(&c);
 }
+
+/// The inode flags of `p` (`FS_IOC_GETFLAGS`, as `lsattr`).
+fn get_flags(p: &Path) -> std::io::Result<u32> {
+    let f = File::open(p)?;
+    let mut flags: libc::c_int = 0;
+    // SAFETY: FS_IOC_GETFLAGS writes one int through the pointer.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(flags as u32)
+}
+
+/// Sets the inode flags of `p` (`FS_IOC_SETFLAGS`, as `chattr`).
+fn set_flags(p: &Path, flags: u32) -> std::io::Result<()> {
+    let f = File::open(p)?;
+    let flags = flags as libc::c_int;
+    // SAFETY: FS_IOC_SETFLAGS reads one int through the pointer.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_SETFLAGS, &flags) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[test]
+fn chattr_flags_hold_on_every_mount_and_across_a_restart() {
+    use std::fs::OpenOptions;
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    const IMMUTABLE: u32 = 0x10;
+    const APPEND: u32 = 0x20;
+    const NODUMP: u32 = 0x40;
+    let mut c = Cluster::start(4, ClusterOpts::default());
+    let a = c.mount();
+    let b = c.mount();
+    fs::write(a.path.join("f"), b"kept").expect("write f");
+    fs::create_dir(a.path.join("d")).expect("mkdir d");
+    fs::write(a.path.join("d/in"), b"in").expect("write d/in");
+    set_flags(&a.path.join("f"), IMMUTABLE | NODUMP).expect("chattr +id f");
+    set_flags(&a.path.join("d"), APPEND).expect("chattr +a d");
+    // Refused on the other mount, to root as to anyone.
+    let (f, d) = (b.path.join("f"), b.path.join("d"));
+    assert_eq!(get_flags(&f).expect("lsattr f"), IMMUTABLE | NODUMP);
+    let eperm = libc::EPERM;
+    expect_errno(
+        OpenOptions::new().write(true).open(&f),
+        eperm,
+        "open to write",
+    );
+    expect_errno(
+        OpenOptions::new().append(true).open(&f),
+        eperm,
+        "open to append",
+    );
+    expect_errno(fs::remove_file(&f), eperm, "unlink");
+    expect_errno(fs::rename(&f, b.path.join("g")), eperm, "rename");
+    expect_errno(fs::hard_link(&f, b.path.join("h")), eperm, "link");
+    expect_errno(
+        fs::set_permissions(&f, fs::Permissions::from_mode(0o600)),
+        eperm,
+        "chmod",
+    );
+    let name = CString::new("user.x").expect("name");
+    let fp = cpath(&f);
+    // SAFETY: NUL-terminated strings and a 1-byte value.
+    let r = unsafe { libc::setxattr(fp.as_ptr(), name.as_ptr(), b"1".as_ptr().cast(), 1, 0) };
+    assert_eq!(
+        (r, std::io::Error::last_os_error().raw_os_error()),
+        (-1, Some(eperm)),
+        "setxattr"
+    );
+    // An append-only directory takes new entries and loses none.
+    fs::write(d.join("new"), b"new").expect("create in an append-only directory");
+    expect_errno(
+        fs::remove_file(d.join("in")),
+        eperm,
+        "unlink in an append-only directory",
+    );
+    expect_errno(
+        fs::rename(d.join("in"), d.join("in2")),
+        eperm,
+        "rename in an append-only directory",
+    );
+    // An append-only file: O_APPEND only, never truncated.
+    fs::write(a.path.join("log"), b"1\n").expect("write log");
+    set_flags(&a.path.join("log"), APPEND).expect("chattr +a log");
+    let log = b.path.join("log");
+    OpenOptions::new()
+        .append(true)
+        .open(&log)
+        .and_then(|mut l| l.write_all(b"2\n"))
+        .expect("append to an append-only file");
+    expect_errno(
+        OpenOptions::new().write(true).open(&log),
+        eperm,
+        "open to overwrite",
+    );
+    expect_errno(
+        OpenOptions::new().write(true).truncate(true).open(&log),
+        eperm,
+        "O_TRUNC",
+    );
+    assert_eq!(fs::read(&log).expect("read log"), b"1\n2\n");
+    // Kept by the servers: after a restart of every one, as before.
+    for i in 0..4 {
+        c.kill9(i);
+        c.restart(i);
+    }
+    let m = c.mount();
+    assert_eq!(
+        get_flags(&m.path.join("f")).expect("lsattr"),
+        IMMUTABLE | NODUMP
+    );
+    assert_eq!(get_flags(&m.path.join("d")).expect("lsattr"), APPEND);
+    expect_errno(
+        fs::remove_file(m.path.join("f")),
+        eperm,
+        "unlink after a restart",
+    );
+    // Cleared, it is an ordinary file again; flags not kept are refused.
+    set_flags(&m.path.join("f"), 0).expect("chattr -id");
+    fs::write(m.path.join("f"), b"changed").expect("write after chattr -i");
+    expect_errno(
+        set_flags(&m.path.join("f"), 0x4),
+        libc::EOPNOTSUPP,
+        "chattr +c (not kept)",
+    );
+    assert_eq!(fs::read(a.path.join("f")).expect("read on A"), b"changed");
+    set_flags(&m.path.join("d"), 0).expect("chattr -a d");
+    set_flags(&m.path.join("log"), 0).expect("chattr -a log");
+    drop((a, b, m));
+    fsck_clean(&c);
+}

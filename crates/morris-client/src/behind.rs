@@ -640,6 +640,7 @@ impl Client {
             || set.alloc.is_some()
             || set.nlink.is_some()
             || set.parent.is_some()
+            || set.flags.is_some()
         {
             return Ok(None);
         }

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use morris_proto::home::is_cache_id;
 use morris_proto::{
-    Attr, DirEntry, ErrorCode, FileId, FileKind, Handle, Inode, Reply, Request, SetAttr, Timestamp,
-    MAX_NAME_LEN, MAX_SYMLINK_LEN, ROOT_ID,
+    inode_flags, Attr, DirEntry, ErrorCode, FileId, FileKind, Handle, Inode, Reply, Request,
+    SetAttr, Timestamp, MAX_NAME_LEN, MAX_SYMLINK_LEN, ROOT_ID,
 };
 
 use crate::deferred::Step;
@@ -512,6 +512,8 @@ impl Client {
             mtime: now,
             ctime: now,
             rdev,
+            // As ext4: what reads and backups should do is inherited.
+            flags: dir.attr.flags & (inode_flags::NODUMP | inode_flags::NOATIME),
         }
     }
 
@@ -531,6 +533,7 @@ impl Client {
         let g = self.dir_guard(dir, Mode::Write).await?;
         let dir_inode = g.inode();
         self.check_change(&dir_inode).await?;
+        crate::flags::may_add(&dir_inode)?;
         self.permit_under(&g, &dir_inode, caller, W_OK | X_OK)
             .await?;
         if let Some(e) = self.entry_in(&g, name).await? {
@@ -725,8 +728,10 @@ impl Client {
             return Err(Error::new(ErrorCode::NotDir, "target is not a directory"));
         }
         self.check_change(&d).await?;
+        crate::flags::may_add(&d)?;
         let c = self.fresh(cg).await?;
         self.check_change(&c).await?;
+        crate::flags::may_name(&c)?;
         check_move(&c, &d, false)?;
         if c.attr.kind == FileKind::Dir {
             return Err(Error::new(ErrorCode::Perm, "hard link to a directory"));

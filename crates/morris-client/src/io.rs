@@ -14,7 +14,9 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use futures::future::{BoxFuture, FutureExt, Shared};
 use morris_proto::home::HomeRef;
-use morris_proto::{ErrorCode, FileId, FileKind, Handle, Reply, Request, Timestamp, MAX_FILE_SIZE};
+use morris_proto::{
+    inode_flags, ErrorCode, FileId, FileKind, Handle, Reply, Request, Timestamp, MAX_FILE_SIZE,
+};
 
 /// A block fetch in flight or done; cloneable so a block can serve two reads.
 type Fetch = Shared<BoxFuture<'static, Result<Bytes>>>;
@@ -197,7 +199,13 @@ impl Client {
             .is_ok_and(|f| morris_proto::home::is_cache_id(f.id))
     }
 
-    pub(crate) async fn do_open(&self, id: FileId, write: bool, truncate: bool) -> Result<u64> {
+    pub(crate) async fn do_open(
+        &self,
+        id: FileId,
+        write: bool,
+        truncate: bool,
+        append: bool,
+    ) -> Result<u64> {
         if write {
             self.make_local(id, |_| truncate).await?;
         }
@@ -212,6 +220,7 @@ impl Client {
             }
             if write {
                 self.check_change(&g.inode()).await?;
+                crate::flags::may_write(&g.inode(), append && !truncate)?;
             } else if g.inode().attr.kind == FileKind::File {
                 // Opened to read: reads the kernel serves from its page
                 // cache never reach this client, so `relatime` counts the
@@ -327,6 +336,10 @@ impl Client {
         let h = {
             let mut st = g.entry.state.lock();
             let a = &st.inode.attr;
+            if a.flags & inode_flags::NOATIME != 0 {
+                // `chattr +A`.
+                return;
+            }
             let stale = match atime {
                 Atime::Strict => now.secs > a.atime.secs,
                 _ => {
@@ -570,6 +583,11 @@ impl Client {
         let mut tries = 0;
         loop {
             let g = self.leases.get(f.h, Mode::Write).await?;
+            let flags = g.entry.state.lock().inode.attr.flags;
+            if flags & (inode_flags::IMMUTABLE | inode_flags::APPEND) != 0 {
+                // Made so after this open.
+                crate::flags::may_write(&g.inode(), false)?;
+            }
             match self.write_behind(&f, &g, offset, data.clone()).await {
                 // The lease lapsed (its owner silent for a lease time: a
                 // takeover, a restart) before this write or the bytes
@@ -623,7 +641,13 @@ impl Client {
             .lock()
             .await;
         let g = self.leases.get(f.h, Mode::Write).await?;
-        let offset = g.entry.state.lock().inode.attr.size;
+        let (offset, flags) = {
+            let st = g.entry.state.lock();
+            (st.inode.attr.size, st.inode.attr.flags)
+        };
+        if flags & inode_flags::IMMUTABLE != 0 {
+            crate::flags::may_write(&g.inode(), true)?;
+        }
         if offset
             .checked_add(data.len() as u64)
             .is_none_or(|e| e > MAX_FILE_SIZE)

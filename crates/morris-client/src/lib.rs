@@ -19,6 +19,7 @@ mod copy;
 mod deferred;
 mod dirlock;
 mod dirpages;
+mod flags;
 mod fs;
 mod ids;
 mod io;
@@ -661,6 +662,15 @@ impl Client {
         self.do_setattr(id, set, caller).await
     }
 
+    /// Sets the inode flags of `id` (`chattr`: [`morris_proto::inode_flags`]).
+    pub async fn set_flags(&self, id: FileId, flags: u32, caller: &Caller) -> Result<Inode> {
+        let set = SetAttr {
+            flags: Some(flags),
+            ..SetAttr::default()
+        };
+        self.do_setattr(id, set, caller).await
+    }
+
     /// Clears the set-user-ID bit of `id` (not a directory) and, if it is
     /// group-executable, its set-group-ID bit, if they are set: what
     /// Linux does on a write or truncate by a caller without
@@ -811,6 +821,18 @@ impl Client {
     /// Opens `id`; `write` takes the write lease, `truncate` empties the file.
     /// Returns an open-file number for read/write/flush/fsync/release.
     pub async fn open(&self, id: FileId, write: bool, truncate: bool) -> Result<u64> {
+        self.open_with(id, write, truncate, false).await
+    }
+
+    /// [`Client::open`], `append` saying whether writes go to the end
+    /// (`O_APPEND`: the only writes an append-only file takes).
+    pub async fn open_with(
+        &self,
+        id: FileId,
+        write: bool,
+        truncate: bool,
+        append: bool,
+    ) -> Result<u64> {
         // Whether it still has a name decides whether its open is recorded.
         self.deferred.settled(id).await;
         if let Some(i) = self.leases.cached_inode(id) {
@@ -818,7 +840,7 @@ impl Client {
                 self.after_find_by_id(i).await?;
             }
         }
-        self.do_open(id, write, truncate).await
+        self.do_open(id, write, truncate, append).await
     }
 
     /// [`Client::after_find`] for an operation on an object rather than a

@@ -76,6 +76,7 @@ pub fn check_access_acl(inode: &Inode, acl: Option<&Acl>, c: &Caller, mask: u32)
 /// the directory, by `dir_acl` if it has one; with the sticky bit, only the
 /// owner of the file or directory).
 pub fn check_delete(dir: &Inode, dir_acl: Option<&Acl>, child: &Inode, c: &Caller) -> Result<()> {
+    crate::flags::may_remove(dir, child)?;
     check_access_acl(dir, dir_acl, c, W_OK | X_OK)?;
     if c.check
         && c.uid != 0
@@ -97,6 +98,7 @@ pub fn check_setattr(
     set: &SetAttr,
     c: &Caller,
 ) -> Result<SetAttr> {
+    crate::flags::may_set(inode, set, c)?;
     let mut out = set.clone();
     if !c.check || c.uid == 0 {
         return Ok(out);
@@ -156,6 +158,7 @@ pub(crate) fn test_inode(kind: morris_proto::FileKind, mode: u32, uid: u32, gid:
             mtime: Timestamp::default(),
             ctime: Timestamp::default(),
             rdev: 0,
+            flags: 0,
         },
         target: None,
         stale: Vec::new(),

@@ -55,6 +55,7 @@ impl Client {
             self.drained(&g.entry, async { Ok(()) }).await?;
             let cur = self.fresh(&g).await?;
             self.check_change(&cur).await?;
+            crate::flags::may_fallocate(&cur, !punch)?;
             if cur.attr.kind != FileKind::File {
                 return Err(Error::new(ErrorCode::Invalid, "not a regular file"));
             }

@@ -192,6 +192,7 @@ impl Client {
         let g = self.leases.get(h, Mode::Write).await?;
         let cur = self.fresh(&g).await?;
         self.check_change(&cur).await?;
+        crate::flags::may_set_xattr(&cur)?;
         let acl = self.acl_under(&g, &cur, caller).await?;
         check_xattr(&cur, acl.as_ref(), caller, name, true)?;
         let _one_at_a_time = self.leases.store_lock(id).await;

@@ -167,6 +167,7 @@ mod tests {
                     nanos: 7,
                 },
                 rdev: 0x0801,
+                flags: 0,
             },
             target: None,
             stale: Vec::new(),

@@ -34,6 +34,7 @@ use morris_proto::{LockKind, XattrHow, MAX_NAME_LEN};
 use tokio::runtime::Handle;
 
 use crate::attr::{file_attr, is_empty, mknod_kind, set_attr};
+use crate::chattr;
 use crate::dirents;
 use crate::errno::fail;
 
@@ -698,12 +699,13 @@ impl Filesystem for MorrisFs {
         // Present because FUSE_ATOMIC_O_TRUNC was negotiated; without it the
         // kernel truncates with a setattr before the open.
         let truncate = flags.0 & libc::O_TRUNC != 0;
+        let append = flags.0 & libc::O_APPEND != 0;
         let how = open_flags(flags.0);
         // A truncating open by a caller without CAP_FSETID (taken as: not
         // root) clears set-ID bits (`FUSE_HANDLE_KILLPRIV_V2`).
         let kill = truncate && write && req.uid() != 0;
         self.spawn("open", req, ino.0, move |s| async move {
-            match s.client.open(ino.0, write, truncate).await {
+            match s.client.open_with(ino.0, write, truncate, append).await {
                 Ok(fh) => {
                     if kill {
                         if let Err(e) = s.client.clear_setid(ino.0).await {
@@ -1047,7 +1049,8 @@ impl Filesystem for MorrisFs {
             };
             // Without O_EXCL the file may be one another client just created:
             // O_TRUNC then applies to it as to any existing file.
-            match s.client.open(inode.id, write, truncate).await {
+            let append = flags & libc::O_APPEND != 0;
+            match s.client.open_with(inode.id, write, truncate, append).await {
                 Ok(fh) => {
                     let attr = file_attr(&inode, s.blksize);
                     let gen = Generation(u64::from(inode.gen));
@@ -1231,19 +1234,49 @@ impl Filesystem for MorrisFs {
 
     fn ioctl(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         _fh: FileHandle,
         _flags: IoctlFlags,
-        _cmd: u32,
-        _in_data: &[u8],
+        cmd: u32,
+        in_data: &[u8],
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
-        // What a local file system answers for ioctls it does not know
-        // (e.g. the TCGETS of every isatty() on a regular file), quietly:
-        // fuser's default logs a warning for each one.
-        refuse!(reply, Errno::ENOTTY);
+        let who = caller(req);
+        let set = match cmd {
+            chattr::GETFLAGS | chattr::FSGETXATTR => None,
+            chattr::SETFLAGS => match chattr::flags_arg(in_data) {
+                Some(f) => Some(Ok(f)),
+                None => return refuse!(reply, Errno::EINVAL),
+            },
+            chattr::FSSETXATTR => Some(Err(in_data.to_vec())),
+            // What a local file system answers for ioctls it does not
+            // know (e.g. the TCGETS of every isatty() on a regular file),
+            // quietly: fuser's default logs a warning for each one.
+            _ => return refuse!(reply, Errno::ENOTTY),
+        };
+        self.spawn("ioctl", req, ino.0, move |s| async move {
+            let cur = match s.client.getattr(ino.0).await {
+                Ok(i) => i.attr.flags,
+                Err(e) => return refuse!(reply, fail("ioctl", ino.0, &e)),
+            };
+            let want = match set {
+                None if cmd == chattr::GETFLAGS => {
+                    return reply.ioctl(0, &cur.to_ne_bytes());
+                }
+                None => return reply.ioctl(0, &chattr::fsxattr(cur)),
+                Some(Ok(f)) => f,
+                Some(Err(x)) => match chattr::from_fsxattr(&x, cur) {
+                    Ok(f) => f,
+                    Err(()) => return refuse!(reply, Errno::EOPNOTSUPP),
+                },
+            };
+            match s.client.set_flags(ino.0, want, &who).await {
+                Ok(_) => reply.ioctl(0, &[]),
+                Err(e) => refuse!(reply, fail("ioctl", ino.0, &e)),
+            }
+        });
     }
 
     fn copy_file_range(

@@ -35,6 +35,7 @@
 
 mod access;
 mod attr;
+mod chattr;
 mod dirents;
 mod errno;
 mod fs;

@@ -132,6 +132,24 @@ pub struct Attr {
     pub ctime: Timestamp,
     /// Device number for character and block devices.
     pub rdev: u32,
+    /// Inode flags (`chattr`), as Linux's `FS_IOC_GETFLAGS` numbers them;
+    /// only those of [`inode_flags::KEPT`].
+    pub flags: u32,
+}
+
+/// The inode flags a volume keeps ([`Attr::flags`], `chattr`/`lsattr`),
+/// with Linux's `FS_*_FL` values.
+pub mod inode_flags {
+    /// `i`: nothing changes the object, its names or (a directory) its entries.
+    pub const IMMUTABLE: u32 = 0x10;
+    /// `a`: a file is only appended to; a directory's entries are only added.
+    pub const APPEND: u32 = 0x20;
+    /// `d`: `dump(8)` skips it (kept, not acted on).
+    pub const NODUMP: u32 = 0x40;
+    /// `A`: reads do not move the access time.
+    pub const NOATIME: u32 = 0x80;
+    /// Every flag kept; others are refused.
+    pub const KEPT: u32 = IMMUTABLE | APPEND | NODUMP | NOATIME;
 }
 
 /// An inode: the "block 0" of a file, kept by the file's owning server.
@@ -251,6 +269,8 @@ pub struct SetAttr {
     /// [`Inode::alloc`]). A new size of 0 without it forgets the last
     /// measure (an empty file has no holes).
     pub alloc: Option<u64>,
+    /// New inode flags ([`Attr::flags`]).
+    pub flags: Option<u32>,
 }
 
 /// Longest extended attribute name, with its namespace (`user.x`), in bytes.

@@ -123,9 +123,22 @@ CREATE TABLE IF NOT EXISTS opens (
 /// replacement's mark, `store/rebuild.rs`: a server of format 2 would
 /// ignore it and answer zeros for the blocks it lacks). Format 4 may hold
 /// inode records that end with their data's measured size (`stored.rs`
-/// `MeasuredInode`: format 3 code would drop it). A store of a later
+/// `MeasuredInode`: format 3 code would drop it). Format 5 may hold
+/// records with `chattr` flags (`FlaggedInode`). A store of a later
 /// format is refused: this code could misread it.
-pub const STORE_FORMAT: i64 = 4;
+pub const STORE_FORMAT: i64 = 5;
+
+/// Refuses inode flags the volume does not keep.
+pub(crate) fn check_flags(flags: u32) -> Result<(), WireError> {
+    let other = flags & !morris_proto::inode_flags::KEPT;
+    if other != 0 {
+        return Err(WireError::new(
+            ErrorCode::NotSupported,
+            format!("inode flags {other:#x} are not kept"),
+        ));
+    }
+    Ok(())
+}
 
 /// A failure opening the store.
 #[derive(Debug, thiserror::Error)]
@@ -655,6 +668,7 @@ impl Store {
                         mtime: now,
                         ctime: now,
                         rdev: 0,
+                        flags: 0,
                     },
                     stale: Vec::new(),
                     alloc: None,
@@ -783,6 +797,17 @@ impl Store {
             if let Some(n) = set.nlink {
                 a.nlink = n;
             }
+            if let Some(f) = set.flags {
+                check_flags(f)?;
+                if ino.home.is_some() && f != 0 {
+                    return Err(WireError::new(
+                        ErrorCode::NotSupported,
+                        "inode flags are not kept for objects cached from a home",
+                    ));
+                }
+                ino.attr.flags = f;
+            }
+            let a = &mut ino.attr;
             a.ctime = set.ctime.unwrap_or_else(Timestamp::now);
             if ino.attr.kind == FileKind::File && ino.home.is_none() {
                 let dense = ino.attr.size.checked_next_multiple_of(4096);

@@ -240,6 +240,7 @@ fn attr(kind: FileKind) -> Attr {
         mtime: now,
         ctime: now,
         rdev: 0,
+        flags: 0,
     }
 }
 

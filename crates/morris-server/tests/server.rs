@@ -227,6 +227,7 @@ fn attr(kind: FileKind) -> Attr {
         mtime: Timestamp::now(),
         ctime: Timestamp::now(),
         rdev: 0,
+        flags: 0,
     }
 }
 

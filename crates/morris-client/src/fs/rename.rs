@@ -102,6 +102,7 @@ impl Client {
             }
             self.check_change(&sg.inode()).await?;
             self.check_change(&dg.inode()).await?;
+            crate::flags::may_add(&dg.inode())?;
             let s_inode = self.do_getattr_nolease(s.child).await?;
             let moves_at_home = self.moves_at_home(&s_inode).await?;
             check_move(&s_inode, &dg.inode(), moves_at_home)?;
@@ -273,6 +274,10 @@ impl Client {
             return Ok(());
         }
         self.check_change(&g.inode()).await?;
+        for e in [&ea, &eb] {
+            let child = self.do_getattr_nolease(e.child).await?;
+            crate::flags::may_remove(&g.inode(), &child)?;
+        }
         if caller.check {
             // Each name is removed and made again: write and search here,
             // and the sticky rule for both objects.
@@ -390,6 +395,8 @@ impl Client {
             let d_inode = self.do_getattr_nolease(d.child).await?;
             check_move(&s_inode, &dg.inode(), false)?;
             check_move(&d_inode, &sg.inode(), false)?;
+            crate::flags::may_remove(&sg.inode(), &s_inode)?;
+            crate::flags::may_remove(&dg.inode(), &d_inode)?;
             if caller.check {
                 // Each object leaves one directory and enters the other.
                 let s_acl = self.acl_under(sg, &sg.inode(), caller).await?;

@@ -63,7 +63,7 @@ impl Client {
         let id = inode.id;
         self.leases
             .install_granted(Mode::Write, inode.clone(), fence, xattrs);
-        let fh = match self.do_open(id, write, false).await {
+        let fh = match self.do_open(id, write, false, false).await {
             Ok(fh) => fh,
             Err(e) => {
                 self.unmade(&inode).await;

@@ -387,6 +387,7 @@ pub(crate) fn attr_of(a: &HomeAttr) -> Attr {
         mtime: time_of(a.mtime),
         ctime: time_of(a.ctime),
         rdev: makedev(a.rdev.0, a.rdev.1),
+        flags: 0,
     }
 }
 

@@ -112,6 +112,10 @@ impl Store {
         let (layout, index) = self.layout_and_index()?;
         let mut attr = attr.clone();
         attr.mode &= 0o7777;
+        super::check_flags(attr.flags)?;
+        if home.is_some() {
+            attr.flags = 0;
+        }
         match (attr.kind, target) {
             (FileKind::Symlink, Some(t)) => {
                 if t.is_empty() || t.len() > MAX_SYMLINK_LEN {

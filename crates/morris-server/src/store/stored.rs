@@ -122,6 +122,7 @@ impl From<StoredAttr> for Attr {
             mtime: a.mtime.into(),
             ctime: a.ctime.into(),
             rdev: a.rdev,
+            flags: 0,
         }
     }
 }
@@ -151,6 +152,24 @@ struct MeasuredInode {
     alloc: u64,
 }
 
+/// An inode with `chattr` flags (store format 5): [`StoredInode`]'s
+/// fields, its measure if it has one, then the flags (never 0: an inode
+/// without flags keeps an older layout). Neither older layout decodes
+/// whole as this one, nor this one as them: after the common fields,
+/// [`StoredInode`] has nothing, [`MeasuredInode`] one varint (whose first
+/// byte, read as this one's option tag, is either invalid or leaves the
+/// flags missing), and this one an option and a varint that is not 0.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct FlaggedInode {
+    id: FileId,
+    gen: u32,
+    parent: FileId,
+    attr: StoredAttr,
+    target: Option<Vec<u8>>,
+    alloc: Option<u64>,
+    flags: u32,
+}
+
 fn corrupt(id: FileId, e: impl std::fmt::Display) -> WireError {
     WireError::new(
         ErrorCode::Io,
@@ -163,6 +182,18 @@ pub(super) fn encode_inode(ino: &Inode) -> Result<Vec<u8>, WireError> {
     let attr = StoredAttr::from(&ino.attr);
     let target = ino.target.clone();
     let (id, gen, parent) = (ino.id, ino.gen, ino.parent);
+    if ino.attr.flags != 0 {
+        return postcard::to_stdvec(&FlaggedInode {
+            id,
+            gen,
+            parent,
+            attr,
+            target,
+            alloc: ino.alloc,
+            flags: ino.attr.flags,
+        })
+        .map_err(|e| corrupt(ino.id, e));
+    }
     match ino.alloc {
         None => postcard::to_stdvec(&StoredInode {
             id,
@@ -195,30 +226,47 @@ fn whole<'a, T: Deserialize<'a>>(data: &'a [u8]) -> Result<T, String> {
 /// Decodes the `data` column of inode `id` (its `stale` list empty and no
 /// home link: the callers fill them from their tables).
 pub(super) fn decode_inode(id: FileId, data: &[u8]) -> Result<Inode, WireError> {
-    let (s, alloc) = match whole::<MeasuredInode>(data) {
-        Ok(m) => (
-            StoredInode {
-                id: m.id,
-                gen: m.gen,
-                parent: m.parent,
-                attr: m.attr,
-                target: m.target,
-            },
-            Some(m.alloc),
-        ),
-        Err(_) => (
+    let (s, alloc, flags) = if let Ok(m) = whole::<MeasuredInode>(data) {
+        let s = StoredInode {
+            id: m.id,
+            gen: m.gen,
+            parent: m.parent,
+            attr: m.attr,
+            target: m.target,
+        };
+        (s, Some(m.alloc), 0)
+    } else if let Ok(f) = whole::<FlaggedInode>(data).and_then(|f| {
+        if f.flags == 0 {
+            Err("a flagged record without flags".to_string())
+        } else {
+            Ok(f)
+        }
+    }) {
+        let s = StoredInode {
+            id: f.id,
+            gen: f.gen,
+            parent: f.parent,
+            attr: f.attr,
+            target: f.target,
+        };
+        (s, f.alloc, f.flags)
+    } else {
+        (
             whole::<StoredInode>(data).map_err(|e| corrupt(id, e))?,
             None,
-        ),
+            0,
+        )
     };
     if s.id != id {
         return Err(corrupt(id, format!("record names id {}", s.id)));
     }
+    let mut attr = Attr::from(s.attr);
+    attr.flags = flags;
     Ok(Inode {
         id: s.id,
         gen: s.gen,
         parent: s.parent,
-        attr: s.attr.into(),
+        attr,
         target: s.target,
         stale: Vec::new(),
         home: None,
@@ -250,6 +298,7 @@ mod tests {
                 mtime: t(-2, 999_999_999),
                 ctime: t(0, 0),
                 rdev: 0,
+                flags: 0,
             },
             target: Some(b"d/f".to_vec()),
             stale: Vec::new(),
@@ -331,5 +380,50 @@ mod tests {
         assert_eq!(decode_inode(300, &bytes).unwrap(), i);
         i.alloc = Some(0);
         assert_eq!(decode_inode(300, &encode_inode(&i).unwrap()).unwrap(), i);
+    }
+
+    /// Format 5: an inode with flags is the older layout, its measure as an
+    /// option, then the flags; without flags, nothing changes.
+    #[test]
+    fn a_flagged_inode_is_the_older_record_its_measure_and_its_flags() {
+        let mut i = symlink();
+        i.attr.flags = 0x30;
+        let bytes = encode_inode(&i).unwrap();
+        assert_eq!(&bytes[..GOLDEN.len()], GOLDEN);
+        assert_eq!(&bytes[GOLDEN.len()..], &[0x00, 0x30]);
+        assert_eq!(decode_inode(300, &bytes).unwrap(), i);
+        for alloc in [
+            None,
+            Some(0),
+            Some(1),
+            Some(2),
+            Some(127),
+            Some(128),
+            Some(1 << 40),
+        ] {
+            for flags in [0, 0x10, 0x20, 0x40, 0x80, 0xf0, 0x1_0000] {
+                let mut i = symlink();
+                i.alloc = alloc;
+                i.attr.flags = flags;
+                let bytes = encode_inode(&i).unwrap();
+                assert_eq!(
+                    decode_inode(300, &bytes).unwrap(),
+                    i,
+                    "{alloc:?} {flags:#x}"
+                );
+                if flags == 0 {
+                    assert!(whole::<FlaggedInode>(&bytes).is_err(), "{alloc:?}");
+                } else {
+                    assert!(
+                        whole::<MeasuredInode>(&bytes).is_err(),
+                        "{alloc:?} {flags:#x}"
+                    );
+                    assert!(
+                        whole::<StoredInode>(&bytes).is_err(),
+                        "{alloc:?} {flags:#x}"
+                    );
+                }
+            }
+        }
     }
 }

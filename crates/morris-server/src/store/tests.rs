@@ -26,6 +26,7 @@ pub(super) fn attr(kind: FileKind) -> Attr {
         mtime: Timestamp::default(),
         ctime: Timestamp::default(),
         rdev: 0,
+        flags: 0,
     }
 }
 
@@ -763,19 +764,45 @@ fn stale_copy_records_widen_advance_by_seq_and_travel_with_the_inode() {
 fn inodes_stored_before_stale_records_existed_still_decode() {
     // The stored layout of an inode: the wire Inode of protocol 2, which had
     // no `stale` field. Records stored then must read back unchanged.
+    // (The wire `Attr` of then: no flags, which protocol 25 added.)
+    #[derive(serde::Serialize)]
+    struct AttrV2 {
+        kind: FileKind,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        nlink: u32,
+        size: u64,
+        atime: Timestamp,
+        mtime: Timestamp,
+        ctime: Timestamp,
+        rdev: u32,
+    }
     #[derive(serde::Serialize)]
     struct InodeV2 {
         id: FileId,
         gen: u32,
         parent: FileId,
-        attr: Attr,
+        attr: AttrV2,
         target: Option<Vec<u8>>,
     }
+    let a = attr(FileKind::Symlink);
     let old = InodeV2 {
         id: 42,
         gen: 7,
         parent: 0,
-        attr: attr(FileKind::Symlink),
+        attr: AttrV2 {
+            kind: a.kind,
+            mode: a.mode,
+            uid: a.uid,
+            gid: a.gid,
+            nlink: a.nlink,
+            size: a.size,
+            atime: a.atime,
+            mtime: a.mtime,
+            ctime: a.ctime,
+            rdev: a.rdev,
+        },
         target: Some(b"/x".to_vec()),
     };
     let blob = postcard::to_stdvec(&old).unwrap();
