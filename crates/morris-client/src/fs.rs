@@ -594,16 +594,7 @@ impl Client {
             Ok(r) => r,
             Err(e) => {
                 // Nothing names the new inode; remove it (fsck would otherwise).
-                let _ = self
-                    .call_owner(
-                        inode.id,
-                        Request::DeleteInode {
-                            ino: inode.handle(),
-                            op: self.pool.next_op(),
-                        },
-                    )
-                    .await;
-                self.leases.forget(inode.id);
+                self.remove_unnamed(&inode).await;
                 if e.code == ErrorCode::Exists && !exclusive {
                     // Made by another client after this one's write lease
                     // was lost on the way (requests of this client wait for

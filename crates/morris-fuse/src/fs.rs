@@ -378,6 +378,21 @@ fn writes(flags: i32) -> bool {
     OpenFlags(flags).acc_mode() != OpenAccMode::O_RDONLY
 }
 
+/// Answers a create (or `O_TMPFILE`) of `inode`, opened as `fh` with
+/// open flags `flags`. The reply's one TTL covers the name too (see
+/// `reply_entry`).
+fn created(reply: ReplyCreate, inode: &Inode, blksize: u32, fh: u64, flags: i32) {
+    let attr = file_attr(inode, blksize);
+    let gen = Generation(u64::from(inode.gen));
+    reply.created(
+        &Duration::ZERO,
+        &attr,
+        gen,
+        FileHandle(fh),
+        open_flags(flags),
+    );
+}
+
 /// How the kernel should treat an open file. Writes through an `O_APPEND`
 /// descriptor bypass the page cache (`FOPEN_DIRECT_IO`): the client puts
 /// them at the end of the file as the volume has it, which another mount
@@ -1051,18 +1066,7 @@ impl Filesystem for MorrisFs {
             // O_TRUNC then applies to it as to any existing file.
             let append = flags & libc::O_APPEND != 0;
             match s.client.open_with(inode.id, write, truncate, append).await {
-                Ok(fh) => {
-                    let attr = file_attr(&inode, s.blksize);
-                    let gen = Generation(u64::from(inode.gen));
-                    // The reply's one TTL covers the name too (see `reply_entry`).
-                    reply.created(
-                        &Duration::ZERO,
-                        &attr,
-                        gen,
-                        FileHandle(fh),
-                        open_flags(flags),
-                    );
-                }
+                Ok(fh) => created(reply, &inode, s.blksize, fh, flags),
                 Err(e) => refuse!(reply, fail("create", parent.0, &e)),
             }
         });
@@ -1091,17 +1095,7 @@ impl Filesystem for MorrisFs {
                 .tmpfile(parent.0, mode & 0o7777, write, linkable, &who)
                 .await
             {
-                Ok((inode, fh)) => {
-                    let attr = file_attr(&inode, s.blksize);
-                    let gen = Generation(u64::from(inode.gen));
-                    reply.created(
-                        &Duration::ZERO,
-                        &attr,
-                        gen,
-                        FileHandle(fh),
-                        open_flags(flags),
-                    );
-                }
+                Ok((inode, fh)) => created(reply, &inode, s.blksize, fh, flags),
                 Err(e) => refuse!(reply, fail("tmpfile", parent.0, &e)),
             }
         });

@@ -66,7 +66,7 @@ impl Client {
         let fh = match self.do_open(id, write, false, false).await {
             Ok(fh) => fh,
             Err(e) => {
-                self.unmade(&inode).await;
+                self.remove_unnamed(&inode).await;
                 return Err(e);
             }
         };
@@ -87,15 +87,16 @@ impl Client {
             Err(e) => {
                 // Its last close reaps it if the link went after all.
                 let _ = self.do_release(fh).await;
-                self.unmade(&inode).await;
+                self.remove_unnamed(&inode).await;
                 Err(e)
             }
         }
     }
 
-    /// Removes a file made by [`Client::do_tmpfile`] that could not be
-    /// opened or unnamed (fsck reclaims it if this fails too).
-    async fn unmade(&self, inode: &Inode) {
+    /// Removes a new inode that nothing names (a create whose `Link`
+    /// failed, a file made by [`Client::do_tmpfile`] that could not be
+    /// opened or unnamed); fsck reclaims it if this fails too.
+    pub(super) async fn remove_unnamed(&self, inode: &Inode) {
         let gone = self
             .call_owner(
                 inode.id,
