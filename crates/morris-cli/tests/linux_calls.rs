@@ -654,6 +654,27 @@ fn chattr_flags_hold_on_every_mount_and_across_a_restart() {
         "O_TRUNC",
     );
     assert_eq!(fs::read(&log).expect("read log"), b"1\n2\n");
+    // Its times move to now (`touch`), never elsewhere.
+    let lp = cpath(&log);
+    // SAFETY: a NUL-terminated path; NULL times mean "now".
+    let r = unsafe { libc::utimensat(libc::AT_FDCWD, lp.as_ptr(), std::ptr::null(), 0) };
+    assert_eq!(
+        r,
+        0,
+        "touch an append-only file: {}",
+        std::io::Error::last_os_error()
+    );
+    let epoch = [libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    }; 2];
+    // SAFETY: as above, with two explicit times.
+    let r = unsafe { libc::utimensat(libc::AT_FDCWD, lp.as_ptr(), epoch.as_ptr(), 0) };
+    assert_eq!(
+        (r, std::io::Error::last_os_error().raw_os_error()),
+        (-1, Some(eperm)),
+        "utime of an append-only file to the epoch"
+    );
     // Kept by the servers: after a restart of every one, as before.
     for i in 0..4 {
         c.kill9(i);

@@ -6,7 +6,7 @@
 //! | change | immutable (`i`) | append-only (`a`) |
 //! |---|---|---|
 //! | open for writing, write | `EPERM` | only with `O_APPEND` |
-//! | truncate, chmod, chown, utimes | `EPERM` | `EPERM` (times: allowed) |
+//! | truncate, chmod, chown, utimes | `EPERM` | `EPERM` (times set to now: allowed) |
 //! | unlink, rename, link it | `EPERM` | `EPERM` |
 //! | set or remove an extended attribute | `EPERM` | `EPERM` |
 //! | fallocate | `EPERM` | only plain allocation |
@@ -83,6 +83,23 @@ pub(crate) fn may_fallocate(i: &Inode, plain: bool) -> Result<()> {
     may_write(i, plain)
 }
 
+/// Whether the times `set` sets (if any) are "now" (`utime(NULL)`, NFS's
+/// `SET_TO_SERVER_TIME`), which an append-only object takes; explicit
+/// times it refuses. The front ends resolve "now" before the change gets
+/// here, so a time within [`NOW_SLACK_SECS`] of this client's clock
+/// counts as "now" (an explicit time that close moves it no further than
+/// `touch` would).
+fn times_now(set: &SetAttr) -> bool {
+    let now = morris_proto::Timestamp::now().secs;
+    [set.atime, set.mtime]
+        .into_iter()
+        .flatten()
+        .all(|t| (t.secs - now).abs() <= NOW_SLACK_SECS)
+}
+
+/// See [`times_now`].
+const NOW_SLACK_SECS: i64 = 2;
+
 /// An attribute change of `i` by `c`.
 pub(crate) fn may_set(i: &Inode, set: &SetAttr, c: &Caller) -> Result<()> {
     let others = set.mode.is_some() || set.uid.is_some() || set.gid.is_some() || set.size.is_some();
@@ -90,7 +107,7 @@ pub(crate) fn may_set(i: &Inode, set: &SetAttr, c: &Caller) -> Result<()> {
     if i.attr.flags & IMMUTABLE != 0 && (others || times) {
         return Err(refuse(i, "immutable"));
     }
-    if i.attr.flags & APPEND != 0 && others {
+    if i.attr.flags & APPEND != 0 && (others || !times_now(set)) {
         return Err(refuse(i, "append-only"));
     }
     if let Some(f) = set.flags {
@@ -170,7 +187,12 @@ mod tests {
             atime: Some(morris_proto::Timestamp::now()),
             ..SetAttr::default()
         };
-        assert!(may_set(&i, &times, &user(0)).is_ok());
+        assert!(may_set(&i, &times, &user(0)).is_ok(), "touch");
+        let epoch = SetAttr {
+            mtime: Some(morris_proto::Timestamp { secs: 0, nanos: 0 }),
+            ..SetAttr::default()
+        };
+        assert!(may_set(&i, &epoch, &user(0)).is_err(), "utime to the epoch");
     }
 
     #[test]
