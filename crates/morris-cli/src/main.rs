@@ -19,6 +19,7 @@ mod mountinfo;
 mod nfs;
 mod profile;
 mod progress;
+mod quota;
 mod runtime;
 mod scrub;
 mod server;
@@ -82,6 +83,8 @@ enum Command {
     Key(key::KeyArgs),
     /// Change the servers of a running volume: replace a lost one.
     Volume(volume::VolumeArgs),
+    /// What each user and group stores in a volume.
+    Quota(quota::QuotaArgs),
 }
 
 /// How verbose logging is when `RUST_LOG` is not set.
@@ -129,6 +132,7 @@ fn main() -> ExitCode {
         Command::Status(a) => status::run(a),
         Command::Stats(a) => stats::run(a),
         Command::Info(a) => info::run(a),
+        Command::Quota(a) => quota::run(a),
         Command::Profile(a) => profile::run(a),
         Command::Fsck(a) => fsck::run(a),
         Command::Scrub(a) => scrub::run(a),

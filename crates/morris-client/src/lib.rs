@@ -36,6 +36,7 @@ mod replicas;
 mod resync;
 mod slow;
 mod space;
+mod usage;
 mod xattrs;
 
 pub use copies::Repair;
@@ -52,7 +53,7 @@ use morris_proto::layout::Layout;
 use morris_proto::Push;
 pub use morris_proto::{
     DirEntry, ErrorCode, FileId, FileKind, Handle, Inode, ResyncStatus, SetAttr, StaleCopy,
-    Timestamp, VolumeDescriptor, ROOT_ID,
+    Timestamp, UsageRow, VolumeDescriptor, ROOT_ID,
 };
 use parking_lot::Mutex;
 use tokio::sync::mpsc;

@@ -56,8 +56,8 @@ use uuid::Uuid;
 
 use crate::home::{Binding, HomeRef, HomeStamp};
 use crate::types::{
-    Attr, DirEntry, FileId, FileKind, Handle, Inode, LockInfo, LockKind, ServerStats, SetAttr,
-    StaleCopy, Timestamp, VolumeDescriptor, Xattr, XattrHow,
+    Attr, DirEntry, FileId, FileKind, Handle, Inode, LockInfo, LockKind, RangeUsage, ServerStats,
+    SetAttr, StaleCopy, Timestamp, VolumeDescriptor, Xattr, XattrHow,
 };
 
 /// The kind of lease a recall wants to make room for.
@@ -995,6 +995,9 @@ pub enum Request {
         /// Its first extended attributes (inherited ACLs).
         xattrs: Vec<Xattr>,
     },
+    /// What each user and group has stored in the metadata ranges this
+    /// server serves (`morris quota`). [`Reply::Usage`].
+    Usage,
 }
 
 /// A change to one object not yet pushed home (cache mode II), kept by the
@@ -1101,7 +1104,7 @@ impl Request {
     }
 
     /// Every request name [`Request::name`] returns (for metrics).
-    pub const NAMES: [&'static str; 82] = [
+    pub const NAMES: [&'static str; 83] = [
         "Hello",
         "Format",
         "Replace",
@@ -1184,6 +1187,7 @@ impl Request {
         "Holders",
         "ReserveIds",
         "CreateInodeAt",
+        "Usage",
     ];
 
     /// The request's name, for counters and logs.
@@ -1271,6 +1275,7 @@ impl Request {
             Request::Holders { .. } => "Holders",
             Request::ReserveIds { .. } => "ReserveIds",
             Request::CreateInodeAt { .. } => "CreateInodeAt",
+            Request::Usage => "Usage",
         }
     }
 }
@@ -1446,6 +1451,8 @@ pub enum Reply {
     Holders(Vec<LeaseHolder>),
     /// Answer to [`Request::ReserveIds`]: the ids set aside.
     Ids(Vec<FileId>),
+    /// Answer to [`Request::Usage`]: each range served here.
+    Usage(Vec<RangeUsage>),
 }
 
 /// One lease on an inode and the client holding it ([`Reply::Holders`]).

@@ -243,6 +243,29 @@ impl Inode {
     }
 }
 
+/// What one user or one group has stored in one metadata range
+/// (`morris quota`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageRow {
+    /// A group (`gid`), not a user (`uid`).
+    pub group: bool,
+    /// The uid or gid (-1: inode records that do not decode).
+    pub id: i64,
+    /// Inodes it owns.
+    pub inodes: i64,
+    /// Bytes its regular files take on the servers' disks (one copy).
+    pub bytes: i64,
+}
+
+/// One metadata range's [`UsageRow`]s, as the server serving it counts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RangeUsage {
+    /// The range (the index of the server whose ids it holds).
+    pub range: u32,
+    /// Its rows.
+    pub rows: Vec<UsageRow>,
+}
+
 /// A partial attribute update: fields left `None` are unchanged.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SetAttr {

@@ -538,6 +538,7 @@ impl Server {
                 return plain(self.status().await.map(|s| Reply::Status(Box::new(s))))
             }
             Request::Statfs => return plain(self.statfs().await),
+            Request::Usage => return plain(self.usage().await),
             _ => {}
         }
         let session = self
@@ -1587,6 +1588,7 @@ impl Server {
             | Request::Replace { .. }
             | Request::Status
             | Request::Statfs
+            | Request::Usage
             | Request::Read { .. }
             | Request::ReadCached { .. }
             | Request::FetchCached { .. }

@@ -124,7 +124,9 @@ CREATE TABLE IF NOT EXISTS opens (
 /// ignore it and answer zeros for the blocks it lacks). Format 4 may hold
 /// inode records that end with their data's measured size (`stored.rs`
 /// `MeasuredInode`: format 3 code would drop it). Format 5 may hold
-/// records with `chattr` flags (`FlaggedInode`). A store of a later
+/// records with `chattr` flags (`FlaggedInode`), and counts what each user
+/// and group stores (`usage`, kept by triggers: format 4 code would write
+/// inodes without counting them). A store of a later
 /// format is refused: this code could misread it.
 pub const STORE_FORMAT: i64 = 5;
 
@@ -421,11 +423,19 @@ impl Store {
                 supported: STORE_FORMAT,
             });
         }
+        usage::register(&write).map_err(err)?;
         write.execute_batch(SCHEMA).map_err(err)?;
         write.execute_batch(cached::SCHEMA).map_err(err)?;
         write.execute_batch(wb::SCHEMA).map_err(err)?;
         write.execute_batch(xattrs::SCHEMA).map_err(err)?;
         write.execute_batch(rebuild::SCHEMA).map_err(err)?;
+        write.execute_batch(usage::SCHEMA).map_err(err)?;
+        if found < 5 {
+            // Before the counts were kept: count every inode once.
+            write
+                .execute_batch(&format!("BEGIN IMMEDIATE; {} COMMIT;", usage::RECOUNT))
+                .map_err(err)?;
+        }
         if found < STORE_FORMAT {
             write
                 .execute_batch(&format!("PRAGMA user_version = {STORE_FORMAT};"))
@@ -1410,6 +1420,7 @@ mod stored;
 
 #[cfg(test)]
 mod tests;
+mod usage;
 mod wb;
 mod xattrs;
 

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use morris_proto::{IntegrityStatus, Reply, ServerStats, WireError};
+use morris_proto::{IntegrityStatus, RangeUsage, Reply, ServerStats, WireError};
 use tracing::warn;
 
 use super::{blocking, Server, OPS};
@@ -50,6 +50,24 @@ impl Server {
             inodes_free,
             disk,
         })
+    }
+
+    /// What each user and group stores in the ranges served here now.
+    pub(super) async fn usage(&self) -> Result<Reply, WireError> {
+        let serving = self.ranges()?.serving(self.now_ms());
+        blocking(move || {
+            serving
+                .iter()
+                .map(|r| {
+                    Ok(RangeUsage {
+                        range: r.range,
+                        rows: r.store.usage()?,
+                    })
+                })
+                .collect::<Result<Vec<_>, WireError>>()
+                .map(Reply::Usage)
+        })
+        .await
     }
 
     pub(super) async fn status(&self) -> Result<ServerStats, WireError> {

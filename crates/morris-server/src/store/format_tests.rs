@@ -64,6 +64,20 @@ fn a_format_2_store_opens_and_reads_as_it_was_written() {
     let mut listed: Vec<Vec<u8>> = listing.entries.into_iter().map(|e| e.name).collect();
     listed.sort();
     assert_eq!(listed, vec![b"d".to_vec(), b"l".to_vec(), b"p".to_vec()]);
+    // Counted when it became format 5: every inode (the root, d, f, l, p)
+    // against its owner and group; the 5-byte file as one 4 KiB page.
+    let usage = s.usage().unwrap();
+    let inodes: i64 = usage.iter().filter(|r| !r.group).map(|r| r.inodes).sum();
+    let bytes: i64 = usage.iter().filter(|r| !r.group).map(|r| r.bytes).sum();
+    assert_eq!((inodes, bytes), (5, 4096), "{usage:?}");
+    assert_eq!(
+        usage
+            .iter()
+            .filter(|r| r.group)
+            .map(|r| r.inodes)
+            .sum::<i64>(),
+        5
+    );
 
     // Opened once, it is of the current format, and opens again.
     drop(s);

@@ -223,6 +223,25 @@ fn whole<'a, T: Deserialize<'a>>(data: &'a [u8]) -> Result<T, String> {
     }
 }
 
+/// What an inode record counts against its owner and group: `(uid, gid,
+/// bytes)`, the bytes being what a regular file takes on the servers'
+/// disks (its measure, or its size in 4 KiB pages); other kinds count 0.
+/// `None` for a record that does not decode.
+pub(super) fn account(data: &[u8]) -> Option<(u32, u32, u64)> {
+    let id = postcard::take_from_bytes::<FileId>(data).ok()?.0;
+    let i = decode_inode(id, data).ok()?;
+    let bytes = match i.attr.kind {
+        FileKind::File => i.alloc.unwrap_or_else(|| {
+            i.attr
+                .size
+                .checked_next_multiple_of(4096)
+                .unwrap_or(u64::MAX)
+        }),
+        _ => 0,
+    };
+    Some((i.attr.uid, i.attr.gid, bytes))
+}
+
 /// Decodes the `data` column of inode `id` (its `stale` list empty and no
 /// home link: the callers fill them from their tables).
 pub(super) fn decode_inode(id: FileId, data: &[u8]) -> Result<Inode, WireError> {

@@ -34,7 +34,7 @@ pub(super) fn root(s: &Store) -> Handle {
     s.get_inode(ROOT_ID).unwrap().unwrap().handle()
 }
 
-fn open_formatted(dir: &Path) -> (Store, VolumeDescriptor) {
+pub(super) fn open_formatted(dir: &Path) -> (Store, VolumeDescriptor) {
     let s = Store::open(&dir.join("m.sqlite")).unwrap();
     let d = descriptor(1);
     assert_eq!(s.format(&d, 0, 77).unwrap(), FormatOutcome::Formatted);
