@@ -75,18 +75,25 @@ fn scrape(addr: &str) -> String {
 
 /// `GET path` of `addr`: the head and the body of a 200 reply.
 fn get(addr: &str, path: &str) -> (String, String) {
-    let mut s = std::net::TcpStream::connect(addr).expect("connect to the metrics endpoint");
+    try_get(addr, path).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`get`], or why not (not listening, or a reply other than 200: a
+/// Prometheus that is still starting answers 503).
+fn try_get(addr: &str, path: &str) -> Result<(String, String), String> {
+    let mut s = std::net::TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
     s.set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("timeout");
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("send");
+        .map_err(|e| e.to_string())?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| e.to_string())?;
     let mut out = String::new();
-    s.read_to_string(&mut out).expect("read");
-    let (head, body) = out.split_once("\r\n\r\n").expect("an HTTP reply");
-    assert!(
-        head.starts_with("HTTP/1.") && head.contains(" 200"),
-        "{head}"
-    );
-    (head.to_string(), body.to_string())
+    s.read_to_string(&mut out).map_err(|e| e.to_string())?;
+    let (head, body) = out
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("not an HTTP reply: {out}"))?;
+    if !(head.starts_with("HTTP/1.") && head.contains(" 200")) {
+        return Err(head.to_string());
+    }
+    Ok((head.to_string(), body.to_string()))
 }
 
 /// Fails unless every `morris_` metric in `text` has a `# HELP` line.
@@ -640,6 +647,11 @@ impl Drop for Up {
 
 /// Runs a PromQL query against the Prometheus at `port`.
 fn promql(port: u16, expr: &str) -> serde_json::Value {
+    try_promql(port, expr).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`promql`], or why not (Prometheus not ready yet).
+fn try_promql(port: u16, expr: &str) -> Result<serde_json::Value, String> {
     let q: String = expr
         .bytes()
         .map(|b| match b {
@@ -647,11 +659,11 @@ fn promql(port: u16, expr: &str) -> serde_json::Value {
             _ => format!("%{b:02X}"),
         })
         .collect();
-    let (_, body) = get(
+    let (_, body) = try_get(
         &format!("127.0.0.1:{port}"),
         &format!("/api/v1/query?query={q}"),
-    );
-    serde_json::from_str(&body).expect("a Prometheus API answer")
+    )?;
+    serde_json::from_str(&body).map_err(|e| format!("not a Prometheus API answer ({e}): {body}"))
 }
 
 #[test]
@@ -713,9 +725,8 @@ fn a_real_prometheus_scrapes_every_server_and_sees_a_read() {
             Duration::from_secs(60),
             "Prometheus to scrape all four endpoints",
             || {
-                // Not listening yet, at first.
-                std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
-                let v = promql(port, "sum(up{job=\"morris\"})");
+                // Not listening, then not ready (503), at first.
+                let v = try_promql(port, "sum(up{job=\"morris\"})")?;
                 match v["data"]["result"][0]["value"][1].as_str() {
                     Some("4") => Ok(()),
                     other => Err(format!("{other:?}")),
