@@ -229,11 +229,17 @@ fn status_shows_each_servers_io_load() {
     );
 }
 
-/// `morris quota report --json` as (kind, id) → (inodes, bytes).
-fn usage(addr: &str) -> std::collections::BTreeMap<(String, i64), (i64, i64)> {
+/// (kind, id) → (inodes, bytes), as `morris quota report --json` says.
+type Usage = std::collections::BTreeMap<(String, i64), (i64, i64)>;
+
+/// `morris quota report --json`, or why it failed (a range still in its
+/// grace after a restart, say).
+fn usage(addr: &str) -> Result<Usage, String> {
     let o = morris(&["quota", "report", addr, "--json"]);
-    assert!(o.status.success(), "quota report failed: {}", both(&o));
-    stdout(&o)
+    if !o.status.success() {
+        return Err(format!("quota report failed: {}", both(&o)));
+    }
+    Ok(stdout(&o)
         .lines()
         .map(|l| {
             let v: serde_json::Value =
@@ -242,7 +248,7 @@ fn usage(addr: &str) -> std::collections::BTreeMap<(String, i64), (i64, i64)> {
             let kind = v["kind"].as_str().unwrap_or_default().to_string();
             ((kind, n("id")), (n("inodes"), n("bytes")))
         })
-        .collect()
+        .collect())
 }
 
 #[test]
@@ -269,7 +275,7 @@ fn quota_report_counts_each_owner_across_servers_copies_and_restarts() {
         std::time::Duration::from_secs(30),
         "counts of new files",
         || {
-            let got = usage(c.addr(0));
+            let got = usage(c.addr(0))?;
             let want = [
                 (("user".to_string(), 1000), want_user),
                 (("group".to_string(), 100), want_user),
@@ -285,14 +291,13 @@ fn quota_report_counts_each_owner_across_servers_copies_and_restarts() {
     // A chown moves the file's count; a removal takes it away.
     chown(m.path.join("big"), Some(1000), None).expect("chown big");
     std::fs::remove_file(m.path.join("u/f0")).expect("unlink f0");
-    let after = |got: &std::collections::BTreeMap<(String, i64), (i64, i64)>| {
-        got.get(&("user".into(), 1000)) == Some(&(7, pages - 12_288 + (1 << 20)))
-    };
+    let after =
+        |got: &Usage| got.get(&("user".into(), 1000)) == Some(&(7, pages - 12_288 + (1 << 20)));
     common::wait_for(
         std::time::Duration::from_secs(30),
         "counts after chown and unlink",
         || {
-            let got = usage(c.addr(1));
+            let got = usage(c.addr(1))?;
             if after(&got) {
                 Ok(())
             } else {
@@ -307,11 +312,7 @@ fn quota_report_counts_each_owner_across_servers_copies_and_restarts() {
         std::time::Duration::from_secs(60),
         "counts with server 2 down",
         || {
-            let o = morris(&["quota", "report", c.addr(0), "--json"]);
-            if !o.status.success() {
-                return Err(both(&o));
-            }
-            let got = usage(c.addr(0));
+            let got = usage(c.addr(0))?;
             if after(&got) {
                 Ok(())
             } else {
@@ -329,11 +330,7 @@ fn quota_report_counts_each_owner_across_servers_copies_and_restarts() {
         std::time::Duration::from_secs(60),
         "counts after restarts",
         || {
-            let o = morris(&["quota", "report", c.addr(0), "--json"]);
-            if !o.status.success() {
-                return Err(both(&o));
-            }
-            let got = usage(c.addr(0));
+            let got = usage(c.addr(0))?;
             if after(&got) {
                 Ok(())
             } else {
@@ -349,4 +346,121 @@ fn quota_report_counts_each_owner_across_servers_copies_and_restarts() {
         "a header and one line: {}",
         both(&o)
     );
+}
+
+/// Runs `script` with `sh -c` as uid 1000, gid 100 (no other groups).
+fn as_user(script: &str) -> std::process::Output {
+    std::process::Command::new("setpriv")
+        .args([
+            "--reuid",
+            "1000",
+            "--regid",
+            "100",
+            "--clear-groups",
+            "sh",
+            "-c",
+            script,
+        ])
+        .output()
+        .expect("run setpriv")
+}
+
+#[test]
+fn quota_limits_refuse_new_inodes_and_growth_on_every_mount() {
+    use std::os::unix::fs::chown;
+    if !common::is_root() {
+        panic!("this test runs as root (it acts as uid 1000 with setpriv)");
+    }
+    let c = Cluster::start(3, ClusterOpts::default());
+    let a = c.mount();
+    let b = c.mount();
+    std::fs::create_dir(a.path.join("u")).expect("mkdir");
+    chown(a.path.join("u"), Some(1000), Some(100)).expect("chown");
+    let set = |args: &[&str]| {
+        let mut all = vec!["quota", "set", c.addr(0)];
+        all.extend_from_slice(args);
+        let o = morris(&all);
+        assert!(o.status.success(), "quota set: {}", both(&o));
+    };
+    // A client key may not set limits.
+    let key = common::client_key();
+    let o = morris(&[
+        "quota",
+        "set",
+        c.addr(0),
+        "--user",
+        "1000",
+        "--inodes",
+        "1",
+        "--key",
+        &key,
+    ]);
+    assert!(
+        !o.status.success(),
+        "a client key set a quota: {}",
+        both(&o)
+    );
+    // At most 4 inodes (the directory is one): one create every 0.5 s on
+    // the other mount runs into EDQUOT, a few past the limit at most (the
+    // verdict is at most 2 s old).
+    set(&["--user", "1000", "--inodes", "4"]);
+    let dir = b.path.join("u");
+    let o = as_user(&format!(
+        "for i in $(seq 1 20); do touch {d}/f$i || exit 3; sleep 0.5; done",
+        d = dir.display()
+    ));
+    assert_eq!(o.status.code(), Some(3), "never refused: {}", both(&o));
+    assert!(stderr(&o).contains("quota"), "not EDQUOT: {}", both(&o));
+    let made = std::fs::read_dir(&dir).expect("list").count();
+    assert!(
+        (3..=8).contains(&made),
+        "{made} files made under a limit of 4 inodes"
+    );
+    // Bytes: the group over 1 MiB cannot grow a file, on either mount.
+    set(&["--user", "1000"]);
+    set(&["--group", "100", "--bytes", "1M"]);
+    let big = dir.join("f1");
+    let o = as_user(&format!("head -c 2000000 /dev/zero > {}", big.display()));
+    assert!(
+        o.status.success(),
+        "the first write is under the limit: {}",
+        both(&o)
+    );
+    common::wait_for(
+        std::time::Duration::from_secs(30),
+        "EDQUOT on growth",
+        || {
+            // (`head` says why a write failed; the shell's `echo` says EIO.)
+            let o = as_user(&format!(
+                "head -c 5 /dev/zero >> {}",
+                a.path.join("u/f1").display()
+            ));
+            if !o.status.success() && stderr(&o).contains("quota") {
+                Ok(())
+            } else {
+                Err(both(&o))
+            }
+        },
+    );
+    // Rewriting inside the file is no growth; removing the limit lets it grow.
+    let o = as_user(&format!(
+        "printf x | dd of={} bs=1 seek=10 conv=notrunc status=none",
+        big.display()
+    ));
+    assert!(o.status.success(), "a write inside the file: {}", both(&o));
+    set(&["--group", "100"]);
+    common::wait_for(
+        std::time::Duration::from_secs(30),
+        "growth allowed again",
+        || {
+            let o = as_user(&format!("head -c 5 /dev/zero >> {}", big.display()));
+            if o.status.success() {
+                Ok(())
+            } else {
+                Err(both(&o))
+            }
+        },
+    );
+    let o = morris(&["quota", "report", c.addr(0), "--json"]);
+    assert!(o.status.success(), "{}", both(&o));
 }

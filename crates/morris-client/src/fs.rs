@@ -23,6 +23,7 @@ use crate::deferred::Step;
 use crate::leases::{pick, LeaseGuard, Mode};
 use crate::perm::{check_delete, check_setattr, W_OK, X_OK};
 use crate::pool::unexpected;
+use crate::quota::Charge;
 use crate::{Caller, Client, Error, FsStat, Result};
 
 mod rename;
@@ -544,6 +545,7 @@ impl Client {
             return self.do_getattr(e.child.id).await;
         }
         let mut attr = attr_of(&dir_inode);
+        self.check_quota(attr.uid, attr.gid, Charge::Inode).await?;
         let xattrs = self.inherit(&g, &dir_inode, &mut attr, caller).await?;
         let kind = attr.kind;
         let mut g = g;

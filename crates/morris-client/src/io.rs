@@ -583,10 +583,17 @@ impl Client {
         let mut tries = 0;
         loop {
             let g = self.leases.get(f.h, Mode::Write).await?;
-            let flags = g.entry.state.lock().inode.attr.flags;
+            let (flags, size, uid, gid) = {
+                let a = &g.entry.state.lock().inode.attr;
+                (a.flags, a.size, a.uid, a.gid)
+            };
             if flags & (inode_flags::IMMUTABLE | inode_flags::APPEND) != 0 {
                 // Made so after this open.
                 crate::flags::may_write(&g.inode(), false)?;
+            }
+            if offset + len > size {
+                self.check_quota(uid, gid, crate::quota::Charge::Bytes)
+                    .await?;
             }
             match self.write_behind(&f, &g, offset, data.clone()).await {
                 // The lease lapsed (its owner silent for a lease time: a
@@ -641,13 +648,15 @@ impl Client {
             .lock()
             .await;
         let g = self.leases.get(f.h, Mode::Write).await?;
-        let (offset, flags) = {
-            let st = g.entry.state.lock();
-            (st.inode.attr.size, st.inode.attr.flags)
+        let (offset, flags, uid, gid) = {
+            let a = &g.entry.state.lock().inode.attr;
+            (a.size, a.flags, a.uid, a.gid)
         };
         if flags & inode_flags::IMMUTABLE != 0 {
             crate::flags::may_write(&g.inode(), true)?;
         }
+        self.check_quota(uid, gid, crate::quota::Charge::Bytes)
+            .await?;
         if offset
             .checked_add(data.len() as u64)
             .is_none_or(|e| e > MAX_FILE_SIZE)

@@ -30,6 +30,7 @@ mod metrics;
 mod opens;
 pub mod perm;
 mod pool;
+mod quota;
 mod reaper;
 mod rebuild;
 mod replicas;
@@ -52,8 +53,8 @@ pub use morris_proto::auth::{Key, Keys, Role};
 use morris_proto::layout::Layout;
 use morris_proto::Push;
 pub use morris_proto::{
-    DirEntry, ErrorCode, FileId, FileKind, Handle, Inode, ResyncStatus, SetAttr, StaleCopy,
-    Timestamp, UsageRow, VolumeDescriptor, ROOT_ID,
+    DirEntry, ErrorCode, FileId, FileKind, Handle, Inode, QuotaLimit, ResyncStatus, SetAttr,
+    StaleCopy, Timestamp, UsageRow, VolumeDescriptor, ROOT_ID,
 };
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
@@ -312,6 +313,8 @@ pub struct Client {
     pub(crate) opens: Arc<opens::Opens>,
     /// Orphans waiting for their reap (`reaper.rs`).
     pub(crate) reaps: Mutex<HashSet<Handle>>,
+    /// Who is over a quota, as this client last heard (`quota.rs`).
+    pub(crate) quota: quota::QuotaState,
     /// Files made here without a name that `linkat(2)` may still name
     /// (`O_TMPFILE` without `O_EXCL`: `fs/tmpfile.rs`).
     pub(crate) linkable: Mutex<HashSet<FileId>>,
@@ -406,6 +409,7 @@ impl Client {
             opens,
             reaps: Mutex::new(HashSet::new()),
             linkable: Mutex::new(HashSet::new()),
+            quota: quota::QuotaState::default(),
             reaping: tokio::sync::Semaphore::new(reaper::REAPS_AT_ONCE),
             reap_gate: tokio::sync::Mutex::new(()),
             reap_rounds: AtomicU64::new(0),

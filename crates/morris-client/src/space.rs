@@ -56,6 +56,10 @@ impl Client {
             let cur = self.fresh(&g).await?;
             self.check_change(&cur).await?;
             crate::flags::may_fallocate(&cur, !punch)?;
+            if reserve && offset.saturating_add(len) > cur.attr.size {
+                self.check_quota(cur.attr.uid, cur.attr.gid, crate::quota::Charge::Bytes)
+                    .await?;
+            }
             if cur.attr.kind != FileKind::File {
                 return Err(Error::new(ErrorCode::Invalid, "not a regular file"));
             }

@@ -34,6 +34,7 @@ pub(crate) fn errno(code: ErrorCode) -> Errno {
         ErrorCode::WouldBlock => Errno::EAGAIN,
         ErrorCode::Deadlock => Errno::EDEADLK,
         ErrorCode::Interrupted => Errno::EINTR,
+        ErrorCode::QuotaExceeded => Errno::EDQUOT,
         ErrorCode::Unavailable
         | ErrorCode::Io
         | ErrorCode::Corrupt
@@ -63,7 +64,7 @@ pub(crate) fn fail(op: &'static str, ino: u64, err: &Error) -> Errno {
 mod tests {
     use super::*;
 
-    const ALL: [ErrorCode; 31] = [
+    const ALL: [ErrorCode; 32] = [
         ErrorCode::NotFound,
         ErrorCode::Exists,
         ErrorCode::NotDir,
@@ -95,6 +96,7 @@ mod tests {
         ErrorCode::WouldBlock,
         ErrorCode::Deadlock,
         ErrorCode::Interrupted,
+        ErrorCode::QuotaExceeded,
     ];
 
     #[test]
@@ -131,6 +133,7 @@ mod tests {
             libc::EAGAIN,
             libc::EDEADLK,
             libc::EINTR,
+            libc::EDQUOT,
         ];
         for (code, want) in ALL.iter().zip(expected) {
             assert_eq!(errno(*code).code(), want, "{code:?}");

@@ -22,6 +22,7 @@ pub fn nfsstat(code: ErrorCode) -> nfsstat3 {
         ErrorCode::Invalid => nfsstat3::NFS3ERR_INVAL,
         ErrorCode::NameTooLong => nfsstat3::NFS3ERR_NAMETOOLONG,
         ErrorCode::NoSpace => nfsstat3::NFS3ERR_NOSPC,
+        ErrorCode::QuotaExceeded => nfsstat3::NFS3ERR_DQUOT,
         ErrorCode::Stale => nfsstat3::NFS3ERR_STALE,
         ErrorCode::FileTooBig => nfsstat3::NFS3ERR_FBIG,
         ErrorCode::TooManyLinks => nfsstat3::NFS3ERR_MLINK,

@@ -81,6 +81,8 @@ pub enum ErrorCode {
     Deadlock,
     /// The caller was interrupted (a signal) while it waited.
     Interrupted,
+    /// The object's owner or group is over its quota (`EDQUOT`).
+    QuotaExceeded,
 }
 
 impl ErrorCode {
@@ -110,6 +112,7 @@ impl ErrorCode {
                 | ErrorCode::WouldBlock
                 | ErrorCode::Deadlock
                 | ErrorCode::Interrupted
+                | ErrorCode::QuotaExceeded
         )
     }
 
@@ -149,6 +152,7 @@ impl ErrorCode {
             ErrorCode::WouldBlock => "a conflicting lock is held",
             ErrorCode::Deadlock => "waiting would deadlock",
             ErrorCode::Interrupted => "interrupted",
+            ErrorCode::QuotaExceeded => "quota exceeded",
         }
     }
 }

@@ -56,8 +56,8 @@ use uuid::Uuid;
 
 use crate::home::{Binding, HomeRef, HomeStamp};
 use crate::types::{
-    Attr, DirEntry, FileId, FileKind, Handle, Inode, LockInfo, LockKind, RangeUsage, ServerStats,
-    SetAttr, StaleCopy, Timestamp, VolumeDescriptor, Xattr, XattrHow,
+    Attr, DirEntry, FileId, FileKind, Handle, Inode, LockInfo, LockKind, QuotaLimit, RangeUsage,
+    ServerStats, SetAttr, StaleCopy, Timestamp, VolumeDescriptor, Xattr, XattrHow,
 };
 
 /// The kind of lease a recall wants to make room for.
@@ -998,6 +998,14 @@ pub enum Request {
     /// What each user and group has stored in the metadata ranges this
     /// server serves (`morris quota`). [`Reply::Usage`].
     Usage,
+    /// Sets (both 0: removes) a user's or a group's limits; kept with the
+    /// root directory's range. Volume key only.
+    SetQuota {
+        /// The limits.
+        limit: QuotaLimit,
+    },
+    /// Every limit set. [`Reply::Quotas`].
+    Quotas,
 }
 
 /// A change to one object not yet pushed home (cache mode II), kept by the
@@ -1100,11 +1108,12 @@ impl Request {
                 | Request::Scrub { .. }
                 | Request::RaiseFence { .. }
                 | Request::ChunkSums { .. }
+                | Request::SetQuota { .. }
         )
     }
 
     /// Every request name [`Request::name`] returns (for metrics).
-    pub const NAMES: [&'static str; 83] = [
+    pub const NAMES: [&'static str; 85] = [
         "Hello",
         "Format",
         "Replace",
@@ -1188,6 +1197,8 @@ impl Request {
         "ReserveIds",
         "CreateInodeAt",
         "Usage",
+        "SetQuota",
+        "Quotas",
     ];
 
     /// The request's name, for counters and logs.
@@ -1276,6 +1287,8 @@ impl Request {
             Request::ReserveIds { .. } => "ReserveIds",
             Request::CreateInodeAt { .. } => "CreateInodeAt",
             Request::Usage => "Usage",
+            Request::SetQuota { .. } => "SetQuota",
+            Request::Quotas => "Quotas",
         }
     }
 }
@@ -1453,6 +1466,8 @@ pub enum Reply {
     Ids(Vec<FileId>),
     /// Answer to [`Request::Usage`]: each range served here.
     Usage(Vec<RangeUsage>),
+    /// Answer to [`Request::Quotas`].
+    Quotas(Vec<QuotaLimit>),
 }
 
 /// One lease on an inode and the client holding it ([`Reply::Holders`]).

@@ -257,6 +257,19 @@ pub struct UsageRow {
     pub bytes: i64,
 }
 
+/// A user's or a group's limits (`morris quota set`): 0 is no limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuotaLimit {
+    /// A group (`gid`), not a user (`uid`).
+    pub group: bool,
+    /// The uid or gid.
+    pub id: i64,
+    /// Most inodes it may own.
+    pub inodes: u64,
+    /// Most bytes its regular files may take (one copy).
+    pub bytes: u64,
+}
+
 /// One metadata range's [`UsageRow`]s, as the server serving it counts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RangeUsage {

@@ -179,6 +179,8 @@ fn subject(req: &Request) -> Option<FileId> {
         Request::CreateCached { inode } => Some(inode.id),
         Request::CreateInodeAt { id, .. } => Some(*id),
         Request::AcquireCached { seed } => Some(seed.id),
+        // Kept with the root directory's range.
+        Request::SetQuota { .. } | Request::Quotas => Some(morris_proto::ROOT_ID),
         Request::ReadCached { id, .. }
         | Request::FetchCached { id, .. }
         | Request::Evict { id } => Some(*id),
@@ -903,6 +905,8 @@ impl Server {
             | Request::Reap { .. }
             | Request::Bind { .. }
             | Request::Unbind { .. }
+            | Request::SetQuota { .. }
+            | Request::Quotas
             | Request::HomeLookup { .. }
             | Request::Seed { .. }
             | Request::CreateCached { .. }
@@ -943,6 +947,7 @@ impl Server {
                 | Request::Reap { .. }
                 | Request::Bind { .. }
                 | Request::Unbind { .. }
+                | Request::SetQuota { .. }
                 | Request::HomeLookup { .. }
                 | Request::CreateCached { .. }
                 | Request::AcquireCached { .. }
@@ -1059,6 +1064,14 @@ impl Server {
             Request::Release { ino } => {
                 self.release(client, ino);
                 Ok(Reply::Ok)
+            }
+            Request::SetQuota { limit } => {
+                Self::check_owner(vol, morris_proto::ROOT_ID)?;
+                metadata(move || store.set_quota(&limit)).map(|()| Reply::Ok)
+            }
+            Request::Quotas => {
+                Self::check_owner(vol, morris_proto::ROOT_ID)?;
+                metadata(move || store.quotas()).map(Reply::Quotas)
             }
             Request::AcquireRead { ino } | Request::AcquireWrite { ino } => {
                 let mode = if matches!(req, Request::AcquireRead { .. }) {

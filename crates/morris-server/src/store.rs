@@ -430,6 +430,7 @@ impl Store {
         write.execute_batch(xattrs::SCHEMA).map_err(err)?;
         write.execute_batch(rebuild::SCHEMA).map_err(err)?;
         write.execute_batch(usage::SCHEMA).map_err(err)?;
+        write.execute_batch(usage::LIMITS_SCHEMA).map_err(err)?;
         if found < 5 {
             // Before the counts were kept: count every inode once.
             write

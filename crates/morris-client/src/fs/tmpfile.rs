@@ -48,6 +48,8 @@ impl Client {
         self.permit_under(&g, &dir_inode, caller, W_OK | X_OK)
             .await?;
         let mut attr = Self::new_attr(FileKind::File, mode, 0, &dir_inode, caller);
+        self.check_quota(attr.uid, attr.gid, crate::quota::Charge::Inode)
+            .await?;
         let xattrs = self.inherit(&g, &dir_inode, &mut attr, caller).await?;
         drop(g);
         let (inode, fence) = self

@@ -25,7 +25,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::{db_err, Formatted, Store};
 
 /// The tables whose changes are mirrored, with their columns.
-const REPLICATED: [(&str, &str); 14] = [
+const REPLICATED: [(&str, &str); 15] = [
     ("volume", "one, descriptor, own_index, counter"),
     ("inodes", "id, gen, data, next_cookie"),
     ("entries", "dir, name, cookie, child, gen, kind"),
@@ -40,6 +40,7 @@ const REPLICATED: [(&str, &str); 14] = [
     ("wb_gone", "dir, name, id, binding, fileid"),
     ("xattrs", "id, name, value"),
     ("fence_reserve", "one, hw"),
+    ("quota_limits", "kind, id, inodes, bytes"),
 ];
 
 /// Whether `table` is mirrored.

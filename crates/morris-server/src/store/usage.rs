@@ -19,9 +19,9 @@
 //! | record rewritten, owner, group or bytes changed | the old values out, the new in |
 //! | record rewritten, nothing counted changed | nothing (the trigger's `WHEN`) |
 
-use morris_proto::{UsageRow, WireError};
+use morris_proto::{QuotaLimit, UsageRow, WireError};
 use rusqlite::functions::FunctionFlags;
-use rusqlite::Connection;
+use rusqlite::{params, Connection};
 
 use super::{db_err, stored, Store};
 
@@ -68,6 +68,18 @@ WHEN morris_account(OLD.data) IS NOT morris_account(NEW.data) BEGIN
 END;
 ";
 
+/// Limits set with `morris quota set` (kept by the root directory's range,
+/// and mirrored with it).
+pub(super) const LIMITS_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS quota_limits (
+    kind INTEGER NOT NULL,
+    id INTEGER NOT NULL,
+    inodes INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    PRIMARY KEY (kind, id)
+) WITHOUT ROWID;
+";
+
 /// Counts every inode again (a store from before the table, format < 5).
 pub(super) const RECOUNT: &str = "
 DELETE FROM usage;
@@ -100,6 +112,50 @@ pub(crate) fn register(conn: &Connection) -> rusqlite::Result<()> {
 }
 
 impl Store {
+    /// Sets `limit` (both limits 0: removes it).
+    pub fn set_quota(&self, limit: &QuotaLimit) -> Result<(), WireError> {
+        let kind = i64::from(limit.group);
+        let as_sql = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.write_txn(|tx| {
+            if limit.inodes == 0 && limit.bytes == 0 {
+                tx.execute(
+                    "DELETE FROM quota_limits WHERE kind = ?1 AND id = ?2",
+                    params![kind, limit.id],
+                )
+            } else {
+                tx.execute(
+                    "INSERT INTO quota_limits (kind, id, inodes, bytes) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (kind, id) DO UPDATE SET inodes = ?3, bytes = ?4",
+                    params![kind, limit.id, as_sql(limit.inodes), as_sql(limit.bytes)],
+                )
+            }
+            .map_err(db_err)?;
+            Ok(())
+        })
+    }
+
+    /// Every limit set.
+    pub fn quotas(&self) -> Result<Vec<QuotaLimit>, WireError> {
+        self.with_reader(|c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT kind, id, inodes, bytes FROM quota_limits ORDER BY kind, id",
+                )
+                .map_err(db_err)?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok(QuotaLimit {
+                        group: r.get::<_, i64>(0)? == 1,
+                        id: r.get(1)?,
+                        inodes: r.get::<_, i64>(2)?.max(0) as u64,
+                        bytes: r.get::<_, i64>(3)?.max(0) as u64,
+                    })
+                })
+                .map_err(db_err)?;
+            rows.map(|r| r.map_err(db_err)).collect()
+        })
+    }
+
     /// What every user and group has stored in this copy, rows that count
     /// nothing left out.
     pub fn usage(&self) -> Result<Vec<UsageRow>, WireError> {

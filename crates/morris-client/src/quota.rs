@@ -1,0 +1,256 @@
+//! Quotas: limits on what a user or a group stores (`morris quota set`),
+//! checked by every client before it adds an inode or grows a file.
+//!
+//! The servers count what each user and group stores with every inode
+//! change (`store/usage.rs`); the limits are kept with the root
+//! directory's range (`Request::Quotas`). A client holds a verdict — who
+//! is at or over an inode limit, who over a byte limit — made from both,
+//! and refreshes it in the background once it is [`FRESH`] old (or, with
+//! no limit set, [`FRESH_WITHOUT_LIMITS`]); only the first check of a
+//! client waits for it. So a user over a limit gets `EDQUOT` from every
+//! mount and gateway within a few seconds, as CephFS and JuiceFS clients
+//! enforce their quotas, and may overshoot by what it writes meanwhile (or
+//! what a mount still keeps under its write lease, which the servers count
+//! once it is stored).
+//!
+//! | change | refused (`EDQUOT`) when the owner or the group |
+//! |---|---|
+//! | a new inode (create, mkdir, symlink, mknod, `O_TMPFILE`) | has reached its inode limit |
+//! | a write or allocation past the end of a file | is over its byte limit |
+//!
+//! Root's own changes are not exempt (as on CephFS; ext4 exempts
+//! `CAP_SYS_RESOURCE`): a limit on uid 0 holds for root too.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use morris_proto::{ErrorCode, QuotaLimit, Reply, Request, ROOT_ID};
+use parking_lot::Mutex;
+
+use crate::pool::unexpected;
+use crate::{Client, Error, Result};
+
+/// How old a verdict may be while some limit is set.
+pub(crate) const FRESH: Duration = Duration::from_secs(2);
+/// How old it may be while none is.
+pub(crate) const FRESH_WITHOUT_LIMITS: Duration = Duration::from_secs(10);
+
+/// What a change adds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Charge {
+    /// An inode.
+    Inode,
+    /// Bytes past a file's end.
+    Bytes,
+}
+
+/// Who is over a limit, as of `at`.
+#[derive(Debug, Default)]
+struct Verdict {
+    at: Option<Instant>,
+    limits: bool,
+    /// (group, id) at or over their inode limit.
+    inodes: HashSet<(bool, i64)>,
+    /// (group, id) over their byte limit.
+    bytes: HashSet<(bool, i64)>,
+}
+
+/// A client's view of the quotas.
+#[derive(Debug, Default)]
+pub(crate) struct QuotaState {
+    verdict: Mutex<Verdict>,
+    refreshing: AtomicBool,
+}
+
+impl QuotaState {
+    /// `Some(stale)` if a verdict exists, `None` before the first.
+    fn stale(&self) -> Option<bool> {
+        let v = self.verdict.lock();
+        let at = v.at?;
+        let fresh = if v.limits {
+            FRESH
+        } else {
+            FRESH_WITHOUT_LIMITS
+        };
+        Some(at.elapsed() > fresh)
+    }
+
+    /// Refuses `charge` for an object of `uid` and `gid` if either is over.
+    fn check(&self, uid: u32, gid: u32, charge: Charge) -> Result<()> {
+        let v = self.verdict.lock();
+        if !v.limits {
+            return Ok(());
+        }
+        let over = match charge {
+            Charge::Inode => &v.inodes,
+            Charge::Bytes => &v.bytes,
+        };
+        let what = match charge {
+            Charge::Inode => "inode",
+            Charge::Bytes => "byte",
+        };
+        if over.contains(&(false, i64::from(uid))) {
+            return Err(Error::new(
+                ErrorCode::QuotaExceeded,
+                format!("user {uid} is over its {what} quota"),
+            ));
+        }
+        if over.contains(&(true, i64::from(gid))) {
+            return Err(Error::new(
+                ErrorCode::QuotaExceeded,
+                format!("group {gid} is over its {what} quota"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Who `limits` put over, given `usage`.
+fn verdict(limits: &[QuotaLimit], usage: &[morris_proto::UsageRow]) -> Verdict {
+    let mut v = Verdict {
+        at: Some(Instant::now()),
+        limits: !limits.is_empty(),
+        ..Verdict::default()
+    };
+    for l in limits {
+        let used = usage.iter().find(|u| u.group == l.group && u.id == l.id);
+        let (inodes, bytes) =
+            used.map_or((0, 0), |u| (u.inodes.max(0) as u64, u.bytes.max(0) as u64));
+        if l.inodes != 0 && inodes >= l.inodes {
+            v.inodes.insert((l.group, l.id));
+        }
+        if l.bytes != 0 && bytes > l.bytes {
+            v.bytes.insert((l.group, l.id));
+        }
+    }
+    v
+}
+
+impl Client {
+    /// Every limit set on the volume.
+    pub async fn quotas(&self) -> Result<Vec<QuotaLimit>> {
+        match self.call_owner_now(ROOT_ID, Request::Quotas).await? {
+            Reply::Quotas(list) => Ok(list),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Sets a user's or a group's limits (both 0: removes them); needs the
+    /// volume key. Every client applies them within [`FRESH`] or
+    /// [`FRESH_WITHOUT_LIMITS`].
+    pub async fn set_quota(&self, limit: QuotaLimit) -> Result<()> {
+        match self
+            .call_owner_now(ROOT_ID, Request::SetQuota { limit })
+            .await?
+        {
+            Reply::Ok => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Refuses `charge` for an object owned by `uid` and `gid` if either is
+    /// over its quota (see the module's table).
+    pub(crate) async fn check_quota(&self, uid: u32, gid: u32, charge: Charge) -> Result<()> {
+        match self.quota.stale() {
+            None => {
+                // A client's first check waits for the verdict.
+                if let Err(e) = self.refresh_quotas().await {
+                    tracing::debug!(error = %e, "quotas not known yet; not checked");
+                }
+            }
+            Some(true) => self.refresh_quotas_later(),
+            Some(false) => {}
+        }
+        self.quota.check(uid, gid, charge)
+    }
+
+    fn refresh_quotas_later(&self) {
+        if self.quota.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
+            self.quota.refreshing.store(false, Ordering::Release);
+            return;
+        };
+        tokio::spawn(async move {
+            if let Err(e) = me.refresh_quotas().await {
+                tracing::debug!(error = %e, "quotas not refreshed; the last verdict stands");
+            }
+            me.quota.refreshing.store(false, Ordering::Release);
+        });
+    }
+
+    async fn refresh_quotas(&self) -> Result<()> {
+        let limits = self.quotas().await?;
+        let usage = if limits.is_empty() {
+            Vec::new()
+        } else {
+            self.usage().await?
+        };
+        *self.quota.verdict.lock() = verdict(&limits, &usage);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use morris_proto::UsageRow;
+
+    #[test]
+    fn a_verdict_puts_over_who_reached_a_limit() {
+        let limits = [
+            QuotaLimit {
+                group: false,
+                id: 1000,
+                inodes: 3,
+                bytes: 0,
+            },
+            QuotaLimit {
+                group: true,
+                id: 100,
+                inodes: 0,
+                bytes: 4096,
+            },
+            QuotaLimit {
+                group: false,
+                id: 1001,
+                inodes: 10,
+                bytes: 10,
+            },
+        ];
+        let usage = [
+            UsageRow {
+                group: false,
+                id: 1000,
+                inodes: 3,
+                bytes: 1 << 30,
+            },
+            UsageRow {
+                group: true,
+                id: 100,
+                inodes: 1,
+                bytes: 8192,
+            },
+        ];
+        let v = verdict(&limits, &usage);
+        let s = QuotaState {
+            verdict: Mutex::new(v),
+            refreshing: AtomicBool::new(false),
+        };
+        assert!(
+            s.check(1000, 1, Charge::Inode).is_err(),
+            "at its inode limit"
+        );
+        assert!(s.check(1000, 1, Charge::Bytes).is_ok(), "no byte limit");
+        assert!(s.check(5, 100, Charge::Bytes).is_err(), "its group is over");
+        assert!(s.check(5, 100, Charge::Inode).is_ok());
+        assert!(
+            s.check(1001, 1, Charge::Inode).is_ok(),
+            "nothing stored yet"
+        );
+        let none = QuotaState::default();
+        assert!(none.check(1000, 100, Charge::Inode).is_ok());
+    }
+}
