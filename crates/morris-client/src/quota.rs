@@ -154,9 +154,12 @@ impl Client {
     pub(crate) async fn check_quota(&self, uid: u32, gid: u32, charge: Charge) -> Result<()> {
         match self.quota.stale() {
             None => {
-                // A client's first check waits for the verdict.
+                // A client's first check waits for the verdict, once: if
+                // it cannot be had (a range unanswered), nothing is
+                // refused until a background refresh gets one, rather
+                // than every change waiting for the servers again.
                 if let Err(e) = self.refresh_quotas().await {
-                    tracing::debug!(error = %e, "quotas not known yet; not checked");
+                    tracing::warn!(error = %e, "quotas not known yet; not checked until they are");
                 }
             }
             Some(true) => self.refresh_quotas_later(),
@@ -181,15 +184,30 @@ impl Client {
         });
     }
 
+    /// Makes a new verdict; if that fails, the last one stands (or none:
+    /// nothing refused) until the next try, a refresh interval later.
     async fn refresh_quotas(&self) -> Result<()> {
-        let limits = self.quotas().await?;
-        let usage = if limits.is_empty() {
-            Vec::new()
-        } else {
-            self.usage().await?
-        };
-        *self.quota.verdict.lock() = verdict(&limits, &usage);
-        Ok(())
+        let got = async {
+            let limits = self.quotas().await?;
+            let usage = if limits.is_empty() {
+                Vec::new()
+            } else {
+                self.usage().await?
+            };
+            Ok::<_, Error>(verdict(&limits, &usage))
+        }
+        .await;
+        let mut v = self.quota.verdict.lock();
+        match got {
+            Ok(new) => {
+                *v = new;
+                Ok(())
+            }
+            Err(e) => {
+                v.at = Some(Instant::now());
+                Err(e)
+            }
+        }
     }
 }
 
