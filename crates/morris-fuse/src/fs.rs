@@ -1215,7 +1215,8 @@ impl Filesystem for MorrisFs {
             0 => Fallocate::Allocate { keep_size },
             libc::FALLOC_FL_PUNCH_HOLE if keep_size => Fallocate::PunchHole,
             libc::FALLOC_FL_ZERO_RANGE => Fallocate::ZeroRange { keep_size },
-            // Collapse, insert, unshare: not with this layout.
+            // Collapse, insert, unshare: the kernel does not pass them to
+            // FUSE file systems (`fuse_file_fallocate`); refused if it ever does.
             _ => return refuse!(reply, Errno::EOPNOTSUPP),
         };
         self.spawn("fallocate", req, ino.0, move |s| async move {
