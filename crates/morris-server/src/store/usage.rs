@@ -89,12 +89,27 @@ INSERT INTO usage (kind, id, inodes, bytes)
     SELECT 1, morris_gid(data), count(*), sum(morris_bytes(data)) FROM inodes GROUP BY 2;
 ";
 
+thread_local! {
+    /// The last record the functions decoded, and what it counts.
+    static LAST: std::cell::RefCell<(Vec<u8>, Option<(u32, u32, u64)>)> =
+        const { std::cell::RefCell::new((Vec::new(), None)) };
+}
+
 /// Registers the functions the triggers call on `conn` (every connection
 /// that may write `inodes` needs them).
 pub(crate) fn register(conn: &Connection) -> rusqlite::Result<()> {
     let flags = FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_DETERMINISTIC;
     let blob = |ctx: &rusqlite::functions::Context<'_>| -> Option<(u32, u32, u64)> {
-        ctx.get_raw(0).as_blob().ok().and_then(stored::account)
+        let data = ctx.get_raw(0).as_blob().ok()?;
+        // A trigger asks for the same record's fields several times in a
+        // row: decode it once.
+        LAST.with(|last| {
+            let mut last = last.borrow_mut();
+            if last.0 != data {
+                *last = (data.to_vec(), stored::account(data));
+            }
+            last.1
+        })
     };
     conn.create_scalar_function("morris_uid", 1, flags, move |ctx| {
         Ok(blob(ctx).map_or(-1, |(u, _, _)| i64::from(u)))
