@@ -89,9 +89,12 @@ INSERT INTO usage (kind, id, inodes, bytes)
     SELECT 1, morris_gid(data), count(*), sum(morris_bytes(data)) FROM inodes GROUP BY 2;
 ";
 
+/// What a record counts: `(uid, gid, bytes)`, `None` if it does not decode.
+type Counted = Option<(u32, u32, u64)>;
+
 thread_local! {
     /// The last record the functions decoded, and what it counts.
-    static LAST: std::cell::RefCell<(Vec<u8>, Option<(u32, u32, u64)>)> =
+    static LAST: std::cell::RefCell<(Vec<u8>, Counted)> =
         const { std::cell::RefCell::new((Vec::new(), None)) };
 }
 
@@ -99,7 +102,7 @@ thread_local! {
 /// that may write `inodes` needs them).
 pub(crate) fn register(conn: &Connection) -> rusqlite::Result<()> {
     let flags = FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_DETERMINISTIC;
-    let blob = |ctx: &rusqlite::functions::Context<'_>| -> Option<(u32, u32, u64)> {
+    let blob = |ctx: &rusqlite::functions::Context<'_>| -> Counted {
         let data = ctx.get_raw(0).as_blob().ok()?;
         // A trigger asks for the same record's fields several times in a
         // row: decode it once.
