@@ -291,53 +291,30 @@ fn quota_report_counts_each_owner_across_servers_copies_and_restarts() {
     // A chown moves the file's count; a removal takes it away.
     chown(m.path.join("big"), Some(1000), None).expect("chown big");
     std::fs::remove_file(m.path.join("u/f0")).expect("unlink f0");
-    let after =
-        |got: &Usage| got.get(&("user".into(), 1000)) == Some(&(7, pages - 12_288 + (1 << 20)));
-    common::wait_for(
-        std::time::Duration::from_secs(30),
-        "counts after chown and unlink",
-        || {
-            let got = usage(c.addr(1))?;
-            if after(&got) {
+    let want = (7, pages - 12_288 + (1 << 20));
+    // Waits until `addr` reports `want` for user 1000.
+    let counts = |addr: &str, what: &str| {
+        common::wait_for(std::time::Duration::from_secs(60), what, || {
+            let got = usage(addr)?;
+            if got.get(&("user".into(), 1000)) == Some(&want) {
                 Ok(())
             } else {
                 Err(format!("{got:?}"))
             }
-        },
-    );
+        })
+    };
+    counts(c.addr(1), "counts after chown and unlink");
     // The same with a server down (its range answered by its copy), and
     // after every server restarted.
     c.kill9(2);
-    common::wait_for(
-        std::time::Duration::from_secs(60),
-        "counts with server 2 down",
-        || {
-            let got = usage(c.addr(0))?;
-            if after(&got) {
-                Ok(())
-            } else {
-                Err(format!("{got:?}"))
-            }
-        },
-    );
+    counts(c.addr(0), "counts with server 2 down");
     for i in 0..3 {
         if i != 2 {
             c.kill9(i);
         }
         c.restart(i);
     }
-    common::wait_for(
-        std::time::Duration::from_secs(60),
-        "counts after restarts",
-        || {
-            let got = usage(c.addr(0))?;
-            if after(&got) {
-                Ok(())
-            } else {
-                Err(format!("{got:?}"))
-            }
-        },
-    );
+    counts(c.addr(0), "counts after restarts");
     let o = morris(&["quota", "report", c.addr(0), "--user", "1000"]);
     assert!(o.status.success(), "{}", both(&o));
     assert_eq!(

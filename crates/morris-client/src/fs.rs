@@ -1321,25 +1321,36 @@ impl Client {
             .split(dir, entries, eof, generation, version, max as usize))
     }
 
-    /// Capacity summed over the servers that answer within [`STATFS_WAIT`];
-    /// servers that do not (down, cut off) are left out rather than waited
-    /// for: `df` must not hang on one lost server (`morris status` names
-    /// it). Fails only when none answers.
-    pub(crate) async fn do_statfs(&self) -> Result<FsStat> {
+    /// `req` to every server at once, each answer (or why none came within
+    /// `wait`: a server down or cut off is not waited for longer).
+    pub(crate) async fn ask_every_server(
+        &self,
+        req: &Request,
+        wait: std::time::Duration,
+    ) -> Vec<Result<Reply>> {
         let calls = (0..self.layout.servers).map(|s| async move {
             match tokio::time::timeout(
-                STATFS_WAIT,
-                self.pool.call_once(s, Request::Statfs, Bytes::new(), None),
+                wait,
+                self.pool.call_once(s, req.clone(), Bytes::new(), None),
             )
             .await
             {
                 Ok(r) => r.map(|(reply, _)| reply),
                 Err(_) => Err(Error::new(
                     ErrorCode::Unavailable,
-                    format!("server {s} did not answer statfs in time"),
+                    format!("server {s} did not answer {} in time", req.name()),
                 )),
             }
         });
+        futures::future::join_all(calls).await
+    }
+
+    /// Capacity summed over the servers that answer within [`STATFS_WAIT`];
+    /// servers that do not (down, cut off) are left out rather than waited
+    /// for: `df` must not hang on one lost server (`morris status` names
+    /// it). Fails only when none answers.
+    pub(crate) async fn do_statfs(&self) -> Result<FsStat> {
+        let replies = self.ask_every_server(&Request::Statfs, STATFS_WAIT).await;
         let mut st = FsStat {
             total: 0,
             free: 0,
@@ -1354,7 +1365,7 @@ impl Client {
         let mut answered = 0;
         let mut last_err = None;
         let mut disks = std::collections::HashSet::new();
-        for r in futures::future::join_all(calls).await {
+        for r in replies {
             match r {
                 Ok(Reply::Statfs {
                     total,

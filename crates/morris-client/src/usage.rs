@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use bytes::Bytes;
 use morris_proto::{ErrorCode, Reply, Request, UsageRow};
 
 use crate::pool::unexpected;
@@ -22,23 +21,9 @@ impl Client {
     /// down), rather than count it as empty.
     pub async fn usage(&self) -> Result<Vec<UsageRow>> {
         let k = self.layout.servers;
-        let calls = (0..k).map(|s| async move {
-            match tokio::time::timeout(
-                USAGE_WAIT,
-                self.pool.call_once(s, Request::Usage, Bytes::new(), None),
-            )
-            .await
-            {
-                Ok(r) => r.map(|(reply, _)| reply),
-                Err(_) => Err(Error::new(
-                    ErrorCode::Unavailable,
-                    format!("server {s} did not answer in time"),
-                )),
-            }
-        });
         let mut ranges = BTreeMap::new();
         let mut last_err = None;
-        for r in futures::future::join_all(calls).await {
+        for r in self.ask_every_server(&Request::Usage, USAGE_WAIT).await {
             match r {
                 Ok(Reply::Usage(list)) => {
                     for ru in list {
