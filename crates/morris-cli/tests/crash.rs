@@ -1,6 +1,7 @@
 //! Crashes: `kill -9` of servers under load and of all servers at once, of
 //! a mount holding a write lease, and of a mount in the middle of
-//! `RENAME_EXCHANGE`s between two directories. After each, the volume must work again,
+//! `RENAME_EXCHANGE`s between two directories, and of a mount whose data
+//! past a file's end reached the servers before its size was saved. After each, the volume must work again,
 //! `morris fsck` must find no errors (garbage is allowed) and whatever an
 //! application was told is done must still be there.
 
@@ -444,6 +445,95 @@ fn a_killed_clients_write_lease_expires() {
     assert_eq!(names.get("shared"), Some(&12), "B sees: {names:?}");
     assert_eq!(names.get("b-new"), Some(&3), "B sees: {names:?}");
     assert_fsck_clean(&c, "after a mount holding leases was killed", "");
+}
+
+/// A mount killed after its data past the end reached the servers but
+/// before it saved the new size: the file keeps its saved size, and what
+/// the dead mount wrote past it must never show, not even when another
+/// mount extends the file over that place (`truncate` up, a write further
+/// on): the gap reads as zeros, as POSIX promises. Before the fix the dead
+/// mount's bytes came back there.
+fn a_dead_writers_bytes_past_the_saved_size_never_show(c: &Cluster) {
+    let mut a = Mount::start(c.addr(0), &[]);
+    let b = Mount::start(c.addr(1 % c.addrs().len()), &[]);
+    for name in ["grown", "written"] {
+        fs::write(b.path.join(name), b"saved").expect("B: create");
+    }
+    let mut files = Vec::new();
+    for name in ["grown", "written"] {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(a.path.join(name))
+            .expect("A: open");
+        // Large enough to go to the servers at once (write-behind holds
+        // only small writes back); the read after it waits for them.
+        f.write_all_at(&[b'X'; 300_000], 1 << 20)
+            .expect("A: write past the end");
+        let mut head = [0u8; 5];
+        f.read_exact_at(&mut head, 0).expect("A: read");
+        assert_eq!(f.metadata().expect("A: stat").len(), (1 << 20) + 300_000);
+        files.push(f);
+    }
+    a.kill9();
+    drop(files);
+
+    let grown = b.path.join("grown");
+    let written = b.path.join("written");
+    let sizes = wait_for(RECOVERY, "B sees the saved sizes", || {
+        let s = (fs::metadata(&grown), fs::metadata(&written));
+        match s {
+            (Ok(g), Ok(w)) => Ok((g.len(), w.len())),
+            (g, w) => Err(format!("{g:?} {w:?}")),
+        }
+    });
+    assert_eq!(sizes, (5, 5), "the dead mount never saved its sizes");
+    OpenOptions::new()
+        .write(true)
+        .open(&grown)
+        .and_then(|f| f.set_len(2 << 20))
+        .expect("B: truncate up");
+    let f = OpenOptions::new()
+        .write(true)
+        .open(&written)
+        .expect("B: open");
+    f.write_all_at(b"end", 3 << 20)
+        .expect("B: write past the end");
+    close_checked(f).expect("B: close");
+    for (p, len) in [(&grown, 2 << 20), (&written, (3 << 20) + 3)] {
+        let got = fs::read(p).expect("B: read");
+        assert_eq!(got.len(), len, "{}", p.display());
+        assert_eq!(&got[..5], b"saved", "{}", p.display());
+        let shown = got[5..(3 << 20).min(len)]
+            .iter()
+            .filter(|&&x| x != 0)
+            .count();
+        assert_eq!(
+            shown,
+            0,
+            "{}: {shown} bytes of the gap are not zeros (the dead mount's data); server logs:\n{}",
+            p.display(),
+            c.logs()
+        );
+    }
+    // Another mount sees the same.
+    let other = Mount::start(c.addr(0), &[]);
+    let got = fs::read(other.path.join("grown")).expect("read on a third mount");
+    assert!(
+        got[5..].iter().all(|&x| x == 0),
+        "a third mount sees the dead mount's bytes"
+    );
+    assert_fsck_clean(c, "after a mount died with unsaved data past the end", "");
+}
+
+#[test]
+fn a_dead_writers_unsaved_tail_never_shows() {
+    a_dead_writers_bytes_past_the_saved_size_never_show(&Cluster::start(4, ClusterOpts::default()));
+}
+
+#[test]
+fn a_dead_writers_unsaved_tail_never_shows_with_two_copies() {
+    a_dead_writers_bytes_past_the_saved_size_never_show(&Cluster::start_mirrored(4));
 }
 
 #[test]

@@ -18,7 +18,6 @@ use tracing::{debug, info, warn};
 
 use crate::arbiter::{Arbiter, Etcd};
 use crate::blocks::Blocks;
-use crate::blocks::MAX_REPLICAS;
 use crate::leases::{ClientId, LeaseTable, Millis};
 use crate::load::{IoKind, Load};
 use crate::ranges::{Range, Ranges, Role};
@@ -1406,29 +1405,7 @@ impl Server {
                 .await
             }
             Request::Truncate { id, size, .. } => {
-                if size > MAX_FILE_SIZE {
-                    return Err(err(
-                        ErrorCode::FileTooBig,
-                        format!("size {size} exceeds {MAX_FILE_SIZE}"),
-                    ));
-                }
-                // Each copy this server keeps has its own extent file.
-                let lens: Vec<(u8, u64)> = (0..vol.layout.replicas.min(u32::from(MAX_REPLICAS)))
-                    .map(|r| {
-                        (
-                            r as u8,
-                            vol.layout.replica_local_len(id, vol.index, r, size),
-                        )
-                    })
-                    .collect();
-                let blocks = self.blocks.clone();
-                blocking(move || {
-                    for (r, len) in lens {
-                        blocks.truncate(id, r, len)?;
-                    }
-                    Ok(())
-                })
-                .await?;
+                self.truncate_here(vol, id, size).await?;
                 Ok(Reply::Ok)
             }
             Request::DeleteData { id } => {

@@ -7,7 +7,7 @@
 use std::sync::Weak;
 use std::time::Duration;
 
-use morris_proto::{FileId, Reply, Request};
+use morris_proto::{ErrorCode, FileId, FileKind, Reply, Request, WireError};
 use tracing::{debug, info, warn};
 
 use super::Server;
@@ -94,6 +94,8 @@ impl Server {
                     self.note_diverged(id, lo, hi);
                 }
             }
+            self.trim_revoked_tail(&vol, id, if unknown { None } else { Some(written) })
+                .await;
         }
         debug!(
             id,
@@ -105,6 +107,67 @@ impl Server {
                 done.send_replace(true);
             }
         }
+    }
+
+    /// Cuts `id`'s data at its saved size on every server, if the revoked
+    /// grant changed blocks at or past it (`written`: what it changed, as
+    /// far as every server said; `None`: some server did not say). A
+    /// writer that stopped between storing data past the end and saving
+    /// the new size (a mount killed, cut off) left bytes that were never
+    /// part of the file; unless they go, a later extension (`truncate`, a
+    /// write past the end) would show them where the gap must read as
+    /// zeros. Runs after the fence is raised everywhere, so none of the
+    /// old holder's changes can land after it, and before the next grant
+    /// is answered.
+    async fn trim_revoked_tail(
+        &self,
+        vol: &crate::store::Formatted,
+        id: FileId,
+        written: Option<Option<(u64, u64)>>,
+    ) {
+        let inode = match self.ranges().and_then(|r| {
+            let store = r.serving_id(id, self.now_ms())?.store.clone();
+            store.get_inode(id)
+        }) {
+            Ok(Some(i)) if i.attr.kind == FileKind::File => i,
+            Ok(_) => return,
+            Err(e) => {
+                warn!(id, error = %e, "a revoked writer's tail not checked: the inode could not be read");
+                return;
+            }
+        };
+        let size = inode.attr.size;
+        let first = vol.layout.block_of(size).0;
+        match written {
+            Some(None) => return,
+            Some(Some((_, hi))) if hi < first => return,
+            _ => {}
+        }
+        let req = Request::Truncate { id, size, fence: 0 };
+        let calls = (0..vol.layout.servers).map(|i| {
+            let req = &req;
+            async move {
+                let r = if i == vol.index {
+                    self.truncate_here(vol, id, size).await.map(|()| Reply::Ok)
+                } else {
+                    match tokio::time::timeout(FENCE_WAIT, self.peer_ask(vol, i, req)).await {
+                        Ok(r) => r,
+                        Err(_) => Err(WireError::new(ErrorCode::Unavailable, "no answer in time")),
+                    }
+                };
+                (i, r)
+            }
+        });
+        for (server, r) in futures::future::join_all(calls).await {
+            if let Err(e) = r {
+                warn!(id, server, size, error = %e,
+                    "a revoked writer's data past the saved size may stay there");
+            }
+        }
+        info!(
+            id,
+            size, "a revoked writer's data past the saved size cut off"
+        );
     }
 
     /// Hands blocks `first..=last` of `id`, whose copies may differ, to

@@ -1,15 +1,51 @@
 //! `Fallocate` at a data server: reserves or frees the bytes of a range
 //! that fall in the blocks this server keeps, every copy of them here;
-//! `Seek`: where data or a hole starts in the blocks of one copy here.
+//! `Seek`: where data or a hole starts in the blocks of one copy here;
+//! `Truncate`: cuts every copy here at a file size.
 
 use std::sync::Arc;
 
 use morris_proto::{ErrorCode, FileId, Reply, WireError, MAX_FILE_SIZE};
 
 use super::{blocking, err, Server};
+use crate::blocks::MAX_REPLICAS;
 use crate::store::{Formatted, Store};
 
 impl Server {
+    /// `Truncate`: every copy of `id`'s blocks kept here ends where a file
+    /// of `size` bytes ends (the data past it is gone; growing never
+    /// writes here).
+    pub(super) async fn truncate_here(
+        &self,
+        vol: &Formatted,
+        id: FileId,
+        size: u64,
+    ) -> Result<(), WireError> {
+        if size > MAX_FILE_SIZE {
+            return Err(err(
+                ErrorCode::FileTooBig,
+                format!("size {size} exceeds {MAX_FILE_SIZE}"),
+            ));
+        }
+        // Each copy this server keeps has its own extent file.
+        let lens: Vec<(u8, u64)> = (0..vol.layout.replicas.min(u32::from(MAX_REPLICAS)))
+            .map(|r| {
+                (
+                    r as u8,
+                    vol.layout.replica_local_len(id, vol.index, r, size),
+                )
+            })
+            .collect();
+        let blocks = self.blocks.clone();
+        blocking(move || {
+            for (r, len) in lens {
+                blocks.truncate(id, r, len)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
     /// `Fallocate`: `punch` frees `offset..offset + len`, else reserves it.
     pub(super) async fn fallocate_here(
         &self,
