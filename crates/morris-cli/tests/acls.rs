@@ -156,6 +156,48 @@ fn acls_round_trip_and_are_enforced_for_another_user_on_every_mount() {
     assert!(!o.status.success(), "a default ACL on a file: {}", both(&o));
 }
 
+/// A `chmod` of a file being written is kept in the client a moment
+/// (write-behind); an ACL set right after must not be undone when it is
+/// stored (xfstests generic/099 found the mode-only case).
+#[test]
+fn an_acl_set_right_after_a_chmod_keeps_its_mode() {
+    need_root();
+    let c = Cluster::start(3, ClusterOpts::default());
+    let a = c.mount();
+    let b = c.mount();
+    let (f, g) = (a.path.join("f"), a.path.join("g"));
+    // Mode-only: the ACL is the mode.
+    run(
+        "touch \"$1\" && chmod 764 \"$1\" && setfacl --set u::r--,g::rwx,o::rw- \"$1\"",
+        &[&f],
+    );
+    // A named entry: the mode's group bits become the mask.
+    run(
+        "touch \"$1\" && chmod 600 \"$1\" && setfacl -m u:65534:rwx \"$1\"",
+        &[&g],
+    );
+    let want_g = [
+        "user::rw-",
+        "user:65534:rwx",
+        "group::---",
+        "mask::rwx",
+        "other::---",
+    ];
+    // Past the time a kept change is stored by itself.
+    std::thread::sleep(Duration::from_secs(3));
+    for (root, who) in [(&a.path, "this mount"), (&b.path, "another mount")] {
+        let (f, g) = (root.join("f"), root.join("g"));
+        assert_eq!(mode(&f), 0o476, "mode of f on {who}");
+        assert_eq!(
+            getfacl(&f, false),
+            ["user::r--", "group::rwx", "other::rw-"],
+            "f on {who}"
+        );
+        assert_eq!(mode(&g), 0o670, "mode of g on {who}");
+        assert_eq!(getfacl(&g, false), want_g, "g on {who}");
+    }
+}
+
 #[test]
 fn default_acls_are_inherited_and_the_umask_applies_without_one() {
     need_root();

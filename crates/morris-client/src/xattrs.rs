@@ -190,6 +190,13 @@ impl Client {
         namespace_kept(name)?;
         let h = self.leases.handle(id)?;
         let g = self.leases.get(h, Mode::Write).await?;
+        if is_acl(name) && self.leases.has_unstored(id) {
+            // A mode kept here (`set_behind`) must be stored before the
+            // ACL: the owner sets the mode from it, and a kept chmod
+            // stored after would undo that (`chmod` then `setfacl`).
+            self.drained(&g.entry, self.leases.write_back(&g.entry))
+                .await?;
+        }
         let cur = self.fresh(&g).await?;
         self.check_change(&cur).await?;
         crate::flags::may_set_xattr(&cur)?;
