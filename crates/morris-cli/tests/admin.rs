@@ -441,3 +441,95 @@ fn quota_limits_refuse_new_inodes_and_growth_on_every_mount() {
     let o = morris(&["quota", "report", c.addr(0), "--json"]);
     assert!(o.status.success(), "{}", both(&o));
 }
+
+/// The servers hold a client that does not check quotas (raw protocol
+/// requests, no client library) to the inode limits too.
+#[test]
+fn servers_refuse_new_inodes_over_a_quota_to_a_client_that_does_not_check() {
+    use bytes::Bytes;
+    use morris_proto::net::{RpcClient, RpcError};
+    use morris_proto::{
+        Attr, ErrorCode, FileKind, Reply, Request, Timestamp, PROTOCOL_VERSION, ROOT_ID,
+    };
+    use std::time::{Duration, Instant};
+
+    let c = Cluster::start(2, ClusterOpts::default());
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let key = morris_proto::auth::Keys::load(&common::keys().client)
+        .expect("client key")
+        .credential();
+    let rpc = rt.block_on(async {
+        let rpc = RpcClient::connect(c.addr(0), &key, None)
+            .await
+            .expect("connect");
+        let hello = Request::Hello {
+            volume: Some(c.uuid().parse().expect("uuid")),
+            client_id: 0x9107a,
+            client_name: "no-quota-checks".into(),
+            version: PROTOCOL_VERSION,
+        };
+        rpc.call(&hello, Bytes::new()).await.expect("hello");
+        rpc
+    });
+    // A new inode of `uid` (unnamed: the servers reap it later).
+    let create = |uid: u32| {
+        let now = Timestamp::now();
+        let req = Request::CreateInode {
+            parent: ROOT_ID,
+            attr: Attr {
+                kind: FileKind::File,
+                mode: 0o644,
+                uid,
+                gid: uid,
+                nlink: 1,
+                size: 0,
+                atime: now,
+                mtime: now,
+                ctime: now,
+                rdev: 0,
+                flags: 0,
+            },
+            target: None,
+            home: None,
+            op: 0,
+            xattrs: vec![],
+        };
+        rt.block_on(async {
+            loop {
+                match rpc.call(&req, Bytes::new()).await {
+                    Err(RpcError::Remote(e)) if e.code == ErrorCode::Grace => {
+                        tokio::time::sleep(Duration::from_millis(100)).await
+                    }
+                    Ok((Reply::Leased { .. }, _)) => return Ok(()),
+                    Ok((other, _)) => panic!("unexpected {other:?}"),
+                    Err(RpcError::Remote(e)) => return Err(e),
+                    Err(e) => panic!("create: {e}"),
+                }
+            }
+        })
+    };
+    let o = morris(&["quota", "set", c.addr(0), "--user", "1000", "--inodes", "3"]);
+    assert!(o.status.success(), "quota set: {}", both(&o));
+    let start = Instant::now();
+    let mut made = 0;
+    let refused = loop {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{made} inodes made under a limit of 3, none refused"
+        );
+        match create(1000) {
+            Ok(()) => made += 1,
+            Err(e) => break e,
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!(refused.code, ErrorCode::QuotaExceeded, "{refused}");
+    // One create every 0.3 s, a verdict at most 2 s old.
+    assert!((3..=12).contains(&made), "{made} made under a limit of 3");
+    create(1001).expect("another user is not over");
+    let o = morris(&["quota", "set", c.addr(0), "--user", "1000"]);
+    assert!(o.status.success(), "quota set: {}", both(&o));
+    common::wait_for(Duration::from_secs(30), "creates allowed again", || {
+        create(1000).map_err(|e| e.to_string())
+    });
+}

@@ -21,10 +21,10 @@
 //! Root's own changes are not exempt (as on CephFS; ext4 exempts
 //! `CAP_SYS_RESOURCE`): a limit on uid 0 holds for root too.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use morris_proto::quota::Over;
 use morris_proto::{ErrorCode, QuotaLimit, Reply, Request, ROOT_ID};
 use parking_lot::Mutex;
 
@@ -36,24 +36,14 @@ pub(crate) const FRESH: Duration = Duration::from_secs(2);
 /// How old it may be while none is.
 pub(crate) const FRESH_WITHOUT_LIMITS: Duration = Duration::from_secs(10);
 
-/// What a change adds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Charge {
-    /// An inode.
-    Inode,
-    /// Bytes past a file's end.
-    Bytes,
-}
+pub(crate) use morris_proto::quota::Charge;
 
 /// Who is over a limit, as of `at`.
 #[derive(Debug, Default)]
 struct Verdict {
     at: Option<Instant>,
     limits: bool,
-    /// (group, id) at or over their inode limit.
-    inodes: HashSet<(bool, i64)>,
-    /// (group, id) over their byte limit.
-    bytes: HashSet<(bool, i64)>,
+    over: Over,
 }
 
 /// A client's view of the quotas.
@@ -82,49 +72,20 @@ impl QuotaState {
         if !v.limits {
             return Ok(());
         }
-        let over = match charge {
-            Charge::Inode => &v.inodes,
-            Charge::Bytes => &v.bytes,
-        };
-        let what = match charge {
-            Charge::Inode => "inode",
-            Charge::Bytes => "byte",
-        };
-        if over.contains(&(false, i64::from(uid))) {
-            return Err(Error::new(
-                ErrorCode::QuotaExceeded,
-                format!("user {uid} is over its {what} quota"),
-            ));
+        match v.over.refusal(uid, gid, charge) {
+            Some(why) => Err(Error::new(ErrorCode::QuotaExceeded, why)),
+            None => Ok(()),
         }
-        if over.contains(&(true, i64::from(gid))) {
-            return Err(Error::new(
-                ErrorCode::QuotaExceeded,
-                format!("group {gid} is over its {what} quota"),
-            ));
-        }
-        Ok(())
     }
 }
 
 /// Who `limits` put over, given `usage`.
 fn verdict(limits: &[QuotaLimit], usage: &[morris_proto::UsageRow]) -> Verdict {
-    let mut v = Verdict {
+    Verdict {
         at: Some(Instant::now()),
         limits: !limits.is_empty(),
-        ..Verdict::default()
-    };
-    for l in limits {
-        let used = usage.iter().find(|u| u.group == l.group && u.id == l.id);
-        let (inodes, bytes) =
-            used.map_or((0, 0), |u| (u.inodes.max(0) as u64, u.bytes.max(0) as u64));
-        if l.inodes != 0 && inodes >= l.inodes {
-            v.inodes.insert((l.group, l.id));
-        }
-        if l.bytes != 0 && bytes > l.bytes {
-            v.bytes.insert((l.group, l.id));
-        }
+        over: Over::of(limits, usage),
     }
-    v
 }
 
 impl Client {
@@ -217,58 +178,26 @@ mod tests {
     use morris_proto::UsageRow;
 
     #[test]
-    fn a_verdict_puts_over_who_reached_a_limit() {
-        let limits = [
-            QuotaLimit {
-                group: false,
-                id: 1000,
-                inodes: 3,
-                bytes: 0,
-            },
-            QuotaLimit {
-                group: true,
-                id: 100,
-                inodes: 0,
-                bytes: 4096,
-            },
-            QuotaLimit {
-                group: false,
-                id: 1001,
-                inodes: 10,
-                bytes: 10,
-            },
-        ];
-        let usage = [
-            UsageRow {
-                group: false,
-                id: 1000,
-                inodes: 3,
-                bytes: 1 << 30,
-            },
-            UsageRow {
-                group: true,
-                id: 100,
-                inodes: 1,
-                bytes: 8192,
-            },
-        ];
-        let v = verdict(&limits, &usage);
+    fn a_client_refuses_only_while_a_limit_is_set() {
+        let limits = [QuotaLimit {
+            group: false,
+            id: 1000,
+            inodes: 3,
+            bytes: 0,
+        }];
+        let usage = [UsageRow {
+            group: false,
+            id: 1000,
+            inodes: 3,
+            bytes: 0,
+        }];
         let s = QuotaState {
-            verdict: Mutex::new(v),
+            verdict: Mutex::new(verdict(&limits, &usage)),
             refreshing: AtomicBool::new(false),
         };
-        assert!(
-            s.check(1000, 1, Charge::Inode).is_err(),
-            "at its inode limit"
-        );
-        assert!(s.check(1000, 1, Charge::Bytes).is_ok(), "no byte limit");
-        assert!(s.check(5, 100, Charge::Bytes).is_err(), "its group is over");
-        assert!(s.check(5, 100, Charge::Inode).is_ok());
-        assert!(
-            s.check(1001, 1, Charge::Inode).is_ok(),
-            "nothing stored yet"
-        );
-        let none = QuotaState::default();
-        assert!(none.check(1000, 100, Charge::Inode).is_ok());
+        let e = s.check(1000, 1, Charge::Inode).unwrap_err();
+        assert_eq!(e.code, ErrorCode::QuotaExceeded);
+        assert!(s.check(1001, 1, Charge::Inode).is_ok());
+        assert!(QuotaState::default().check(1000, 1, Charge::Inode).is_ok());
     }
 }

@@ -24,6 +24,7 @@ pub mod locks;
 pub mod messages;
 pub mod net;
 pub mod observe;
+pub mod quota;
 pub mod tls;
 pub mod types;
 

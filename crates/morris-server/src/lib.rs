@@ -459,6 +459,9 @@ pub async fn start(cfg: ServerConfig) -> Result<ServerHandle, ServerError> {
         // Scrub passes on a schedule, if asked for.
         let _scrub = tokio::spawn(ticking.clone().scrub_schedule(cfg.scrub_every));
         let _stop_scrub = AbortOnDrop(_scrub);
+        // Who is over a quota (`service/quotas.rs`).
+        let _quota = tokio::spawn(Server::quota_loop(Arc::downgrade(&ticking)));
+        let _stop_quota = AbortOnDrop(_quota);
         loop {
             iv.tick().await;
             ticking.tick();

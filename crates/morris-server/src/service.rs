@@ -38,6 +38,7 @@ mod peer;
 mod peer_calls;
 mod push_names;
 mod pusher;
+mod quotas;
 mod replace;
 mod scrub_peers;
 mod sessions;
@@ -117,6 +118,8 @@ pub(crate) struct Server {
     /// A replacement whose blocks are not yet all recorded stale: it reads
     /// none of them (`replace.rs`).
     rebuilding: AtomicBool,
+    /// Who is over a quota, as this server last heard (`quotas.rs`).
+    quota: quotas::QuotaVerdict,
 }
 
 type Outcome = (Result<Reply, WireError>, Bytes);
@@ -272,6 +275,7 @@ impl Server {
             lock_changed: tokio::sync::Notify::new(),
             fences: Default::default(),
             diverged: Mutex::new(Vec::new()),
+            quota: quotas::QuotaVerdict::default(),
             fence_base,
             rebuilding: AtomicBool::new(rebuilding),
         }
@@ -1106,6 +1110,7 @@ impl Server {
                 op,
                 xattrs,
             } => {
+                self.check_inode_quota(&attr)?;
                 let gen = random_gen();
                 let op = OpKey::new(client, op);
                 let inode = metadata(move || {
@@ -1138,6 +1143,7 @@ impl Server {
                 xattrs,
             } => {
                 Self::check_owner(vol, id)?;
+                self.check_inode_quota(&attr)?;
                 let op = OpKey::new(client, op);
                 let inode = metadata(move || {
                     store.create_inode_at(id, parent, &attr, target.as_deref(), gen, op, &xattrs)
