@@ -448,9 +448,7 @@ fn quota_limits_refuse_new_inodes_and_growth_on_every_mount() {
 fn servers_refuse_new_inodes_over_a_quota_to_a_client_that_does_not_check() {
     use bytes::Bytes;
     use morris_proto::net::{RpcClient, RpcError};
-    use morris_proto::{
-        Attr, ErrorCode, FileKind, Reply, Request, Timestamp, PROTOCOL_VERSION, ROOT_ID,
-    };
+    use morris_proto::{ErrorCode, Reply, Request, PROTOCOL_VERSION, ROOT_ID};
     use std::time::{Duration, Instant};
 
     let c = Cluster::start(2, ClusterOpts::default());
@@ -473,22 +471,9 @@ fn servers_refuse_new_inodes_over_a_quota_to_a_client_that_does_not_check() {
     });
     // A new inode of `uid` (unnamed: the servers reap it later).
     let create = |uid: u32| {
-        let now = Timestamp::now();
         let req = Request::CreateInode {
             parent: ROOT_ID,
-            attr: Attr {
-                kind: FileKind::File,
-                mode: 0o644,
-                uid,
-                gid: uid,
-                nlink: 1,
-                size: 0,
-                atime: now,
-                mtime: now,
-                ctime: now,
-                rdev: 0,
-                flags: 0,
-            },
+            attr: common::new_file_attr(uid, uid),
             target: None,
             home: None,
             op: 0,

@@ -9,8 +9,7 @@ use bytes::Bytes;
 use common::{both, morris, stdout, Cluster, ClusterOpts};
 use morris_proto::net::{RpcClient, RpcError};
 use morris_proto::{
-    Attr, ErrorCode, FileId, FileKind, Handle, Inode, Reply, Request, SetAttr, Timestamp,
-    PROTOCOL_VERSION, ROOT_ID,
+    ErrorCode, FileId, FileKind, Handle, Inode, Reply, Request, SetAttr, PROTOCOL_VERSION, ROOT_ID,
 };
 
 /// A session with one server, joined to the volume.
@@ -60,22 +59,9 @@ impl Raw {
     }
 
     async fn create_file(&self) -> Inode {
-        let now = Timestamp::now();
         self.inode(Request::CreateInode {
             parent: ROOT_ID,
-            attr: Attr {
-                kind: FileKind::File,
-                mode: 0o644,
-                uid: 0,
-                gid: 0,
-                nlink: 1,
-                size: 0,
-                atime: now,
-                mtime: now,
-                ctime: now,
-                rdev: 0,
-                flags: 0,
-            },
+            attr: common::new_file_attr(0, 0),
             target: None,
             home: None,
             op: 0,

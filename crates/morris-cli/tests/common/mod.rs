@@ -1142,3 +1142,22 @@ pub fn assert_same_bytes(got: &[u8], want: &[u8], what: &str, context: &str) {
         );
     }
 }
+
+/// The attributes of a new empty regular file of `uid` and `gid`, mode
+/// 0644, for raw `CreateInode` requests.
+pub fn new_file_attr(uid: u32, gid: u32) -> morris_proto::Attr {
+    let now = morris_proto::Timestamp::now();
+    morris_proto::Attr {
+        kind: morris_proto::FileKind::File,
+        mode: 0o644,
+        uid,
+        gid,
+        nlink: 1,
+        size: 0,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        rdev: 0,
+        flags: 0,
+    }
+}
