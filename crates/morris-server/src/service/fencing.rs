@@ -158,16 +158,20 @@ impl Server {
                 (i, r)
             }
         });
+        let mut all = true;
         for (server, r) in futures::future::join_all(calls).await {
             if let Err(e) = r {
+                all = false;
                 warn!(id, server, size, error = %e,
                     "a revoked writer's data past the saved size may stay there");
             }
         }
-        info!(
-            id,
-            size, "a revoked writer's data past the saved size cut off"
-        );
+        if all {
+            info!(
+                id,
+                size, "a revoked writer's data past the saved size cut off"
+            );
+        }
     }
 
     /// Hands blocks `first..=last` of `id`, whose copies may differ, to
