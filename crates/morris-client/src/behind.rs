@@ -24,6 +24,7 @@
 //! | in flight | the file's flights pass [`WINDOW`] bytes, or the client's [`MAX_FLYING`] | the next write waits for the oldest |
 //! | any | read, `SEEK_DATA`, `fallocate`, `setattr` not kept (a size, ...) of the file here | everything sent and answered first |
 //! | any | `chmod`/`chown`/`utimes` of a regular file ([`Client::set_behind`]) | kept with the size; stored with it, or [`AGE`] later |
+//! | attributes kept | an ACL set or removed (`xattrs.rs`) | the kept attributes stored first (the owner sets the mode from the ACL) |
 //! | any | close (flush), `fsync`, lease recalled or given up, unmount | everything sent and answered before the size is stored |
 //!
 //! Each write still moves the cached size and times at once (the kernel
