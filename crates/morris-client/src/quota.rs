@@ -98,8 +98,8 @@ impl Client {
     }
 
     /// Sets a user's or a group's limits (both 0: removes them); needs the
-    /// volume key. Every client applies them within [`FRESH`] or
-    /// [`FRESH_WITHOUT_LIMITS`].
+    /// volume key. Every client applies them within `FRESH` or
+    /// `FRESH_WITHOUT_LIMITS` (2 s, 10 s).
     pub async fn set_quota(&self, limit: QuotaLimit) -> Result<()> {
         match self
             .call_owner_now(ROOT_ID, Request::SetQuota { limit })
