@@ -393,6 +393,26 @@ fn quota_limits_refuse_new_inodes_and_growth_on_every_mount() {
         (3..=8).contains(&made),
         "{made} files made under a limit of 4 inodes"
     );
+    // Giving a file to a user at its inode limit is charging it one more
+    // (ext4's chown answers EDQUOT too); to another user it is not.
+    let given = a.path.join("given");
+    std::fs::write(&given, b"x").expect("create as root");
+    // (This mount's verdict is from before the limit: it is refreshed
+    // within 10 s.)
+    common::wait_for(
+        std::time::Duration::from_secs(30),
+        "EDQUOT on chown",
+        || match chown(&given, Some(1000), None) {
+            Err(e) if e.raw_os_error() == Some(libc::EDQUOT) => Ok(()),
+            Err(e) => panic!("chown to a user at its limit: {e}"),
+            Ok(()) => {
+                chown(&given, Some(0), None).expect("chown back");
+                Err("allowed".to_string())
+            }
+        },
+    );
+    chown(&given, Some(1001), None).expect("chown to a user with no limit");
+    std::fs::remove_file(&given).expect("remove");
     // Bytes: the group over 1 MiB cannot grow a file, on either mount.
     set(&["--user", "1000"]);
     set(&["--group", "100", "--bytes", "1M"]);

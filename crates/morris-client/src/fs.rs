@@ -549,7 +549,10 @@ impl Client {
         let xattrs = self.inherit(&g, &dir_inode, &mut attr, caller).await?;
         let kind = attr.kind;
         let mut g = g;
-        if self.config.names_behind && dir_inode.home.is_none() {
+        if self.config.names_behind
+            && dir_inode.home.is_none()
+            && !self.inode_limited(attr.uid, attr.gid)
+        {
             if let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) {
                 if let Some(id) = self.reserved_id() {
                     match me
@@ -1178,6 +1181,9 @@ impl Client {
         }
         let h = self.leases.handle(id)?;
         let g = self.leases.get(h, Mode::Write).await?;
+        if set.uid.is_some() || set.gid.is_some() {
+            self.check_chown_quota(&self.fresh(&g).await?, &set).await?;
+        }
         if let Some(inode) = self.set_behind(&g, &set, caller).await? {
             return Ok(inode);
         }

@@ -21,6 +21,7 @@
 //! Root's own changes are not exempt (as on CephFS; ext4 exempts
 //! `CAP_SYS_RESOURCE`): a limit on uid 0 holds for root too.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -44,6 +45,8 @@ struct Verdict {
     at: Option<Instant>,
     limits: bool,
     over: Over,
+    /// (group, id) with an inode limit set.
+    inode_limited: HashSet<(bool, i64)>,
 }
 
 /// A client's view of the quotas.
@@ -66,6 +69,16 @@ impl QuotaState {
         Some(at.elapsed() > fresh)
     }
 
+    /// True if `uid` or `gid` has an inode limit: its new inodes are then
+    /// made before the create answers, not after (`fs/reserved.rs`), so
+    /// that a server's refusal (its verdict may be newer than this
+    /// client's) reaches the caller as `EDQUOT` from the create itself.
+    fn inode_limited(&self, uid: u32, gid: u32) -> bool {
+        let v = self.verdict.lock();
+        v.inode_limited.contains(&(false, i64::from(uid)))
+            || v.inode_limited.contains(&(true, i64::from(gid)))
+    }
+
     /// Refuses `charge` for an object of `uid` and `gid` if either is over.
     fn check(&self, uid: u32, gid: u32, charge: Charge) -> Result<()> {
         let v = self.verdict.lock();
@@ -85,6 +98,11 @@ fn verdict(limits: &[QuotaLimit], usage: &[morris_proto::UsageRow]) -> Verdict {
         at: Some(Instant::now()),
         limits: !limits.is_empty(),
         over: Over::of(limits, usage),
+        inode_limited: limits
+            .iter()
+            .filter(|l| l.inodes != 0)
+            .map(|l| (l.group, l.id))
+            .collect(),
     }
 }
 
@@ -113,6 +131,12 @@ impl Client {
     /// Refuses `charge` for an object owned by `uid` and `gid` if either is
     /// over its quota (see the module's table).
     pub(crate) async fn check_quota(&self, uid: u32, gid: u32, charge: Charge) -> Result<()> {
+        self.verdict_fresh().await;
+        self.quota.check(uid, gid, charge)
+    }
+
+    /// Makes sure a verdict is there and refreshing when stale.
+    async fn verdict_fresh(&self) {
         match self.quota.stale() {
             None => {
                 // A client's first check waits for the verdict, once: if
@@ -126,7 +150,44 @@ impl Client {
             Some(true) => self.refresh_quotas_later(),
             Some(false) => {}
         }
-        self.quota.check(uid, gid, charge)
+    }
+
+    /// A change of owner or group charges the new one with the object (as
+    /// ext4's `chown` does): refused if a new owner or group is at its
+    /// inode limit, or over its byte limit while the object holds bytes.
+    pub(crate) async fn check_chown_quota(
+        &self,
+        cur: &morris_proto::Inode,
+        set: &morris_proto::SetAttr,
+    ) -> Result<()> {
+        let new_uid = set.uid.filter(|&u| u != cur.attr.uid);
+        let new_gid = set.gid.filter(|&g| g != cur.attr.gid);
+        if new_uid.is_none() && new_gid.is_none() {
+            return Ok(());
+        }
+        self.verdict_fresh().await;
+        let holds_bytes = cur.attr.size > 0 || cur.alloc.is_some_and(|a| a > 0);
+        let v = self.quota.verdict.lock();
+        if !v.limits {
+            return Ok(());
+        }
+        for (group, id) in [(false, new_uid), (true, new_gid)] {
+            let Some(id) = id else { continue };
+            let why = v.over.refusal_of(group, id, Charge::Inode).or_else(|| {
+                holds_bytes
+                    .then(|| v.over.refusal_of(group, id, Charge::Bytes))
+                    .flatten()
+            });
+            if let Some(why) = why {
+                return Err(Error::new(ErrorCode::QuotaExceeded, why));
+            }
+        }
+        Ok(())
+    }
+
+    /// See [`QuotaState::inode_limited`].
+    pub(crate) fn inode_limited(&self, uid: u32, gid: u32) -> bool {
+        self.quota.inode_limited(uid, gid)
     }
 
     fn refresh_quotas_later(&self) {

@@ -44,17 +44,20 @@ impl Over {
 
     /// Why `charge` for an object of `uid` and `gid` is refused, if it is.
     pub fn refusal(&self, uid: u32, gid: u32, charge: Charge) -> Option<String> {
+        self.refusal_of(false, uid, charge)
+            .or_else(|| self.refusal_of(true, gid, charge))
+    }
+
+    /// Why `charge` for the user (`group` false) or group `id` alone is
+    /// refused, if it is.
+    pub fn refusal_of(&self, group: bool, id: u32, charge: Charge) -> Option<String> {
         let (over, what) = match charge {
             Charge::Inode => (&self.inodes, "inode"),
             Charge::Bytes => (&self.bytes, "byte"),
         };
-        if over.contains(&(false, i64::from(uid))) {
-            return Some(format!("user {uid} is over its {what} quota"));
-        }
-        if over.contains(&(true, i64::from(gid))) {
-            return Some(format!("group {gid} is over its {what} quota"));
-        }
-        None
+        let who = if group { "group" } else { "user" };
+        over.contains(&(group, i64::from(id)))
+            .then(|| format!("{who} {id} is over its {what} quota"))
     }
 }
 
@@ -173,5 +176,10 @@ mod tests {
             "nothing stored yet"
         );
         assert!(Over::default().refusal(1000, 100, Charge::Inode).is_none());
+        assert!(v.refusal_of(true, 100, Charge::Bytes).is_some());
+        assert!(
+            v.refusal_of(false, 100, Charge::Bytes).is_none(),
+            "user 100 is not group 100"
+        );
     }
 }
