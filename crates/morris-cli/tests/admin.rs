@@ -411,6 +411,13 @@ fn quota_limits_refuse_new_inodes_and_growth_on_every_mount() {
             }
         },
     );
+    // Someone not allowed the change is told that, not the quota.
+    let o = as_user(&format!("chown 1000 {}", given.display()));
+    assert!(
+        !o.status.success() && stderr(&o).contains("not permitted"),
+        "chown by a non-owner: {}",
+        both(&o)
+    );
     chown(&given, Some(1001), None).expect("chown to a user with no limit");
     std::fs::remove_file(&given).expect("remove");
     // Bytes: the group over 1 MiB cannot grow a file, on either mount.

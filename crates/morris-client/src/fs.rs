@@ -1182,7 +1182,11 @@ impl Client {
         let h = self.leases.handle(id)?;
         let g = self.leases.get(h, Mode::Write).await?;
         if set.uid.is_some() || set.gid.is_some() {
-            self.check_chown_quota(&self.fresh(&g).await?, &set).await?;
+            // A caller not allowed the change hears that, not the quota.
+            let cur = self.fresh(&g).await?;
+            let acl = self.acl_under(&g, &cur, caller).await?;
+            check_setattr(&cur, acl.as_ref(), &set, caller)?;
+            self.check_chown_quota(&cur, &set).await?;
         }
         if let Some(inode) = self.set_behind(&g, &set, caller).await? {
             return Ok(inode);
