@@ -481,7 +481,7 @@ def run_listing(b, rep, n, k, bound_name):
     """Home's ls/dN listed directly (nfslist, and nfs-ls as a cross-check), then through the
     fresh binding bound_name (-> home's ls/) of volume k: miss, then hit."""
     out = {}
-    nfslist = [b.nfslist, b.url(), f"/ls/d{n}"]
+    nfslist = [b.nfslist, b.url("", b.a.list_relay), f"/ls/d{n}"]
 
     def prep(home_read):
         # --list-cold: every page cache dropped. Otherwise, before a listing that reads home, home
@@ -497,7 +497,7 @@ def run_listing(b, rep, n, k, bound_name):
     out["direct"] = b.host_json(b.client, nfslist)
     if not b.a.no_nfs_ls:
         prep(True)
-        out["nfs_ls"] = b.host_json(b.client, ["python3", "-c", _NFSLS, b.url(f"ls/d{n}")])
+        out["nfs_ls"] = b.host_json(b.client, ["python3", "-c", _NFSLS, b.url(f"ls/d{n}", b.a.list_relay)])
     for what in ("miss", "hit"):
         s0, _ = b.status(k)
         prep(what == "miss")
@@ -615,7 +615,8 @@ def table(res, a, srv_goodput, home_goodput):
                  "tbf FIFOs in that run: an emulation limit the miss may meet as well")
     if "b" in a.parts:
         L += ["", f"(b) listing N home entries, seconds (volume of {a.list_servers} servers; direct: libnfs "
-                  f"opendir/readdir after the mount; nfs-ls: whole process)",
+                  f"opendir/readdir after the mount; nfs-ls: whole process"
+                  f"{'; home through the relay, +' + format(2 * a.delay_ms, '.0f') + ' ms per round trip' if a.list_relay else ''})",
               f"{'entries':>8}{'direct':>9}{'nfs-ls':>9}{'miss':>9}{'hit':>9}{'miss/dir':>10}{'hit/dir':>9}"
               f"{'hit same mnt':>14}{'Panache miss':>14}{'hit':>7}"]
         for n in a.entries:
@@ -725,6 +726,8 @@ def parse_args():
     ap.add_argument("--client-rate", default="800mbit")
     ap.add_argument("--morris-readahead", default=None, help="passed to every `morris mount --readahead`")
     ap.add_argument("--cold-home", action="store_true", help="do not warm home's page cache before home reads")
+    ap.add_argument("--list-relay", action="store_true",
+                    help="(b) list home through the delaying relay of (c) (direct and cache alike)")
     ap.add_argument("--no-nfs-ls", action="store_true", help="(b) skip the nfs-ls cross-check")
     ap.add_argument("--list-cold", action="store_true",
                     help="(b) drop every page cache before each listing (default: only the mount is fresh)")
@@ -771,7 +774,7 @@ def jobs_for(b, a, raw):
     if "b" in a.parts:
         def listing(rep):
             name = f"L{rep}"
-            b.bind(a.list_servers, name, b.url("ls"))
+            b.bind(a.list_servers, name, b.url("ls", a.list_relay))
             order = a.entries[rep % len(a.entries):] + a.entries[:rep % len(a.entries)]
             for n in order:
                 raw["listing"][str(n)].append(run_listing(b, rep, n, a.list_servers, name))
@@ -814,7 +817,7 @@ def main():
             b.setup_volumes()
             res["home_sha256"] = b.home_sum
             res["rtt"] = {"direct": measure_rtt(b.client, b.home.addr, NFS_PORT)}
-            if "c" in a.parts:
+            if "c" in a.parts or a.list_relay:
                 b.start_relay()
                 res["rtt"]["relay"] = measure_rtt(b.client, b.home.addr, RELAY_NFS)
                 res["rtt"]["relay_from_server"] = measure_rtt(b.servers[0], b.home.addr, RELAY_NFS)
