@@ -496,14 +496,15 @@ fn servers_refuse_new_inodes_over_a_quota_to_a_client_that_does_not_check() {
         rpc.call(&hello, Bytes::new()).await.expect("hello");
         rpc
     });
-    // A new inode of `uid` (unnamed: the servers reap it later).
-    let create = |uid: u32| {
+    // A new inode of `uid` (unnamed: the servers reap it later), as
+    // operation `op` of this client (0: none); its id.
+    let create = |uid: u32, op: u64| {
         let req = Request::CreateInode {
             parent: ROOT_ID,
             attr: common::new_file_attr(uid, uid),
             target: None,
             home: None,
-            op: 0,
+            op,
             xattrs: vec![],
         };
         rt.block_on(async {
@@ -512,7 +513,7 @@ fn servers_refuse_new_inodes_over_a_quota_to_a_client_that_does_not_check() {
                     Err(RpcError::Remote(e)) if e.code == ErrorCode::Grace => {
                         tokio::time::sleep(Duration::from_millis(100)).await
                     }
-                    Ok((Reply::Leased { .. }, _)) => return Ok(()),
+                    Ok((Reply::Leased { inode, .. }, _)) => return Ok(inode.id),
                     Ok((other, _)) => panic!("unexpected {other:?}"),
                     Err(RpcError::Remote(e)) => return Err(e),
                     Err(e) => panic!("create: {e}"),
@@ -523,25 +524,37 @@ fn servers_refuse_new_inodes_over_a_quota_to_a_client_that_does_not_check() {
     let o = morris(&["quota", "set", c.addr(0), "--user", "1000", "--inodes", "3"]);
     assert!(o.status.success(), "quota set: {}", both(&o));
     let start = Instant::now();
-    let mut made = 0;
+    let mut made = Vec::new();
     let refused = loop {
         assert!(
             start.elapsed() < Duration::from_secs(30),
-            "{made} inodes made under a limit of 3, none refused"
+            "{} inodes made under a limit of 3, none refused",
+            made.len()
         );
-        match create(1000) {
-            Ok(()) => made += 1,
+        match create(1000, made.len() as u64 + 1) {
+            Ok(id) => made.push(id),
             Err(e) => break e,
         }
         std::thread::sleep(Duration::from_millis(300));
     };
     assert_eq!(refused.code, ErrorCode::QuotaExceeded, "{refused}");
     // One create every 0.3 s, a verdict at most 2 s old.
-    assert!((3..=12).contains(&made), "{made} made under a limit of 3");
-    create(1001).expect("another user is not over");
+    assert!(
+        (3..=12).contains(&made.len()),
+        "{} made under a limit of 3",
+        made.len()
+    );
+    // A create resent after the verdict turned (its answer lost) gets the
+    // inode its first try made, not a refusal.
+    let last = made.len() as u64;
+    assert_eq!(
+        create(1000, last).expect("a repeat of a create that ran"),
+        made[made.len() - 1]
+    );
+    create(1001, 0).expect("another user is not over");
     let o = morris(&["quota", "set", c.addr(0), "--user", "1000"]);
     assert!(o.status.success(), "quota set: {}", both(&o));
     common::wait_for(Duration::from_secs(30), "creates allowed again", || {
-        create(1000).map_err(|e| e.to_string())
+        create(1000, 0).map(drop).map_err(|e| e.to_string())
     });
 }

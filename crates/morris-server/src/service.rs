@@ -1110,9 +1110,9 @@ impl Server {
                 op,
                 xattrs,
             } => {
-                self.check_inode_quota(&attr)?;
                 let gen = random_gen();
                 let op = OpKey::new(client, op);
+                self.check_inode_quota_unless_repeat(&store, op, &attr)?;
                 let inode = metadata(move || {
                     store.create_inode_with(
                         parent,
@@ -1143,8 +1143,8 @@ impl Server {
                 xattrs,
             } => {
                 Self::check_owner(vol, id)?;
-                self.check_inode_quota(&attr)?;
                 let op = OpKey::new(client, op);
+                self.check_inode_quota_unless_repeat(&store, op, &attr)?;
                 let inode = metadata(move || {
                     store.create_inode_at(id, parent, &attr, target.as_deref(), gen, op, &xattrs)
                 })?;

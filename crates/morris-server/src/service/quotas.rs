@@ -22,6 +22,7 @@ use morris_proto::{Attr, ErrorCode, Reply, Request, WireError, ROOT_ID};
 use tracing::debug;
 
 use super::Server;
+use crate::store::{OpKey, Store};
 
 /// How old a verdict may be.
 const FRESH: Duration = Duration::from_secs(2);
@@ -96,6 +97,22 @@ impl Server {
         {
             Some(why) => Err(WireError::new(ErrorCode::QuotaExceeded, why)),
             None => Ok(()),
+        }
+    }
+
+    /// [`Server::check_inode_quota`] for a create with operation key `op`,
+    /// except that a repeat of a create that ran here (the client resent
+    /// it: its answer was lost) is let through, to be answered with the
+    /// inode the first try made, even if the verdict turned in between.
+    pub(super) fn check_inode_quota_unless_repeat(
+        &self,
+        store: &Store,
+        op: Option<OpKey>,
+        attr: &Attr,
+    ) -> Result<(), WireError> {
+        match self.check_inode_quota(attr) {
+            Err(e) if !store.ran_before(op)? => Err(e),
+            _ => Ok(()),
         }
     }
 }

@@ -106,6 +106,20 @@ impl Store {
         Ok((out, false))
     }
 
+    /// Whether operation `op` ran here before (its outcome is kept): a
+    /// repeat is answered from that outcome, so checks that decide whether
+    /// a new operation may run (quotas) must not refuse it.
+    pub fn ran_before(&self, op: Option<OpKey>) -> Result<bool, WireError> {
+        let Some(key) = op else {
+            return Ok(false);
+        };
+        self.with_reader(|c| {
+            c.prepare_cached("SELECT 1 FROM replies WHERE client = ?1 AND op = ?2")
+                .and_then(|mut s| s.exists(params![key.client as i64, key.op as i64]))
+                .map_err(db_err)
+        })
+    }
+
     /// Stored outcomes kept now.
     #[cfg(test)]
     pub fn stored_outcomes(&self) -> Result<u64, WireError> {
