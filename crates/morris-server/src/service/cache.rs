@@ -51,12 +51,16 @@ const LIST_AHEAD: usize = 2;
 /// Names stored per transaction while a directory is listed from home.
 const FILL_BATCH: usize = 10_000;
 /// How long the first page of a listing waits for the listing from home to
-/// end before it follows the fill (answering the names stored so far). Not at once: on
-/// the emulated cluster, where the client, the servers and home share two
-/// cores, a 100,000-entry listing overlapped with its fill made the fill
-/// 0.5 s slower (1.14 -> 1.63 s) and the miss 1.40 -> 1.75 s; a listing
-/// longer than this shows its first names without waiting for the rest.
-const LIST_WAIT: Duration = Duration::from_secs(2);
+/// end before it follows the fill (answering the names stored so far, each
+/// next page waiting for more): small directories, filled within it, are
+/// listed in one answer; big ones show their first names soon and the
+/// client's listing runs while the rest is stored. On the emulated cluster
+/// (client, servers and home on two shared cores) following at once
+/// listed 100,000 home names in 1.23-1.26 s against 1.23-1.34 s when
+/// waiting for the whole fill (docs/benchmarks.md); it was 2 s before,
+/// when following lost there. Not at once, so that a small directory
+/// stays one answer when the server is slow for a moment.
+const LIST_WAIT: Duration = Duration::from_millis(200);
 /// Most names known absent at home kept in memory (see `home_lookup`).
 const ABSENT_KEEP: usize = 100_000;
 /// Most comparison times kept in memory (see `mark_checked`).
