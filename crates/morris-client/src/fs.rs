@@ -1181,8 +1181,9 @@ impl Client {
         }
         let h = self.leases.handle(id)?;
         let g = self.leases.get(h, Mode::Write).await?;
-        if set.uid.is_some() || set.gid.is_some() {
-            // A caller not allowed the change hears that, not the quota.
+        if (set.uid.is_some() || set.gid.is_some()) && self.quota_limits_set().await {
+            // A caller not allowed the change hears that, not the quota
+            // (checked again below, with the rest of the change).
             let cur = self.fresh(&g).await?;
             let acl = self.acl_under(&g, &cur, caller).await?;
             check_setattr(&cur, acl.as_ref(), &set, caller)?;

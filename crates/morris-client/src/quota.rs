@@ -152,6 +152,14 @@ impl Client {
         }
     }
 
+    /// Whether any quota limit is set on the volume (as of the verdict):
+    /// without one, [`Client::check_chown_quota`] refuses nothing, so a
+    /// caller need not gather what it checks.
+    pub(crate) async fn quota_limits_set(&self) -> bool {
+        self.verdict_fresh().await;
+        self.quota.verdict.lock().limits
+    }
+
     /// A change of owner or group charges the new one with the object (as
     /// ext4's `chown` does): refused if a new owner or group is at its
     /// inode limit, or over its byte limit while the object holds bytes.
