@@ -13,6 +13,7 @@
 //! * [`acl`]: POSIX ACLs in their extended-attribute form, as pure functions;
 //! * [`auth`]: the volume's keys and the handshake that opens every connection;
 //! * [`layout`]: where a block lives (`(file id + index) mod k`), as pure functions.
+//! * [`placement`]: per-file server lists, and the plans that change them when members are added or drained.
 
 pub mod acl;
 pub mod auth;
@@ -24,6 +25,7 @@ pub mod locks;
 pub mod messages;
 pub mod net;
 pub mod observe;
+pub mod placement;
 pub mod quota;
 pub mod tls;
 pub mod types;
