@@ -226,8 +226,7 @@ pub fn plan_add(files: &[FileUse], replicas: u32, members: &[u32], new: u32) -> 
     let total: u64 = have.values().sum();
     let n = members.len().max(1) as u64;
     let target = total / n;
-    let mut order: Vec<&FileUse> = files.iter().collect();
-    order.sort_by(|a, b| b.size.cmp(&a.size).then(a.id.cmp(&b.id)));
+    let order = biggest_first(files);
     let mut moves = Vec::new();
     for f in order {
         if have.get(&new).copied().unwrap_or(0) >= target {
@@ -251,15 +250,7 @@ pub fn plan_add(files: &[FileUse], replicas: u32, members: &[u32], new: u32) -> 
         if b == 0 || !improves(from_has, new_has, b, target) {
             continue;
         }
-        *have.entry(from).or_insert(0) -= b;
-        *have.entry(new).or_insert(0) += b;
-        moves.push(Move {
-            id: f.id,
-            position: p,
-            from,
-            to: new,
-            bytes: b,
-        });
+        moves.push(shift(&mut have, f.id, p, (from, new), b));
     }
     moves
 }
@@ -288,8 +279,7 @@ pub fn plan_drain(
     for m in remaining {
         have.entry(*m).or_insert(0);
     }
-    let mut order: Vec<&FileUse> = files.iter().collect();
-    order.sort_by(|a, b| b.size.cmp(&a.size).then(a.id.cmp(&b.id)));
+    let order = biggest_first(files);
     let mut moves = Vec::new();
     for f in order {
         let mut list = f.servers.clone();
@@ -316,15 +306,9 @@ pub fn plan_drain(
                     replicas,
                 });
             };
-            *have.entry(to).or_insert(0) += b;
+            // (`have` holds nothing for `drained`: no count to lower.)
+            moves.push(shift(&mut have, f.id, p, (drained, to), b));
             list = list.with(p, to);
-            moves.push(Move {
-                id: f.id,
-                position: p,
-                from: drained,
-                to,
-                bytes: b,
-            });
         }
     }
     let after = apply(files, &moves);
@@ -346,8 +330,7 @@ pub fn plan_balance(files: &[FileUse], replicas: u32, members: &[u32]) -> Vec<Mo
     }
     let total: u64 = have.values().sum();
     let target = total / members.len().max(1) as u64;
-    let mut order: Vec<&FileUse> = files.iter().collect();
-    order.sort_by(|a, b| b.size.cmp(&a.size).then(a.id.cmp(&b.id)));
+    let order = biggest_first(files);
     let mut moves = Vec::new();
     for f in order {
         let mut list = f.servers.clone();
@@ -369,16 +352,8 @@ pub fn plan_balance(files: &[FileUse], replicas: u32, members: &[u32]) -> Vec<Mo
             if b == 0 || !improves(from_has, to_has, b, target) {
                 continue;
             }
-            *have.entry(from).or_insert(0) -= b;
-            *have.entry(to).or_insert(0) += b;
+            moves.push(shift(&mut have, f.id, p, (from, to), b));
             list = list.with(p, to);
-            moves.push(Move {
-                id: f.id,
-                position: p,
-                from,
-                to,
-                bytes: b,
-            });
         }
     }
     moves
@@ -401,6 +376,36 @@ pub fn merge(first: Vec<Move>, then: Vec<Move>) -> Vec<Move> {
     }
     out.retain(|m| m.from != m.to);
     out
+}
+
+/// Files by size, biggest first (ties by id): a plan places the big
+/// pieces while there is still room to even out with small ones.
+fn biggest_first(files: &[FileUse]) -> Vec<&FileUse> {
+    let mut order: Vec<&FileUse> = files.iter().collect();
+    order.sort_by(|a, b| b.size.cmp(&a.size).then(a.id.cmp(&b.id)));
+    order
+}
+
+/// Counts `bytes` of position `position` of file `id` as moved from one
+/// member to another in `have`, and names the move.
+fn shift(
+    have: &mut BTreeMap<u32, u64>,
+    id: FileId,
+    position: u32,
+    (from, to): (u32, u32),
+    bytes: u64,
+) -> Move {
+    if let Some(h) = have.get_mut(&from) {
+        *h = h.saturating_sub(bytes);
+    }
+    *have.entry(to).or_insert(0) += bytes;
+    Move {
+        id,
+        position,
+        from,
+        to,
+        bytes,
+    }
 }
 
 /// Whether moving `b` bytes from a member holding `from` to one holding

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-/// A 64-bit file id. Ids are never reused; see [`crate::layout::allocate_id`].
+/// A 64-bit file id. Ids are never reused; see [`crate::layout::Layout::allocate_id`].
 pub type FileId = u64;
 
 /// The file id of the volume's root directory.

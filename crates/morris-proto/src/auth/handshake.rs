@@ -37,7 +37,7 @@ pub const MAX_HS_FRAME: usize = 512;
 pub enum Hs {
     /// Step 1.
     Hi {
-        /// [`MAGIC`].
+        /// The bytes `morrisHS`.
         magic: [u8; 8],
         /// [`HANDSHAKE_VERSION`].
         version: u16,
