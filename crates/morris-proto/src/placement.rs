@@ -173,6 +173,155 @@ impl FileServers {
     }
 }
 
+/// One extent file a member keeps for a file: copy `copy` of the blocks at
+/// base position `base`, held because the member is at `position` (the
+/// `set`-th of its positions in the file's list).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    /// The member's position in the list.
+    pub position: u32,
+    /// Which copy.
+    pub copy: u32,
+    /// The member's extent-file set ([`FileServers::extent_set`]).
+    pub set: u32,
+    /// The position whose blocks it holds (`position - copy`).
+    pub base: u32,
+}
+
+/// Where one file's blocks live: the volume's stripe unit and copy count
+/// with the file's own list (the identity over the volume's servers when
+/// it has none). [`Layout`](crate::layout::Layout)'s block functions are
+/// this with the identity list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileLayout {
+    /// The file.
+    pub id: FileId,
+    /// Stripe unit in bytes.
+    pub unit: u32,
+    /// Copies of each block.
+    pub replicas: u32,
+    /// Its members by position.
+    pub servers: FileServers,
+}
+
+impl FileLayout {
+    /// File `id` on `layout`'s volume, with `servers` (`None`: the identity).
+    pub fn new(layout: &crate::layout::Layout, id: FileId, servers: Option<&FileServers>) -> Self {
+        FileLayout {
+            id,
+            unit: layout.unit.max(1),
+            replicas: layout.replicas.max(1),
+            servers: servers
+                .cloned()
+                .unwrap_or_else(|| FileServers::identity(layout.servers)),
+        }
+    }
+
+    fn w(&self) -> u64 {
+        u64::from(self.servers.width().max(1))
+    }
+
+    /// The member holding copy `replica` of block `index`.
+    pub fn server(&self, index: u64, replica: u32) -> u32 {
+        self.servers.server(self.id, index, replica)
+    }
+
+    /// The members holding the copies of block `index`, copy 0 first.
+    pub fn placement(&self, index: u64) -> Vec<u32> {
+        (0..self.replicas).map(|r| self.server(index, r)).collect()
+    }
+
+    /// Byte position of block `index` inside the extent file holding it.
+    pub fn local_offset(&self, index: u64) -> u64 {
+        (index.saturating_sub(1) / self.w()).saturating_mul(u64::from(self.unit))
+    }
+
+    /// The extent file holding copy `replica` of block `index` on its member.
+    pub fn extent_of(&self, index: u64, replica: u32) -> Extent {
+        let position = self.servers.position(self.id, index, replica);
+        let w = self.servers.width().max(1);
+        Extent {
+            position,
+            copy: replica,
+            set: self.servers.extent_set(position),
+            base: (position % w + w - replica % w) % w,
+        }
+    }
+
+    /// Every extent file `member` keeps for this file.
+    pub fn extents_of(&self, member: u32) -> Vec<Extent> {
+        let w = self.servers.width().max(1);
+        let mut out = Vec::new();
+        for (p, m) in self.servers.members().iter().enumerate() {
+            if *m != member {
+                continue;
+            }
+            let p = p as u32;
+            for copy in 0..self.replicas.min(w) {
+                out.push(Extent {
+                    position: p,
+                    copy,
+                    set: self.servers.extent_set(p),
+                    base: (p + w - copy % w) % w,
+                });
+            }
+        }
+        out
+    }
+
+    /// The block index kept in slot `slot` of an extent of base position `base`.
+    fn index_in_slot(&self, base: u32, slot: u64) -> u64 {
+        let w = self.w();
+        let first = (u64::from(base) % w + w - (self.id % w + 1) % w) % w;
+        slot.saturating_mul(w).saturating_add(1 + first)
+    }
+
+    /// The length an extent of base position `base` needs for a file of
+    /// `size` bytes: the end of the last byte below `size` it holds.
+    pub fn local_len(&self, base: u32, size: u64) -> u64 {
+        if size == 0 {
+            return 0;
+        }
+        let w = self.w();
+        let u = u64::from(self.unit);
+        let last = (size - 1) / u + 1;
+        let r = (u64::from(base) % w + w - self.id % w) % w;
+        let back = (last % w + w - r) % w;
+        if back >= last {
+            return 0;
+        }
+        let i = last - back;
+        let within = if i == last { size - (last - 1) * u } else { u };
+        self.local_offset(i) + within
+    }
+
+    /// Where a search from byte `from` starts in an extent of base
+    /// position `base`: at `from` if that extent holds the block with it,
+    /// else at the start of the next block it holds.
+    pub fn local_start(&self, base: u32, from: u64) -> u64 {
+        let u = u64::from(self.unit);
+        let index = from / u + 1;
+        let within = from % u;
+        let slot = (index - 1) / self.w();
+        let here = self.index_in_slot(base, slot);
+        match here.cmp(&index) {
+            std::cmp::Ordering::Equal => slot * u + within,
+            std::cmp::Ordering::Greater => slot * u,
+            std::cmp::Ordering::Less => (slot + 1).saturating_mul(u),
+        }
+    }
+
+    /// The file's byte at byte `local` of an extent of base position `base`.
+    pub fn global_of_local(&self, base: u32, local: u64) -> u64 {
+        let u = u64::from(self.unit);
+        let index = self.index_in_slot(base, local / u);
+        index
+            .saturating_sub(1)
+            .saturating_mul(u)
+            .saturating_add(local % u)
+    }
+}
+
 /// What a plan needs to know of one file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileUse {

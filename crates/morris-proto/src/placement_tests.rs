@@ -265,3 +265,106 @@ fn empty_files_move_off_a_drained_member_but_never_for_balance() {
     let drain = plan_drain(&files, 1, &[0, 1], 2).unwrap();
     assert!(drain.iter().any(|m| m.id == 10 && m.bytes == 0));
 }
+
+#[test]
+fn a_file_layout_with_the_identity_list_is_the_volume_layout() {
+    for k in 1..=5u32 {
+        for r in 1..=k.min(3) {
+            let l = Layout::new(k, 16, r);
+            for id in 0..8u64 {
+                let f = FileLayout::new(&l, id, None);
+                for i in 1..=30u64 {
+                    assert_eq!(f.placement(i), l.placement(id, i));
+                    assert_eq!(f.local_offset(i), l.local_offset(i));
+                }
+                for s in 0..k {
+                    for rep in 0..r {
+                        let e: Vec<Extent> = f
+                            .extents_of(s)
+                            .into_iter()
+                            .filter(|e| e.copy == rep)
+                            .collect();
+                        assert_eq!(e.len(), 1);
+                        assert_eq!(e[0].set, 0);
+                        for size in 0..100u64 {
+                            assert_eq!(
+                                f.local_len(e[0].base, size),
+                                l.replica_local_len(id, s, rep, size)
+                            );
+                        }
+                    }
+                    for from in 0..100u64 {
+                        assert_eq!(f.local_start(s, from), l.local_start(id, s, from));
+                    }
+                    for local in 0..64u64 {
+                        assert_eq!(f.global_of_local(s, local), l.global_of_local(id, s, local));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_block_copy_has_one_slot_in_one_extent_of_its_member() {
+    // Lists with a member twice (far enough apart for the copies).
+    let lists: [(&[u32], u32); 4] = [
+        (&[0, 1, 2, 1], 2),
+        (&[3, 0, 3, 1, 2], 1),
+        (&[0, 1, 2, 0, 1, 2], 3),
+        (&[4, 2], 2),
+    ];
+    for (list, replicas) in lists {
+        let servers = FileServers::new(list.to_vec(), replicas).unwrap();
+        let l = Layout::new(8, 16, replicas);
+        for id in 0..7u64 {
+            let f = FileLayout::new(&l, id, Some(&servers));
+            // (member, set, copy) -> slots used, in block order.
+            let mut slots: BTreeMap<(u32, u32, u32), Vec<u64>> = BTreeMap::new();
+            for i in 1..=60u64 {
+                let members = f.placement(i);
+                let mut d = members.clone();
+                d.sort_unstable();
+                d.dedup();
+                assert_eq!(
+                    d.len(),
+                    members.len(),
+                    "copies apart: {list:?} id {id} block {i}"
+                );
+                for rep in 0..replicas {
+                    let e = f.extent_of(i, rep);
+                    let m = f.server(i, rep);
+                    assert!(f.extents_of(m).contains(&e));
+                    slots
+                        .entry((m, e.set, rep))
+                        .or_default()
+                        .push(f.local_offset(i) / 16);
+                    // The extent's own arithmetic finds the block again.
+                    assert_eq!(
+                        f.global_of_local(e.base, f.local_offset(i) + 3),
+                        (i - 1) * 16 + 3
+                    );
+                }
+            }
+            for (key, v) in &slots {
+                let want: Vec<u64> = (0..v.len() as u64).collect();
+                assert_eq!(v, &want, "{list:?} id {id} extent {key:?}: dense, in order");
+            }
+            // Lengths against the definition.
+            for m in list {
+                for e in f.extents_of(*m) {
+                    for size in 0..130u64 {
+                        let mut want = 0;
+                        for off in 0..size {
+                            let i = off / 16 + 1;
+                            if f.extent_of(i, e.copy) == e {
+                                want = want.max(f.local_offset(i) + off % 16 + 1);
+                            }
+                        }
+                        assert_eq!(f.local_len(e.base, size), want, "{list:?} id {id} {e:?}");
+                    }
+                }
+            }
+        }
+    }
+}
