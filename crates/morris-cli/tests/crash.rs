@@ -487,7 +487,13 @@ fn a_dead_writers_bytes_past_the_saved_size_never_show(c: &Cluster) {
             (g, w) => Err(format!("{g:?} {w:?}")),
         }
     });
-    assert_eq!(sizes, (5, 5), "the dead mount never saved its sizes");
+    assert_eq!(
+        sizes,
+        (5, 5),
+        "the dead mount never saved its sizes; its log:\n{}\nthe servers' logs:\n{}",
+        read_log(&a.log),
+        c.logs()
+    );
     OpenOptions::new()
         .write(true)
         .open(&grown)
@@ -533,7 +539,21 @@ fn a_dead_writers_unsaved_tail_never_shows() {
 
 #[test]
 fn a_dead_writers_unsaved_tail_never_shows_with_two_copies() {
-    a_dead_writers_bytes_past_the_saved_size_never_show(&Cluster::start_mirrored(4));
+    // No resync: on a loaded machine a copy write slower than half a lease
+    // is recorded stale, and the copy server's resync would then take the
+    // read lease, whose recall makes the writer store its size before it
+    // is killed (rightly: but the test's premise is gone). A suspected
+    // cause, not a proven one: CI of 284547c, run beside a release build,
+    // once saw the first file's size saved; not reproduced since (the
+    // assertion now prints every log).
+    a_dead_writers_bytes_past_the_saved_size_never_show(&Cluster::start(
+        4,
+        ClusterOpts {
+            replicas: 2,
+            server_args: vec!["--no-resync".into()],
+            ..ClusterOpts::default()
+        },
+    ));
 }
 
 #[test]
