@@ -396,6 +396,25 @@ def run_duplex(b, rep, k, dur=4.0, warm=1.0):
     return r
 
 
+def machine_jiffies():
+    """(busy, total) jiffies of every CPU so far, from /proc/stat (the whole machine: every host)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)  # idle + iowait
+    return sum(v) - idle, sum(v)
+
+
+def timed_cpu(hosts, fn):
+    """fn()'s result with, added, the machine's CPU busy share while it ran ("cpu_busy", of all
+    CPUs) and the CPU seconds each program of the hosts used meanwhile ("cpu_s")."""
+    c0, j0 = ns_cpu(hosts), machine_jiffies()
+    out = fn()
+    c1, j1 = ns_cpu(hosts), machine_jiffies()
+    out["cpu_busy"] = round((j1[0] - j0[0]) / max(1, j1[1] - j0[1]), 3)
+    out["cpu_s"] = {k: round(v - c0.get(k, 0.0), 3) for k, v in c1.items() if v - c0.get(k, 0.0) >= 0.005}
+    return out
+
+
 def cpu_brief(r):
     """'cb-h2/morris 1.2, cb-h1/morris 0.8, ...': CPU seconds of a read by host and program."""
     agg = {}
@@ -494,7 +513,7 @@ def run_listing(b, rep, n, k, bound_name):
             b.host_json(b.client, nfslist)
 
     prep(True)
-    out["direct"] = b.host_json(b.client, nfslist)
+    out["direct"] = timed_cpu(b.cl.hosts, lambda: b.host_json(b.client, nfslist))
     if not b.a.no_nfs_ls:
         prep(True)
         out["nfs_ls"] = b.host_json(b.client, ["python3", "-c", _NFSLS, b.url(f"ls/d{n}", b.a.list_relay)])
@@ -504,7 +523,7 @@ def run_listing(b, rep, n, k, bound_name):
         m = b.mount(k)
         try:
             argv = ["python3", "-c", _LISTDIR, os.path.join(m, bound_name, f"d{n}")]
-            out[what] = b.host_json(b.client, argv)
+            out[what] = timed_cpu(b.cl.hosts, lambda: b.host_json(b.client, argv))
             if what == "miss":
                 # Again at once in the same mount: what the client itself keeps (leases, names).
                 out["hit_same_mount"] = b.host_json(b.client, argv)
@@ -522,7 +541,9 @@ def run_listing(b, rep, n, k, bound_name):
         f"hit {out['hit']['secs']:.3f} s (same mount {out['hit_same_mount']['secs']:.3f} s)"
         + (f", nfs-ls wall {ls['secs']:.3f} s ({ls['entries']} entries{', rc ' + str(ls['rc']) if ls['rc'] else ''})"
            if ls else "")
-        + f"; requests to home: miss {out['miss']['home_meta_requests']}, hit {out['hit']['home_meta_requests']}")
+        + f"; requests to home: miss {out['miss']['home_meta_requests']}, hit {out['hit']['home_meta_requests']}"
+        + f"; machine CPU busy: direct {out['direct']['cpu_busy']:.0%}, miss {out['miss']['cpu_busy']:.0%}"
+        + f" (miss CPU s: {cpu_brief(out['miss'])})")
     return out
 
 

@@ -126,9 +126,12 @@ CREATE TABLE IF NOT EXISTS opens (
 /// `MeasuredInode`: format 3 code would drop it). Format 5 may hold
 /// records with `chattr` flags (`FlaggedInode`), and counts what each user
 /// and group stores (`usage`, kept by triggers: format 4 code would write
-/// inodes without counting them). A store of a later
+/// inodes without counting them). Format 6 keeps cached placeholders'
+/// seeds by their entry's cookie (`cache_seeds_at`; format 5 code would
+/// find none and answer their names as missing); opening an older store
+/// moves them there. A store of a later
 /// format is refused: this code could misread it.
-pub const STORE_FORMAT: i64 = 5;
+pub const STORE_FORMAT: i64 = 6;
 
 /// Refuses inode flags the volume does not keep.
 pub(crate) fn check_flags(flags: u32) -> Result<(), WireError> {
@@ -435,6 +438,21 @@ impl Store {
             // Before the counts were kept: count every inode once.
             write
                 .execute_batch(&format!("BEGIN IMMEDIATE; {} COMMIT;", usage::RECOUNT))
+                .map_err(err)?;
+        }
+        let seeds_by_name: bool = write
+            .query_row(
+                "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'cache_seeds'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(err)?;
+        if seeds_by_name {
+            write
+                .execute_batch(&format!(
+                    "BEGIN IMMEDIATE; {} COMMIT;",
+                    cached::SEEDS_BY_COOKIE
+                ))
                 .map_err(err)?;
         }
         if found < STORE_FORMAT {
@@ -1387,10 +1405,10 @@ fn find_entry(c: &Connection, dir: FileId, name: &[u8]) -> Result<Option<DirEntr
 }
 
 fn delete_entry(tx: &Transaction<'_>, dir: FileId, name: &[u8]) -> Result<(), WireError> {
+    cached::forget_seed(tx, dir, name)?;
     tx.prepare_cached("DELETE FROM entries WHERE dir = ?1 AND name = ?2")
         .and_then(|mut s| s.execute(params![sql_id(dir), name]))
         .map_err(db_err)?;
-    cached::forget_seed(tx, dir, name)?;
     Ok(())
 }
 

@@ -6,9 +6,11 @@
 //!   the attributes last seen at home, the content version, the binding);
 //!   loaded with the inode ([`super::load_inode`]), so every reply that
 //!   carries an inode carries its link;
-//! * `cache_seeds` (mirrored): (directory, name) → the inode its entry's
-//!   object *will* have, built from what home said when the name was
-//!   fetched. A directory listed from home gets one entry per home name at
+//! * `cache_seeds_at` (mirrored): (directory, the entry's cookie) → the
+//!   inode its entry's object *will* have, built from what home said when
+//!   the name was fetched (keyed by cookie, not name: a listing from home
+//!   stores its names at cookies in order, so the seeds, the biggest rows,
+//!   are appended instead of inserted all over a B-tree; store format 6). A directory listed from home gets one entry per home name at
 //!   once (with the child's [`cache_id`]) but no inodes: those are made
 //!   from the seed, at the child's owner, when the object is first used
 //!   ([`Store::create_cached`]) — Panache's "orphan" inodes;
@@ -38,11 +40,11 @@ use super::{
 /// The tables of this module (run at every open).
 pub(super) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS cache_links (id INTEGER PRIMARY KEY, link BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS cache_seeds (
+CREATE TABLE IF NOT EXISTS cache_seeds_at (
     dir INTEGER NOT NULL,
-    name BLOB NOT NULL,
+    cookie INTEGER NOT NULL,
     seed BLOB NOT NULL,
-    PRIMARY KEY (dir, name)
+    PRIMARY KEY (dir, cookie)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS cache_units (
     id INTEGER NOT NULL,
@@ -172,18 +174,26 @@ pub(super) fn put_link(tx: &Transaction<'_>, id: FileId, link: &HomeLink) -> Res
 pub(super) fn forget_inode(tx: &Transaction<'_>, id: FileId) -> Result<(), WireError> {
     for sql in [
         "DELETE FROM cache_links WHERE id = ?1",
-        "DELETE FROM cache_seeds WHERE dir = ?1",
+        "DELETE FROM cache_seeds_at WHERE dir = ?1",
     ] {
         tx.exec(sql, params![sql_id(id)]).map_err(db_err)?;
     }
     Ok(())
 }
 
-/// Removes the seed of entry `dir/name` (the entry is being removed).
+/// The seed of the entry `dir/name`, found through the entry's cookie.
+const SEED_OF_NAME: &str = "SELECT s.seed FROM entries e JOIN cache_seeds_at s
+     ON s.dir = e.dir AND s.cookie = e.cookie WHERE e.dir = ?1 AND e.name = ?2";
+
+/// Removes the seed of entry `dir/name`: before the entry (its cookie
+/// finds the seed).
 pub(super) fn forget_seed(tx: &Transaction<'_>, dir: FileId, name: &[u8]) -> Result<(), WireError> {
-    tx.prepare_cached("DELETE FROM cache_seeds WHERE dir = ?1 AND name = ?2")
-        .and_then(|mut s| s.execute(params![sql_id(dir), name]))
-        .map_err(db_err)?;
+    tx.prepare_cached(
+        "DELETE FROM cache_seeds_at WHERE dir = ?1
+         AND cookie = (SELECT cookie FROM entries WHERE dir = ?1 AND name = ?2)",
+    )
+    .and_then(|mut s| s.execute(params![sql_id(dir), name]))
+    .map_err(db_err)?;
     Ok(())
 }
 
@@ -196,7 +206,7 @@ pub(super) fn seed_link(
     child: FileId,
 ) -> Result<Option<HomeLink>, WireError> {
     let b: Option<Vec<u8>> = c
-        .prepare_cached("SELECT seed FROM cache_seeds WHERE dir = ?1 AND name = ?2")
+        .prepare_cached(SEED_OF_NAME)
         .and_then(|mut s| {
             s.query_row(params![sql_id(dir), name], |r| r.get(0))
                 .optional()
@@ -354,8 +364,8 @@ impl Store {
             for s in sorted {
                 let (h, kind) = (s.inode.handle(), s.inode.attr.kind);
                 let stored = cookies::insert_in_order(tx, dir.id, &s.name, h, kind, &mut next)?;
-                if stored {
-                    put_seed(tx, dir.id, s)?;
+                if let Some(cookie) = stored {
+                    put_seed(tx, dir.id, cookie, s)?;
                     added += 1;
                 }
             }
@@ -433,10 +443,10 @@ impl Store {
             }
             for name in &gone {
                 let replaced = wanted.contains_key(name.as_slice());
+                forget_seed(tx, dir.id, name)?;
                 tx.prepare_cached("DELETE FROM entries WHERE dir = ?1 AND name = ?2")
                     .and_then(|mut s| s.execute(params![sql_id(dir.id), name]))
                     .map_err(db_err)?;
-                forget_seed(tx, dir.id, name)?;
                 if replaced {
                     out.replaced += 1;
                 } else {
@@ -473,7 +483,7 @@ impl Store {
                 return Ok(None);
             }
             let b: Option<Vec<u8>> = c
-                .prepare_cached("SELECT seed FROM cache_seeds WHERE dir = ?1 AND name = ?2")
+                .prepare_cached(SEED_OF_NAME)
                 .and_then(|mut s| {
                     s.query_row(params![sql_id(dir.id), name], |r| r.get(0))
                         .optional()
@@ -625,7 +635,7 @@ impl Store {
                     .exec("DELETE FROM entries WHERE dir = ?1", params![sql_id(id)])
                     .map_err(db_err)? as u64;
                 tx.exec(
-                    "DELETE FROM cache_seeds WHERE dir = ?1",
+                    "DELETE FROM cache_seeds_at WHERE dir = ?1",
                     params![sql_id(id)],
                 )
                 .map_err(db_err)?;
@@ -1023,18 +1033,28 @@ fn unit_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Evictable> {
 
 /// Adds entry `s.name` → `s.inode` to `dir` with its seed.
 fn add_seeded(tx: &Transaction<'_>, dir: FileId, s: &Seed) -> Result<(), WireError> {
-    cookies::insert(tx, dir, &s.name, s.inode.handle(), s.inode.attr.kind)?;
-    put_seed(tx, dir, s)
+    let cookie = cookies::insert(tx, dir, &s.name, s.inode.handle(), s.inode.attr.kind)?;
+    put_seed(tx, dir, cookie, s)
 }
 
-/// Stores the seed of entry `s.name` of `dir`.
-fn put_seed(tx: &Transaction<'_>, dir: FileId, s: &Seed) -> Result<(), WireError> {
+/// Stores the seed of entry `s.name` of `dir`, which is at `cookie`.
+fn put_seed(tx: &Transaction<'_>, dir: FileId, cookie: u64, s: &Seed) -> Result<(), WireError> {
     let b = encode(&s.inode)?;
-    tx.prepare_cached("INSERT OR REPLACE INTO cache_seeds (dir, name, seed) VALUES (?1, ?2, ?3)")
-        .and_then(|mut st| st.execute(params![sql_id(dir), &s.name, b]))
-        .map_err(db_err)?;
+    tx.prepare_cached(
+        "INSERT OR REPLACE INTO cache_seeds_at (dir, cookie, seed) VALUES (?1, ?2, ?3)",
+    )
+    .and_then(|mut st| st.execute(params![sql_id(dir), cookie as i64, b]))
+    .map_err(db_err)?;
     Ok(())
 }
+
+/// Format 5 kept seeds by name (`cache_seeds`): each moves to its entry's
+/// cookie (a seed whose entry is gone was never to be used again).
+pub(super) const SEEDS_BY_COOKIE: &str = "
+INSERT OR REPLACE INTO cache_seeds_at (dir, cookie, seed)
+    SELECT s.dir, e.cookie, s.seed FROM cache_seeds s
+    JOIN entries e ON e.dir = s.dir AND e.name = s.name;
+DROP TABLE cache_seeds;";
 
 /// Takes home's attributes into a cached inode (kind stays; the link count
 /// of a directory stays the local one).

@@ -655,3 +655,57 @@ fn a_format_3_link_reads_with_homes_version_winning_conflicts() {
     assert_eq!(got.handle, l.handle);
     assert_eq!(got.version, l.version);
 }
+
+#[test]
+fn seeds_a_format_5_store_kept_by_name_are_found_after_the_upgrade() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.sqlite");
+    let a = seed(ROOT_ID, "a", 10, b"ha");
+    let b = seed(ROOT_ID, "b", 11, b"hb");
+    let r;
+    {
+        let s = Store::open(&path).unwrap();
+        s.format(&descriptor(1), 0, 7).unwrap();
+        r = bound_root(&s);
+        assert_eq!(s.fill(r, &[a.clone(), b.clone()], true).unwrap(), 2);
+    }
+    // Back to format 5's layout, as that code left it: seeds by name (one
+    // of them, "gone", for an entry no longer there).
+    {
+        let c = Connection::open(&path).unwrap();
+        c.execute_batch(
+            "CREATE TABLE cache_seeds (
+                 dir INTEGER NOT NULL, name BLOB NOT NULL, seed BLOB NOT NULL,
+                 PRIMARY KEY (dir, name)) WITHOUT ROWID;
+             INSERT INTO cache_seeds (dir, name, seed)
+                 SELECT s.dir, e.name, s.seed FROM cache_seeds_at s
+                 JOIN entries e ON e.dir = s.dir AND e.cookie = s.cookie;
+             INSERT INTO cache_seeds (dir, name, seed)
+                 SELECT dir, CAST('gone' AS BLOB), seed FROM cache_seeds LIMIT 1;
+             DROP TABLE cache_seeds_at;
+             PRAGMA user_version = 5;",
+        )
+        .unwrap();
+    }
+    let s = Store::open(&path).unwrap();
+    assert_eq!(s.seed(r, b"a").unwrap().unwrap(), a.inode);
+    assert_eq!(s.seed(r, b"b").unwrap().unwrap(), b.inode);
+    assert!(s.seed(r, b"gone").unwrap().is_none());
+    let c = s.conn();
+    let left: i64 = c
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE name = 'cache_seeds'",
+            [],
+            |x| x.get(0),
+        )
+        .unwrap();
+    assert_eq!(left, 0, "the old table is gone");
+    let kept: i64 = c
+        .query_row("SELECT count(*) FROM cache_seeds_at", [], |x| x.get(0))
+        .unwrap();
+    assert_eq!(kept, 2, "the seed of no entry is not kept");
+    let v: i64 = c
+        .query_row("PRAGMA user_version", [], |x| x.get(0))
+        .unwrap();
+    assert_eq!(v, STORE_FORMAT);
+}

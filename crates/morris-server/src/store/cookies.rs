@@ -62,7 +62,7 @@ pub(super) fn insert(
     name: &[u8],
     child: Handle,
     kind: FileKind,
-) -> Result<(), WireError> {
+) -> Result<u64, WireError> {
     let cookie = free_cookie(tx, dir, name)?;
     tx.prepare_cached(
         "INSERT INTO entries (dir, name, cookie, child, gen, kind)
@@ -79,7 +79,7 @@ pub(super) fn insert(
         ])
     })
     .map_err(db_err)?;
-    Ok(())
+    Ok(cookie)
 }
 
 /// Adds `name → child` at `cookie` unless the name or the cookie is taken
@@ -112,7 +112,7 @@ fn insert_at(
 }
 
 /// Adds the entry `name → child` unless `name` is there already; returns
-/// whether it was added. One indexed insert when the name's own cookie is
+/// the cookie it was added at (`None`: the name was there). One indexed insert when the name's own cookie is
 /// free (nearly always), so that filling a directory with many names
 /// (cache mode's listings) costs one B-tree insert per name, not a lookup,
 /// a cookie probe and an insert.
@@ -122,16 +122,16 @@ pub(super) fn insert_if_absent(
     name: &[u8],
     child: Handle,
     kind: FileKind,
-) -> Result<bool, WireError> {
-    if insert_at(tx, dir, name, child, kind, of(name))? {
-        return Ok(true);
+) -> Result<Option<u64>, WireError> {
+    let hashed = of(name);
+    if insert_at(tx, dir, name, child, kind, hashed)? {
+        return Ok(Some(hashed));
     }
     // Ignored: the name is there, or another name holds its cookie.
     if super::find_entry(tx, dir, name)?.is_some() {
-        return Ok(false);
+        return Ok(None);
     }
-    insert(tx, dir, name, child, kind)?;
-    Ok(true)
+    insert(tx, dir, name, child, kind).map(Some)
 }
 
 /// The cookie after the largest in `dir` (1 in an empty one); `None` once
@@ -147,7 +147,8 @@ pub(super) fn next_in_order(tx: &Transaction<'_>, dir: FileId) -> Result<Option<
 
 /// Adds `name → child` unless `name` is there already, at cookie `*next`
 /// (from [`next_in_order`]), which then moves past it; once `*next` is
-/// `None`, at a hashed cookie. Returns whether it was added.
+/// `None`, at a hashed cookie. Returns the cookie it was added at (`None`:
+/// the name was there).
 pub(super) fn insert_in_order(
     tx: &Transaction<'_>,
     dir: FileId,
@@ -155,14 +156,14 @@ pub(super) fn insert_in_order(
     child: Handle,
     kind: FileKind,
     next: &mut Option<u64>,
-) -> Result<bool, WireError> {
+) -> Result<Option<u64>, WireError> {
     while let Some(c) = *next {
         if insert_at(tx, dir, name, child, kind, c)? {
             *next = (c < MAX_COOKIE).then_some(c + 1);
-            return Ok(true);
+            return Ok(Some(c));
         }
         if super::find_entry(tx, dir, name)?.is_some() {
-            return Ok(false);
+            return Ok(None);
         }
         // A hashed cookie of an earlier name sits here: the next one up.
         *next = (c < MAX_COOKIE).then_some(c + 1);

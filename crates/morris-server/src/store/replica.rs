@@ -34,7 +34,7 @@ const REPLICATED: [(&str, &str); 15] = [
     ("orphans", "ino, since"),
     ("opens", "ino, client"),
     ("cache_links", "id, link"),
-    ("cache_seeds", "dir, name, seed"),
+    ("cache_seeds_at", "dir, cookie, seed"),
     ("wb_marks", "id, binding, names, attrs, data, count, since"),
     ("wb_homes", "id, binding, dir, name, fileid, handle"),
     ("wb_gone", "dir, name, id, binding, fileid"),
