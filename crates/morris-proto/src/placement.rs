@@ -50,6 +50,8 @@ pub enum PlacementError {
 }
 
 /// The members holding one file's stripe positions, in position order.
+/// A list decoded from bytes is unchecked: [`FileServers::check`] it
+/// before use.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct FileServers(Vec<u32>);
 
