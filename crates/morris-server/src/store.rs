@@ -1404,11 +1404,19 @@ fn find_entry(c: &Connection, dir: FileId, name: &[u8]) -> Result<Option<DirEntr
     .map_err(db_err)
 }
 
+/// Removes entry `dir/name` and the seed at its cookie (cache mode), in
+/// one visit of the entry.
 fn delete_entry(tx: &Transaction<'_>, dir: FileId, name: &[u8]) -> Result<(), WireError> {
-    cached::forget_seed(tx, dir, name)?;
-    tx.prepare_cached("DELETE FROM entries WHERE dir = ?1 AND name = ?2")
-        .and_then(|mut s| s.execute(params![sql_id(dir), name]))
+    let cookie: Option<i64> = tx
+        .prepare_cached("DELETE FROM entries WHERE dir = ?1 AND name = ?2 RETURNING cookie")
+        .and_then(|mut s| {
+            s.query_row(params![sql_id(dir), name], |r| r.get(0))
+                .optional()
+        })
         .map_err(db_err)?;
+    if let Some(cookie) = cookie {
+        cached::forget_seed_at(tx, dir, cookie)?;
+    }
     Ok(())
 }
 

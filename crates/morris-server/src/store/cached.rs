@@ -185,15 +185,15 @@ pub(super) fn forget_inode(tx: &Transaction<'_>, id: FileId) -> Result<(), WireE
 const SEED_OF_NAME: &str = "SELECT s.seed FROM entries e JOIN cache_seeds_at s
      ON s.dir = e.dir AND s.cookie = e.cookie WHERE e.dir = ?1 AND e.name = ?2";
 
-/// Removes the seed of entry `dir/name`: before the entry (its cookie
-/// finds the seed).
-pub(super) fn forget_seed(tx: &Transaction<'_>, dir: FileId, name: &[u8]) -> Result<(), WireError> {
-    tx.prepare_cached(
-        "DELETE FROM cache_seeds_at WHERE dir = ?1
-         AND cookie = (SELECT cookie FROM entries WHERE dir = ?1 AND name = ?2)",
-    )
-    .and_then(|mut s| s.execute(params![sql_id(dir), name]))
-    .map_err(db_err)?;
+/// Removes the seed at `cookie` of `dir` (its entry is being removed).
+pub(super) fn forget_seed_at(
+    tx: &Transaction<'_>,
+    dir: FileId,
+    cookie: i64,
+) -> Result<(), WireError> {
+    tx.prepare_cached("DELETE FROM cache_seeds_at WHERE dir = ?1 AND cookie = ?2")
+        .and_then(|mut s| s.execute(params![sql_id(dir), cookie]))
+        .map_err(db_err)?;
     Ok(())
 }
 
@@ -443,10 +443,7 @@ impl Store {
             }
             for name in &gone {
                 let replaced = wanted.contains_key(name.as_slice());
-                forget_seed(tx, dir.id, name)?;
-                tx.prepare_cached("DELETE FROM entries WHERE dir = ?1 AND name = ?2")
-                    .and_then(|mut s| s.execute(params![sql_id(dir.id), name]))
-                    .map_err(db_err)?;
+                super::delete_entry(tx, dir.id, name)?;
                 if replaced {
                     out.replaced += 1;
                 } else {
