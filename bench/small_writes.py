@@ -16,6 +16,9 @@ each, one process at a time:
              files of 64 B to 64 KiB, log-uniform, ~125 MiB; made once per
              bench run, deterministic) into an empty directory -> s
   untar+sync the same, then `sync -f` on the target         -> s
+  lsR        `ls -lR` of that tree (a stat and two getxattrs per entry, as
+             GNU ls sends them), right after the untar, on the same mount -> s
+  lsR2       the same again                                -> s
   rm         `rm -rf` of that tree                          -> s
 
 Prints medians per system and the ratio to local disk; writes JSON with every
@@ -44,9 +47,9 @@ sys.path.insert(0, BENCH)
 from lib.loopback import BenchError, Volume, require_root_fuse  # noqa: E402
 from lib.util import drop_caches  # noqa: E402
 
-TESTS = ["append4", "write100", "write4k", "write1m", "untar", "untar+sync", "rm"]
+TESTS = ["append4", "write100", "write4k", "write1m", "untar", "untar+sync", "lsR", "lsR2", "rm"]
 UNITS = {"append4": "appends/s", "write100": "writes/s", "write4k": "MiB/s", "write1m": "MiB/s",
-         "untar": "s", "untar+sync": "s", "rm": "s"}
+         "untar": "s", "untar+sync": "s", "lsR": "s", "lsR2": "s", "rm": "s"}
 
 
 def log(*a):
@@ -99,8 +102,9 @@ def workload(where, smallio, tarball, appends, timeout, tests):
     if "write1m" in tests:
         r["write1m"] = 1024 / seconds(
             run([smallio, "syncwrite", os.path.join(where, "w1m"), str(1 << 20), "1024"], timeout))
-    if "untar" in tests or "rm" in tests:
-        # `rm` removes what `untar` made (made untimed if only `rm` is asked).
+    if any(t in tests for t in ("untar", "rm", "lsR", "lsR2")):
+        # `rm` and `ls -lR` use what `untar` made (made untimed if `untar`
+        # is not asked).
         os.mkdir(os.path.join(where, "x1"))
         t = time.perf_counter()
         run(["tar", "xf", tarball, "-C", os.path.join(where, "x1")], timeout)
@@ -109,6 +113,13 @@ def workload(where, smallio, tarball, appends, timeout, tests):
         n = sum(len(fs) + len(ds) for _, ds, fs in os.walk(os.path.join(where, "x1")))
         if n != 14_015:
             raise BenchError(f"untar made {n} entries, want 14,015")
+    for name in ("lsR", "lsR2"):
+        if name in tests:
+            t = time.perf_counter()
+            out = run(["ls", "-lR", os.path.join(where, "x1")], timeout)
+            r[name] = time.perf_counter() - t
+            if out.count(".dat") != 13_300:
+                raise BenchError(f"ls -lR listed {out.count('.dat')} files, want 13,300")
     if "untar+sync" in tests:
         os.mkdir(os.path.join(where, "x2"))
         t = time.perf_counter()

@@ -527,6 +527,32 @@ impl Leases {
         self.usable(&e, Mode::Read).then_some(e)
     }
 
+    /// How long a front end may keep `dir`'s entry `name` (naming `child`)
+    /// without asking again: while this client's lease on `dir` may still
+    /// be trusted, if the name is cached under that lease (so that giving
+    /// the lease back tells the front end to drop it); else zero.
+    pub(crate) fn name_ttl(&self, dir: FileId, name: &[u8], child: Handle) -> std::time::Duration {
+        let zero = std::time::Duration::ZERO;
+        // Being upgraded: the read lease may be gone at the owner already.
+        if self.inflight.lock().contains_key(&dir) {
+            return zero;
+        }
+        let Some(e) = self.held_entry(dir) else {
+            return zero;
+        };
+        {
+            let st = e.state.lock();
+            // Cache mode: names are checked against home when looked up.
+            if st.inode.home.as_ref().is_some_and(|l| !l.is_local()) {
+                return zero;
+            }
+            if !matches!(st.names.get(name), Some(Some(d)) if d.child == child) {
+                return zero;
+            }
+        }
+        self.pool.trust_left(e.owner, e.epoch)
+    }
+
     /// Caches `entry` as directory `dir`'s answer for `name`, as a lookup
     /// under the lease would: only if `before` (held when the request was
     /// sent) is still the lease in use, so the server could not change the
@@ -706,6 +732,22 @@ impl Leases {
             (Mode::Read, _) => Request::AcquireRead { ino: h },
             (Mode::Write, _) => Request::AcquireWrite { ino: h },
         };
+        if want == Mode::Write {
+            // The owner drops this client's read lease on it when the
+            // request arrives, so others may change it from then on: names
+            // the front end keeps under that lease go now (an invalidation
+            // of each could wait for the lock of the request asking).
+            let named = self
+                .map
+                .lock()
+                .get(&h.id)
+                .is_some_and(|e| !e.state.lock().names.is_empty());
+            if named {
+                if let Some(inv) = self.invalidator() {
+                    inv.all_names();
+                }
+            }
+        }
         let guess = self.pool.range_server(range);
         let epoch_before = self.pool.epoch(guess);
         let res = self.pool.call_range(range, req, Bytes::new()).await;
@@ -993,7 +1035,7 @@ impl Leases {
         // held) and then given back by the Release — leaving this client
         // sure of a write lease that another client is granted too.
         entry.state.lock().released = true;
-        self.drop_caches(&entry);
+        let named = self.drop_caches(&entry);
         // The kernel's copies first: once the server hears Release, another
         // client's change may complete, and a stat here must not then find
         // the old name or attributes in the kernel's caches.
@@ -1004,11 +1046,15 @@ impl Leases {
             let arrived = entry.waited.notified();
             tokio::pin!(arrived);
             arrived.as_mut().enable();
-            if entry.waiting.load(Ordering::SeqCst) == 0 {
-                tokio::select! {
-                    () = inv.flush(INVALIDATION_WAIT) => {}
-                    () = &mut arrived => {}
-                }
+            let flushed = entry.waiting.load(Ordering::SeqCst) == 0
+                && tokio::select! {
+                    done = inv.flush(INVALIDATION_WAIT) => done,
+                    () = &mut arrived => false,
+                };
+            // Names whose invalidation is still on its way: every name the
+            // kernel keeps goes at once instead (it needs no lock).
+            if !flushed && named {
+                inv.all_names();
             }
         }
         if release {
@@ -1142,20 +1188,30 @@ impl Leases {
         if !recalled {
             entry.gone.send_replace(true);
         }
-        self.drop_caches(entry);
+        // Given up without a recall (expired, its server restarted): no
+        // one waits for the invalidations, so names go all at once.
+        if self.drop_caches(entry) {
+            if let Some(inv) = self.invalidator() {
+                inv.all_names();
+            }
+        }
     }
 
-    fn drop_caches(&self, entry: &LeaseEntry) {
+    /// Tells the front end to drop what it cached under `entry`; whether
+    /// that included names.
+    fn drop_caches(&self, entry: &LeaseEntry) -> bool {
         let names: Vec<Vec<u8>> = {
             let mut st = entry.state.lock();
             st.names.drain().map(|(k, _)| k).collect()
         };
+        let named = !names.is_empty();
         if let Some(inv) = self.invalidator() {
             inv.inode(entry.id);
             for n in names {
                 inv.entry(entry.id, &n);
             }
         }
+        named
     }
 
     /// Drops every lease this client can no longer trust (its server has not

@@ -121,14 +121,20 @@ pub trait Invalidator: Send + Sync + 'static {
     fn inode(&self, id: FileId);
     /// The entry `name` of directory `dir` may have changed.
     fn entry(&self, dir: FileId, name: &[u8]);
-    /// Resolves once everything asked for so far has taken effect, or after
-    /// `limit` (an invalidation may wait for a lock that a request of this
-    /// very client holds). A lease is given back only after this, so that
-    /// no cache still shows what another client is about to change.
-    fn flush(&self, limit: std::time::Duration) -> futures::future::BoxFuture<'static, ()> {
+    /// Resolves once everything asked for so far has taken effect (`true`),
+    /// or after `limit` (`false`: an invalidation may wait for a lock that a
+    /// request of this very client holds). A lease is given back only after
+    /// this, so that no cache still shows what another client is about to
+    /// change.
+    fn flush(&self, limit: std::time::Duration) -> futures::future::BoxFuture<'static, bool> {
         let _ = limit;
-        Box::pin(std::future::ready(()))
+        Box::pin(std::future::ready(true))
     }
+    /// Drops every name the front end caches, at once and without waiting
+    /// for any lock: for a lease given back before its names' invalidations
+    /// took effect. A front end that caches names (see
+    /// [`Client::name_ttl`]) must implement it.
+    fn all_names(&self) {}
 }
 
 /// Tunables of a client.
@@ -630,6 +636,17 @@ impl Client {
             }
             r => r,
         }
+    }
+
+    /// How long a front end may cache `dir`'s entry `name`, which names
+    /// `child`, without asking again: zero unless the name is cached under
+    /// this client's lease on `dir`, whose recall drops it from the front
+    /// end ([`Invalidator::entry`], or [`Invalidator::all_names`] when
+    /// that cannot be waited for); never longer than the lease may be
+    /// trusted without hearing from its server. Names under a cache
+    /// binding are never kept (they are compared with home when looked up).
+    pub fn name_ttl(&self, dir: FileId, name: &[u8], child: Handle) -> std::time::Duration {
+        self.leases.name_ttl(dir, name, child)
     }
 
     /// Looks `name` up in `dir` (`.` and `..` included).

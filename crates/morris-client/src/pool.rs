@@ -365,6 +365,21 @@ impl Pool {
         self.now_ns().saturating_sub(last) < self.trust_limit()
     }
 
+    /// How much longer leases granted by server `i` in term `term` may be
+    /// trusted if it never answers again (zero once they may not be).
+    pub(crate) fn trust_left(&self, i: u32, term: u64) -> Duration {
+        let Some(s) = self.slots.get(i as usize) else {
+            return Duration::ZERO;
+        };
+        if s.term.load(Ordering::SeqCst) != term {
+            return Duration::ZERO;
+        }
+        let since = self
+            .now_ns()
+            .saturating_sub(s.last_ok.load(Ordering::SeqCst));
+        Duration::from_nanos(self.trust_limit().saturating_sub(since))
+    }
+
     /// True if server `i` answered within the last half lease time: a
     /// lease taken as granted by it now stays trusted for a while.
     pub(crate) fn answered_lately(&self, i: u32) -> bool {

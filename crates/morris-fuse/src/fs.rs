@@ -14,7 +14,7 @@ use std::future::Future;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -77,8 +77,11 @@ fn wanted_capabilities() -> InitFlags {
 /// State shared by the handlers and their tasks.
 struct Shared {
     client: Arc<Client>,
-    /// How long the kernel may cache attributes and entries without asking.
+    /// How long the kernel may cache attributes without asking.
     ttl: Duration,
+    /// Whether the kernel may keep names (it can drop them all at once:
+    /// `invalidate.rs`); set once the mount is made.
+    names: Arc<AtomicBool>,
     /// `st_blksize`: the volume's stripe unit.
     blksize: u32,
     /// Each FUSE operation's time (`morris_fuse_request_duration_seconds`).
@@ -125,21 +128,35 @@ const TIMED: [&str; 33] = [
 ];
 
 impl Shared {
-    /// Answers a lookup. The kernel may keep the attributes for the TTL
-    /// but not the name: it asks again for every path it resolves, and the
-    /// client answers from the entries it caches under its directory leases
-    /// (no round trip to a server while it holds them). A name the kernel
-    /// kept would go stale the moment another mount changed the directory
-    /// if its invalidation were late (`Invalidator::flush`); one it does
-    /// not keep cannot (MooseFS mounts default to the same: entry cache 0).
-    fn reply_entry(&self, reply: ReplyEntry, inode: &Inode) {
+    /// Answers a lookup (or a create) of `name` in `dir`. The kernel keeps
+    /// the attributes for the TTL, and the name for as long as the client
+    /// keeps it under its lease on `dir` ([`Shared::name_ttl`]).
+    fn reply_entry(&self, reply: ReplyEntry, dir: FileId, name: &[u8], inode: &Inode) {
         let attr = file_attr(inode, self.blksize);
         reply.entry_with_ttls(
             &self.ttl,
-            &Duration::ZERO,
+            &self.name_ttl(dir, name, inode),
             &attr,
             Generation(u64::from(inode.gen)),
         );
+    }
+
+    /// How long the kernel may keep `dir`'s entry `name` (naming `inode`)
+    /// without looking it up again: while the client's lease on `dir` may
+    /// be trusted with the name cached under it, so that its recall
+    /// invalidates the kernel's copy first (`invalidate.rs`; a recall
+    /// that cannot wait for that drops every name the kernel keeps at
+    /// once). Zero — the kernel asks for the name each time it resolves a
+    /// path, and the client answers from its own cache — when the kernel
+    /// cannot drop all names at once, for `.` and `..`, and under cache
+    /// bindings.
+    fn name_ttl(&self, dir: FileId, name: &[u8], inode: &Inode) -> Duration {
+        if !self.names.load(Ordering::Relaxed) || name == b"." || name == b".." {
+            return Duration::ZERO;
+        }
+        self.client
+            .name_ttl(dir, name, inode.handle())
+            .min(self.ttl)
     }
 
     fn reply_attr(&self, reply: ReplyAttr, inode: &Inode) {
@@ -230,11 +247,13 @@ impl MorrisFs {
         blksize: u32,
         in_flight: Arc<AtomicUsize>,
         access: Option<crate::access::AccessLog>,
+        names: Arc<AtomicBool>,
     ) -> Self {
         MorrisFs {
             shared: Arc::new(Shared {
                 client,
                 ttl,
+                names,
                 blksize,
                 timers: OpTimers::new(
                     "morris_fuse_request_duration_seconds",
@@ -379,18 +398,12 @@ fn writes(flags: i32) -> bool {
 }
 
 /// Answers a create (or `O_TMPFILE`) of `inode`, opened as `fh` with
-/// open flags `flags`. The reply's one TTL covers the name too (see
-/// `reply_entry`).
-fn created(reply: ReplyCreate, inode: &Inode, blksize: u32, fh: u64, flags: i32) {
+/// open flags `flags`. The reply's one TTL covers the attributes and the
+/// name (`ttl`: see `Shared::name_ttl`; zero for `O_TMPFILE`).
+fn created(reply: ReplyCreate, inode: &Inode, ttl: Duration, blksize: u32, fh: u64, flags: i32) {
     let attr = file_attr(inode, blksize);
     let gen = Generation(u64::from(inode.gen));
-    reply.created(
-        &Duration::ZERO,
-        &attr,
-        gen,
-        FileHandle(fh),
-        open_flags(flags),
-    );
+    reply.created(&ttl, &attr, gen, FileHandle(fh), open_flags(flags));
 }
 
 /// How the kernel should treat an open file. Writes through an `O_APPEND`
@@ -476,7 +489,7 @@ impl Filesystem for MorrisFs {
                 _ => s.client.lookup(parent.0, &name).await,
             };
             match res {
-                Ok(inode) => s.reply_entry(reply, &inode),
+                Ok(inode) => s.reply_entry(reply, parent.0, &name, &inode),
                 Err(e) => refuse!(reply, fail("lookup", parent.0, &e)),
             }
         });
@@ -576,7 +589,7 @@ impl Filesystem for MorrisFs {
                 .create(parent.0, &name, kind, mode & 0o7777, rdev, true, &who)
                 .await
             {
-                Ok(inode) => s.reply_entry(reply, &inode),
+                Ok(inode) => s.reply_entry(reply, parent.0, &name, &inode),
                 Err(e) => refuse!(reply, fail("mknod", parent.0, &e)),
             }
         });
@@ -598,7 +611,7 @@ impl Filesystem for MorrisFs {
         };
         self.spawn("mkdir", req, parent.0, move |s| async move {
             match s.client.mkdir(parent.0, &name, mode & 0o7777, &who).await {
-                Ok(inode) => s.reply_entry(reply, &inode),
+                Ok(inode) => s.reply_entry(reply, parent.0, &name, &inode),
                 Err(e) => refuse!(reply, fail("mkdir", parent.0, &e)),
             }
         });
@@ -639,7 +652,7 @@ impl Filesystem for MorrisFs {
         let who = caller(req);
         self.spawn("symlink", req, parent.0, move |s| async move {
             match s.client.symlink(parent.0, &name, &target, &who).await {
-                Ok(inode) => s.reply_entry(reply, &inode),
+                Ok(inode) => s.reply_entry(reply, parent.0, &name, &inode),
                 Err(e) => refuse!(reply, fail("symlink", parent.0, &e)),
             }
         });
@@ -703,7 +716,7 @@ impl Filesystem for MorrisFs {
         let who = caller(req);
         self.spawn("link", req, ino.0, move |s| async move {
             match s.client.link(ino.0, newparent.0, &newname, &who).await {
-                Ok(inode) => s.reply_entry(reply, &inode),
+                Ok(inode) => s.reply_entry(reply, newparent.0, &newname, &inode),
                 Err(e) => refuse!(reply, fail("link", ino.0, &e)),
             }
         });
@@ -1066,7 +1079,10 @@ impl Filesystem for MorrisFs {
             // O_TRUNC then applies to it as to any existing file.
             let append = flags & libc::O_APPEND != 0;
             match s.client.open_with(inode.id, write, truncate, append).await {
-                Ok(fh) => created(reply, &inode, s.blksize, fh, flags),
+                Ok(fh) => {
+                    let ttl = s.name_ttl(parent.0, &name, &inode);
+                    created(reply, &inode, ttl, s.blksize, fh, flags)
+                }
                 Err(e) => refuse!(reply, fail("create", parent.0, &e)),
             }
         });
@@ -1095,7 +1111,7 @@ impl Filesystem for MorrisFs {
                 .tmpfile(parent.0, mode & 0o7777, write, linkable, &who)
                 .await
             {
-                Ok((inode, fh)) => created(reply, &inode, s.blksize, fh, flags),
+                Ok((inode, fh)) => created(reply, &inode, Duration::ZERO, s.blksize, fh, flags),
                 Err(e) => refuse!(reply, fail("tmpfile", parent.0, &e)),
             }
         });

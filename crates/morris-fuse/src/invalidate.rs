@@ -28,6 +28,8 @@ pub(crate) trait KernelCache: Send + 'static {
     fn inval_inode(&self, id: FileId) -> io::Result<()>;
     /// Drops the cached lookup of `name` in `dir` (positive or negative).
     fn inval_entry(&self, dir: FileId, name: &[u8]) -> io::Result<()>;
+    /// Makes every cached name invalid at once, without waiting for a lock.
+    fn inc_epoch(&self) -> io::Result<()>;
 }
 
 impl KernelCache for Notifier {
@@ -38,6 +40,10 @@ impl KernelCache for Notifier {
 
     fn inval_entry(&self, dir: FileId, name: &[u8]) -> io::Result<()> {
         Notifier::inval_entry(self, INodeNo(dir), OsStr::from_bytes(name))
+    }
+
+    fn inc_epoch(&self) -> io::Result<()> {
+        Notifier::inc_epoch(self)
     }
 }
 
@@ -58,11 +64,28 @@ struct Progress {
     delivered: tokio::sync::watch::Sender<u64>,
 }
 
+/// Drops every name the kernel caches (`KernelCache::inc_epoch`), from
+/// any thread.
+type DropNames = Box<dyn Fn() -> io::Result<()> + Send + Sync>;
+
 /// The client library's invalidation sink for one mount. Never blocks.
-#[derive(Debug)]
 pub(crate) struct KernelInvalidator {
     tx: Sender<Msg>,
     progress: Arc<Progress>,
+    /// `None`: the kernel cannot drop all names at once (before Linux
+    /// 6.16), so it must not be given any to keep.
+    drop_names: Option<DropNames>,
+    /// Whether the kernel may be given names to keep: `drop_names` works.
+    names: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl std::fmt::Debug for KernelInvalidator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelInvalidator")
+            .field("progress", &self.progress)
+            .field("names", &self.names)
+            .finish_non_exhaustive()
+    }
 }
 
 impl KernelInvalidator {
@@ -86,7 +109,7 @@ impl Invalidator for KernelInvalidator {
         self.send(Msg::Entry(dir, name.to_vec()));
     }
 
-    fn flush(&self, limit: Duration) -> BoxFuture<'static, ()> {
+    fn flush(&self, limit: Duration) -> BoxFuture<'static, bool> {
         let target = self.progress.queued.load(Ordering::SeqCst);
         let mut rx = self.progress.delivered.subscribe();
         Box::pin(async move {
@@ -94,7 +117,21 @@ impl Invalidator for KernelInvalidator {
             if reached.is_err() {
                 tracing::debug!(target, "kernel invalidations still queued; going on");
             }
+            reached.is_ok()
         })
+    }
+
+    fn all_names(&self) {
+        let Some(drop_names) = &self.drop_names else {
+            return;
+        };
+        ::metrics::counter!("morris_fuse_names_dropped_total").increment(1);
+        if let Err(e) = drop_names() {
+            // Names handed out so far expire with their leases' trust;
+            // no more are handed out.
+            self.names.store(false, Ordering::SeqCst);
+            tracing::warn!(error = %e, "kernel refused to drop its names; names are no longer cached");
+        }
     }
 }
 
@@ -107,7 +144,23 @@ pub(crate) struct Worker {
 
 impl Worker {
     /// Starts the thread; returns the sink to register with the client.
-    pub(crate) fn start<K: KernelCache>(cache: K) -> io::Result<(Arc<KernelInvalidator>, Worker)> {
+    /// Sets `names` if the kernel can drop all cached names at once (tried
+    /// here once: a kernel without `FUSE_NOTIFY_INC_EPOCH` refuses it).
+    pub(crate) fn start<K: KernelCache + Clone + Sync>(
+        cache: K,
+        names: Arc<std::sync::atomic::AtomicBool>,
+    ) -> io::Result<(Arc<KernelInvalidator>, Worker)> {
+        let drop_names: Option<DropNames> = match cache.inc_epoch() {
+            Ok(()) => {
+                let c = cache.clone();
+                Some(Box::new(move || c.inc_epoch()))
+            }
+            Err(e) => {
+                tracing::info!(error = %e, "the kernel cannot drop all names at once (Linux 6.16 can); it keeps none");
+                None
+            }
+        };
+        names.store(drop_names.is_some(), Ordering::SeqCst);
         let (tx, rx) = channel();
         let progress = Arc::new(Progress {
             queued: AtomicU64::new(0),
@@ -121,6 +174,8 @@ impl Worker {
             Arc::new(KernelInvalidator {
                 tx: tx.clone(),
                 progress,
+                drop_names,
+                names,
             }),
             Worker {
                 tx,
@@ -182,7 +237,29 @@ mod tests {
     use super::*;
 
     #[derive(Clone, Default)]
-    struct Recorder(Arc<Mutex<Vec<Msg>>>);
+    struct Recorder(Arc<Mutex<Vec<Msg>>>, Epochs);
+
+    /// How many times names were all dropped; `refuse`: as a kernel before
+    /// Linux 6.16 would.
+    #[derive(Clone, Default)]
+    struct Epochs {
+        count: Arc<AtomicU64>,
+        refuse: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Epochs {
+        fn bump(&self) -> io::Result<()> {
+            if self.refuse.load(Ordering::SeqCst) {
+                return Err(io::Error::from_raw_os_error(libc::EINVAL));
+            }
+            self.count.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    fn names() -> Arc<std::sync::atomic::AtomicBool> {
+        Arc::new(std::sync::atomic::AtomicBool::new(false))
+    }
 
     impl KernelCache for Recorder {
         fn inval_inode(&self, id: FileId) -> io::Result<()> {
@@ -204,12 +281,16 @@ mod tests {
                 .push(Msg::Entry(dir, name.to_vec()));
             Ok(())
         }
+
+        fn inc_epoch(&self) -> io::Result<()> {
+            self.1.bump()
+        }
     }
 
     #[test]
     fn delivers_in_order_and_survives_kernel_errors() {
         let rec = Recorder::default();
-        let (inv, worker) = Worker::start(rec.clone()).expect("thread");
+        let (inv, worker) = Worker::start(rec.clone(), names()).expect("thread");
         inv.inode(1);
         inv.inode(404);
         inv.entry(1, b"a\xff");
@@ -230,6 +311,7 @@ mod tests {
     }
 
     /// A kernel that holds every invalidation of inode 9 until told.
+    #[derive(Clone)]
     struct Gated(Arc<Mutex<std::sync::mpsc::Receiver<()>>>);
 
     impl KernelCache for Gated {
@@ -244,32 +326,65 @@ mod tests {
         fn inval_entry(&self, _dir: FileId, _name: &[u8]) -> io::Result<()> {
             Ok(())
         }
+
+        fn inc_epoch(&self) -> io::Result<()> {
+            Ok(())
+        }
     }
 
     #[tokio::test]
     async fn flush_waits_for_what_was_queued_before_it_and_no_longer_than_asked() {
         let (open, gate) = std::sync::mpsc::channel();
-        let (inv, worker) = Worker::start(Gated(Arc::new(Mutex::new(gate)))).expect("thread");
+        let (inv, worker) =
+            Worker::start(Gated(Arc::new(Mutex::new(gate))), names()).expect("thread");
         // Nothing queued: at once.
-        inv.flush(Duration::from_secs(60)).await;
+        assert!(inv.flush(Duration::from_secs(60)).await);
         inv.inode(1);
-        inv.flush(Duration::from_secs(60)).await;
-        // Held in the kernel: the flush gives up after its limit.
+        assert!(inv.flush(Duration::from_secs(60)).await);
+        // Held in the kernel: the flush gives up after its limit, and says so.
         inv.inode(9);
         let start = std::time::Instant::now();
-        inv.flush(Duration::from_millis(100)).await;
+        assert!(!inv.flush(Duration::from_millis(100)).await);
         assert!(start.elapsed() >= Duration::from_millis(100));
         // Let go: a flush now returns once it is delivered.
         let waiting = inv.flush(Duration::from_secs(60));
         open.send(()).expect("gate");
-        waiting.await;
+        assert!(waiting.await);
+        worker.stop();
+    }
+
+    #[test]
+    fn names_are_kept_only_by_a_kernel_that_can_drop_them_all_at_once() {
+        let rec = Recorder::default();
+        let ok = names();
+        let (inv, worker) = Worker::start(rec.clone(), ok.clone()).expect("thread");
+        // Tried once at the start.
+        assert!(ok.load(Ordering::SeqCst));
+        assert_eq!(rec.1.count.load(Ordering::SeqCst), 1);
+        // Dropped at once, not queued behind what the worker delivers.
+        inv.all_names();
+        assert_eq!(rec.1.count.load(Ordering::SeqCst), 2);
+        // A kernel that stops taking it: no more names are handed out.
+        rec.1.refuse.store(true, Ordering::SeqCst);
+        inv.all_names();
+        assert!(!ok.load(Ordering::SeqCst));
+        worker.stop();
+
+        let old = Recorder::default();
+        old.1.refuse.store(true, Ordering::SeqCst);
+        let ok = names();
+        ok.store(true, Ordering::SeqCst);
+        let (inv, worker) = Worker::start(old.clone(), ok.clone()).expect("thread");
+        assert!(!ok.load(Ordering::SeqCst));
+        inv.all_names();
+        assert_eq!(old.1.count.load(Ordering::SeqCst), 0);
         worker.stop();
     }
 
     #[test]
     fn calls_after_stop_are_harmless() {
         let rec = Recorder::default();
-        let (inv, worker) = Worker::start(rec.clone()).expect("thread");
+        let (inv, worker) = Worker::start(rec.clone(), names()).expect("thread");
         worker.stop();
         inv.inode(3);
         inv.entry(3, b"x");

@@ -76,7 +76,8 @@ pub struct MountOptions {
     /// (the default): the volume's lease time, as long as the client itself
     /// may trust them. Coherence with other clients comes from
     /// invalidations when leases are recalled, not from a short TTL. Names
-    /// are never cached by the kernel (see `fs.rs` `reply_entry`).
+    /// are kept by the kernel while the client keeps them under its
+    /// directory leases (see `fs.rs` `Shared::name_ttl`).
     pub attr_ttl: Option<Duration>,
     /// Mount read-only (`ro`; default `false`).
     pub read_only: bool,
@@ -469,13 +470,22 @@ pub fn mount(
         }
         None => None,
     };
-    let fs = fs::MorrisFs::new(client.clone(), rt, ttl, blksize, in_flight.clone(), access);
+    let names = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let fs = fs::MorrisFs::new(
+        client.clone(),
+        rt,
+        ttl,
+        blksize,
+        in_flight.clone(),
+        access,
+        names.clone(),
+    );
     let method = if is_root() {
         Method::Direct
     } else {
         Method::Helper
     };
-    let guard = start(fs, mountpoint, opts, method, in_flight, |inv| {
+    let guard = start(fs, mountpoint, opts, method, in_flight, names, |inv| {
         client.set_invalidator(inv)
     })?;
     let (weak, dev, ended) = (Arc::downgrade(&client), guard.dev, guard.ended_rx.clone());
@@ -544,6 +554,7 @@ fn start<FS: Filesystem + Send + 'static>(
     opts: &MountOptions,
     method: Method,
     in_flight: Arc<AtomicUsize>,
+    names: Arc<std::sync::atomic::AtomicBool>,
     register: impl FnOnce(Arc<KernelInvalidator>),
 ) -> Result<MountGuard, MountError> {
     if opts.fsname.is_empty() || opts.fsname.contains([',', '\0']) {
@@ -589,7 +600,7 @@ fn start<FS: Filesystem + Send + 'static>(
     let session = Session::from_fd(fs, fd, session_acl(opts), session_config(opts))
         .map_err(MountError::Session)
         .map_err(undo)?;
-    let (invalidator, worker) = Worker::start(session.notifier())
+    let (invalidator, worker) = Worker::start(session.notifier(), names)
         .map_err(MountError::Session)
         .map_err(undo)?;
     register(invalidator);

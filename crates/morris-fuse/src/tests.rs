@@ -19,6 +19,7 @@ use super::*;
 /// counts root getattrs and records the largest read and write requests.
 struct RootOnly {
     getattrs: Arc<AtomicUsize>,
+    lookups: Arc<AtomicUsize>,
     largest_read: Arc<AtomicUsize>,
     largest_write: Arc<AtomicUsize>,
 }
@@ -60,6 +61,7 @@ impl Filesystem for RootOnly {
         if name != "f" {
             return reply.error(Errno::ENOENT);
         }
+        self.lookups.fetch_add(1, Ordering::SeqCst);
         reply.entry(
             &Duration::from_secs(3600),
             &attr(INodeNo(2)),
@@ -154,27 +156,64 @@ fn mount_root_only_with(
     };
     let fs = RootOnly {
         getattrs: counters.getattrs.clone(),
+        lookups: counters.lookups.clone(),
         largest_read: counters.largest_read.clone(),
         largest_write: counters.largest_write.clone(),
     };
-    let guard = start(fs, dir, &opts, method, Arc::default(), |inv| {
-        if let Ok(mut s) = slot.lock() {
-            *s = Some(inv);
-        }
-    })
+    let names = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let guard = start(
+        fs,
+        dir,
+        &opts,
+        method,
+        Arc::default(),
+        names.clone(),
+        |inv| {
+            if let Ok(mut s) = slot.lock() {
+                *s = Some(inv);
+            }
+        },
+    )
     .expect("mount");
     let inv = slot
         .lock()
         .expect("lock")
         .take()
         .expect("invalidator registered");
+    // Names are handed to the kernel exactly when it can drop them all at
+    // once (`FUSE_NOTIFY_INC_EPOCH`, Linux 6.16).
+    assert_eq!(
+        names.load(std::sync::atomic::Ordering::SeqCst),
+        kernel_at_least(6, 16),
+        "kernel {:?}",
+        kernel_release()
+    );
     (guard, counters, inv)
+}
+
+/// The running kernel's release (`uname -r`).
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .expect("kernel release")
+        .trim()
+        .to_string()
+}
+
+/// Whether the running kernel is at least `major.minor`.
+fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = kernel_release();
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let (a, b) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (a, b) >= (major, minor)
 }
 
 /// The counters of a mounted [`RootOnly`].
 #[derive(Default)]
 struct RootOnlyCounters {
     getattrs: Arc<AtomicUsize>,
+    lookups: Arc<AtomicUsize>,
     largest_read: Arc<AtomicUsize>,
     largest_write: Arc<AtomicUsize>,
 }
@@ -183,6 +222,7 @@ impl RootOnly {
     fn unmounted() -> Self {
         RootOnly {
             getattrs: Arc::default(),
+            lookups: Arc::default(),
             largest_read: Arc::default(),
             largest_write: Arc::default(),
         }
@@ -262,8 +302,21 @@ fn mount_options_invalidation_busy_unmount() {
         std::fs::metadata(&mp).expect("stat");
     }
 
-    // Reads and writes travel in 1 MiB requests.
+    // A name is kept for its TTL ...
     let file = mp.join("f");
+    std::fs::metadata(&file).expect("stat f");
+    let looked = counters.lookups.load(Ordering::SeqCst);
+    assert!(looked >= 1);
+    std::fs::metadata(&file).expect("stat f");
+    assert_eq!(counters.lookups.load(Ordering::SeqCst), looked);
+    // ... until every name is dropped at once (kernels that can).
+    if kernel_at_least(6, 16) {
+        inv.all_names();
+        std::fs::metadata(&file).expect("stat f");
+        assert_eq!(counters.lookups.load(Ordering::SeqCst), looked + 1);
+    }
+
+    // Reads and writes travel in 1 MiB requests.
     std::fs::OpenOptions::new()
         .write(true)
         .open(&file)
@@ -349,6 +402,7 @@ fn bad_options_are_refused_before_mounting() {
         &opts,
         Method::Direct,
         Arc::default(),
+        Arc::default(),
         |_| {},
     )
     .expect_err("bad name accepted");
@@ -360,6 +414,7 @@ fn bad_options_are_refused_before_mounting() {
         &missing,
         &MountOptions::default(),
         Method::Direct,
+        Arc::default(),
         Arc::default(),
         |_| {},
     )

@@ -184,6 +184,8 @@ pub(crate) enum fuse_notify_code {
     FUSE_NOTIFY_STORE = 4,
     FUSE_NOTIFY_RETRIEVE = 5,
     FUSE_NOTIFY_DELETE = 6,
+    // morris patch: FUSE ABI 7.44 (Linux 6.16).
+    FUSE_NOTIFY_INC_EPOCH = 8,
 }
 
 #[repr(C)]
