@@ -93,7 +93,9 @@ pub(crate) fn check_move(obj: &Inode, to: &Inode, moves_at_home: bool) -> Result
 
 pub(crate) fn inode_reply(r: Reply) -> Result<Inode> {
     match r {
-        Reply::Inode(i) | Reply::Leased { inode: i, .. } => Ok(i),
+        Reply::Inode(i) | Reply::Leased { inode: i, .. } | Reply::ReadLeased { inode: i, .. } => {
+            Ok(i)
+        }
         other => Err(unexpected(&other)),
     }
 }

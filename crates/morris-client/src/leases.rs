@@ -762,9 +762,10 @@ impl Leases {
                 }
             }
             let (owner, reply, _) = res?;
-            let (inode, fence) = match reply {
-                Reply::Inode(inode) => (inode, 0),
-                Reply::Leased { inode, fence } => (inode, fence),
+            let (inode, fence, xattrs) = match reply {
+                Reply::Inode(inode) => (inode, 0, None),
+                Reply::Leased { inode, fence } => (inode, fence, None),
+                Reply::ReadLeased { inode, xattrs } => (inode, 0, xattrs),
                 other => return Err(unexpected(&other)),
             };
             let epoch = self.pool.epoch(owner);
@@ -773,6 +774,11 @@ impl Leases {
             }
             let recalled = self.recall_seq.lock().get(&h.id).copied().unwrap_or(0) != seq_before;
             let (entry, old) = self.install(owner, epoch, want, inode, fence, recalled);
+            // Read with the inode under this lease: kept with it, as a
+            // `GetXattrs` under it would be (`xattrs.rs`).
+            if let Some(list) = xattrs {
+                entry.state.lock().xattrs = Some(Arc::new(list));
+            }
             debug!(
                 ino = h.id,
                 ?want,

@@ -128,3 +128,84 @@ async fn an_acquire_never_waits_for_a_give_back_holding_the_shared_lock() {
     let done = tokio::time::timeout(Duration::from_secs(10), upgrade).await;
     assert!(done.is_ok(), "the directory's acquire never finished");
 }
+
+/// What a front end was told to drop.
+#[derive(Default)]
+struct Told {
+    entries: parking_lot::Mutex<Vec<(u64, Vec<u8>)>>,
+    all: std::sync::atomic::AtomicUsize,
+}
+
+impl crate::Invalidator for Told {
+    fn inode(&self, _id: u64) {}
+
+    fn entry(&self, dir: u64, name: &[u8]) {
+        self.entries.lock().push((dir, name.to_vec()));
+    }
+
+    fn all_names(&self) {
+        self.all.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A front end may keep a name only while this client keeps it under a
+/// lease it can trust; the recall that ends the lease tells it to drop
+/// the name, and an upgrade to write (which gives the read lease up at
+/// the owner when it is sent) drops every name at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_are_kept_for_a_front_end_only_under_a_trusted_lease() {
+    use std::sync::atomic::Ordering;
+    let (a, server, _dir) = one_server().await;
+    let me = Caller::root();
+    let told = Arc::new(Told::default());
+    a.set_invalidator(told.clone());
+    let b = Client::connect(
+        &server.local_addr().to_string(),
+        ClientConfig::new(a.config.keys.clone()),
+    )
+    .await
+    .unwrap();
+    let d = b.mkdir(ROOT_ID, b"d", 0o755, &me).await.unwrap();
+    for n in [&b"f"[..], b"g"] {
+        b.create(d.id, n, FileKind::File, 0o644, 0, true, &me)
+            .await
+            .unwrap();
+    }
+    b.fsync_dir(d.id).await.unwrap();
+    b.fsync_dir(ROOT_ID).await.unwrap();
+
+    a.lookup(ROOT_ID, b"d").await.unwrap();
+    let f = a.lookup(d.id, b"f").await.unwrap();
+    let ttl = a.name_ttl(d.id, b"f", f.handle());
+    // lease_ms 1500: trusted for 7/8 of it after the server's last answer.
+    assert!(
+        ttl > Duration::ZERO && ttl <= Duration::from_millis(1313),
+        "{ttl:?}"
+    );
+    let other = morris_proto::Handle {
+        id: f.id,
+        gen: f.gen.wrapping_add(1),
+    };
+    assert_eq!(a.name_ttl(d.id, b"f", other), Duration::ZERO);
+    assert_eq!(a.name_ttl(d.id, b"absent", f.handle()), Duration::ZERO);
+    // Not looked up here: not kept.
+    let g = b.lookup(d.id, b"g").await.unwrap();
+    assert_eq!(a.name_ttl(d.id, b"g", g.handle()), Duration::ZERO);
+
+    // Another client's removal recalls the directory's lease: the name
+    // goes, from the front end first.
+    b.unlink(d.id, b"f", &me).await.unwrap();
+    b.fsync_dir(d.id).await.unwrap();
+    assert_eq!(a.name_ttl(d.id, b"f", f.handle()), Duration::ZERO);
+    assert!(told.entries.lock().contains(&(d.id, b"f".to_vec())));
+    assert_eq!(told.all.load(Ordering::SeqCst), 0);
+
+    // An upgrade of a directory whose names the front end keeps drops
+    // them all before it is sent.
+    let g = a.lookup(d.id, b"g").await.unwrap();
+    assert!(a.name_ttl(d.id, b"g", g.handle()) > Duration::ZERO);
+    a.create(d.id, b"h", FileKind::File, 0o644, 0, true, &me)
+        .await
+        .unwrap();
+    assert_eq!(told.all.load(Ordering::SeqCst), 1);
+}

@@ -840,6 +840,46 @@ impl Client {
         self.do_readdir(dir, cookie, max).await
     }
 
+    /// [`Client::readdir`] with each entry's inode as a lookup of its name
+    /// would find it (taking its read lease, so that a front end may keep
+    /// its attributes as after a lookup). `None` for an entry whose object
+    /// this client holds a lease on already (it was looked up before: the
+    /// front end has been given it), for one that could not be looked up
+    /// or names another object by now, and for every entry of a directory
+    /// under a cache binding. The lookups of one batch run at once.
+    pub async fn readdir_plus(
+        &self,
+        dir: FileId,
+        cookie: u64,
+        max: u32,
+    ) -> Result<(Vec<(DirEntry, Option<Inode>)>, bool)> {
+        let (entries, complete) = self.readdir(dir, cookie, max).await?;
+        // Under a cache binding a lookup may make an object from its seed
+        // or ask home: only when a program asks for that name.
+        let cached = self
+            .leases
+            .cached_inode(dir)
+            .is_some_and(|d| d.home.as_ref().is_some_and(|l| !l.is_local()));
+        if cached {
+            return Ok((entries.into_iter().map(|e| (e, None)).collect(), complete));
+        }
+        let lookups = entries.iter().map(|e| async move {
+            if self.leases.cached_inode(e.child.id).is_some() {
+                return None;
+            }
+            match self.lookup(dir, &e.name).await {
+                Ok(i) if i.handle() == e.child => Some(i),
+                Ok(_) => None,
+                Err(err) => {
+                    tracing::debug!(dir, name = ?String::from_utf8_lossy(&e.name), error = %err, "listed entry not looked up");
+                    None
+                }
+            }
+        });
+        let inodes = futures::future::join_all(lookups).await;
+        Ok((entries.into_iter().zip(inodes).collect(), complete))
+    }
+
     /// Opens `id`; `write` takes the write lease, `truncate` empties the file.
     /// Returns an open-file number for read/write/flush/fsync/release.
     pub async fn open(&self, id: FileId, write: bool, truncate: bool) -> Result<u64> {

@@ -39,15 +39,44 @@ pub(crate) fn valid_name(name: &[u8]) -> bool {
         && !name.contains(&0)
 }
 
-/// Somewhere to put directory entries: the kernel's reply buffer, or a test
-/// double. `add` returns `true` when the entry did not fit (and was not added).
-pub(crate) trait DirSink {
-    /// Adds one entry; `true` means the buffer is full.
-    fn add(&mut self, ino: u64, offset: u64, kind: FileType, name: &[u8]) -> bool;
+/// What a listing's fetch returns per entry: the entry itself
+/// ([`DirEntry`], for readdir), or with what more the sink needs (for
+/// readdirplus, its inode).
+pub(crate) trait Listed {
+    /// The directory entry.
+    fn entry(&self) -> &DirEntry;
 }
 
-impl DirSink for ReplyDirectory {
-    fn add(&mut self, ino: u64, offset: u64, kind: FileType, name: &[u8]) -> bool {
+impl Listed for DirEntry {
+    fn entry(&self) -> &DirEntry {
+        self
+    }
+}
+
+impl<X> Listed for (DirEntry, X) {
+    fn entry(&self) -> &DirEntry {
+        &self.0
+    }
+}
+
+/// Somewhere to put directory entries: the kernel's reply buffer, or a test
+/// double. `add` returns `true` when the entry did not fit (and was not added).
+pub(crate) trait DirSink<T> {
+    /// Adds one entry (`item`: what the fetch returned for it; `None` for
+    /// `.` and `..`); `true` means the buffer is full.
+    fn add(&mut self, ino: u64, offset: u64, kind: FileType, name: &[u8], item: Option<&T>)
+        -> bool;
+}
+
+impl DirSink<DirEntry> for ReplyDirectory {
+    fn add(
+        &mut self,
+        ino: u64,
+        offset: u64,
+        kind: FileType,
+        name: &[u8],
+        _item: Option<&DirEntry>,
+    ) -> bool {
         use std::os::unix::ffi::OsStrExt;
         ReplyDirectory::add(
             self,
@@ -66,7 +95,7 @@ impl DirSink for ReplyDirectory {
 /// `cookie`, returning them and whether the listing is complete. Stops when
 /// the sink is full or the directory is exhausted; either way the caller
 /// replies with what the sink holds (an empty reply means end of directory).
-pub(crate) async fn fill<S, F, Fut>(
+pub(crate) async fn fill<T, S, F, Fut>(
     sink: &mut S,
     dir: FileId,
     parent: FileId,
@@ -74,15 +103,16 @@ pub(crate) async fn fill<S, F, Fut>(
     mut fetch: F,
 ) -> Result<(), Errno>
 where
-    S: DirSink,
+    T: Listed,
+    S: DirSink<T>,
     F: FnMut(u64, u32) -> Fut,
-    Fut: Future<Output = Result<(Vec<DirEntry>, bool), Error>>,
+    Fut: Future<Output = Result<(Vec<T>, bool), Error>>,
 {
     let start = resume(offset);
-    if start.dot && sink.add(dir, AFTER_DOT, FileType::Directory, b".") {
+    if start.dot && sink.add(dir, AFTER_DOT, FileType::Directory, b".", None) {
         return Ok(());
     }
-    if start.dotdot && sink.add(parent, AFTER_DOTDOT, FileType::Directory, b"..") {
+    if start.dotdot && sink.add(parent, AFTER_DOTDOT, FileType::Directory, b"..", None) {
         return Ok(());
     }
     let mut cursor = start.cookie;
@@ -104,7 +134,8 @@ where
             );
             return Err(Errno::EIO);
         }
-        for entry in &entries {
+        for item in &entries {
+            let entry = item.entry();
             if entry.cookie <= cursor {
                 tracing::warn!(
                     dir,
@@ -127,7 +158,13 @@ where
                 cursor = entry.cookie;
                 continue;
             }
-            if sink.add(entry.child.id, off, file_type(entry.kind), &entry.name) {
+            if sink.add(
+                entry.child.id,
+                off,
+                file_type(entry.kind),
+                &entry.name,
+                Some(item),
+            ) {
                 return Ok(());
             }
             added_any = true;
@@ -147,7 +184,7 @@ mod tests {
     use crate::errno::errno;
 
     /// What the fake client answers to one readdir.
-    type Listed = std::future::Ready<Result<(Vec<DirEntry>, bool), Error>>;
+    type Answer = std::future::Ready<Result<(Vec<DirEntry>, bool), Error>>;
 
     /// A reply buffer that holds `cap` entries.
     struct Sink {
@@ -155,8 +192,15 @@ mod tests {
         got: Vec<(u64, u64, Vec<u8>)>,
     }
 
-    impl DirSink for Sink {
-        fn add(&mut self, ino: u64, offset: u64, _kind: FileType, name: &[u8]) -> bool {
+    impl DirSink<DirEntry> for Sink {
+        fn add(
+            &mut self,
+            ino: u64,
+            offset: u64,
+            _kind: FileType,
+            name: &[u8],
+            _item: Option<&DirEntry>,
+        ) -> bool {
             if self.got.len() == self.cap {
                 return true;
             }
@@ -175,7 +219,7 @@ mod tests {
     }
 
     /// A directory whose client lists at most `per_call` entries at a time.
-    fn dir(entries: Vec<DirEntry>, per_call: usize) -> impl FnMut(u64, u32) -> Listed {
+    fn dir(entries: Vec<DirEntry>, per_call: usize) -> impl FnMut(u64, u32) -> Answer {
         move |cookie, max| {
             let rest: Vec<DirEntry> = entries
                 .iter()
@@ -190,7 +234,7 @@ mod tests {
 
     fn run<F>(cap: usize, offset: u64, fetch: F) -> Result<Vec<(u64, u64, Vec<u8>)>, Errno>
     where
-        F: FnMut(u64, u32) -> Listed,
+        F: FnMut(u64, u32) -> Answer,
     {
         let mut sink = Sink { cap, got: vec![] };
         let rt = tokio::runtime::Builder::new_current_thread()

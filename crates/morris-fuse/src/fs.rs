@@ -20,14 +20,14 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use fuser::{
-    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags,
-    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
-    ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
-    TimeOrNow, WriteFlags,
+    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, FileType, Filesystem,
+    FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenAccMode,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use morris_client::{
-    Caller, Client, Error, ErrorCode, Fallocate, FileId, FileKind, Inode, Timestamp,
+    Caller, Client, DirEntry, Error, ErrorCode, Fallocate, FileId, FileKind, Inode, Timestamp,
 };
 use morris_proto::observe::OpTimers;
 use morris_proto::{LockKind, XattrHow, MAX_NAME_LEN};
@@ -59,6 +59,9 @@ fn wanted_capabilities() -> InitFlags {
         | InitFlags::FUSE_AUTO_INVAL_DATA
         | InitFlags::FUSE_ASYNC_DIO
         | InitFlags::FUSE_CACHE_SYMLINKS
+        // Listings with attributes when lookups follow them (`ls -l`).
+        | InitFlags::FUSE_DO_READDIRPLUS
+        | InitFlags::FUSE_READDIRPLUS_AUTO
         // The mount clears set-user-ID bits on write, truncate and chown
         // itself; in return the kernel stops asking for
         // `security.capability` before every write of a file it has
@@ -91,7 +94,7 @@ struct Shared {
 }
 
 /// The FUSE operations timed for the metrics.
-const TIMED: [&str; 33] = [
+const TIMED: [&str; 34] = [
     "lookup",
     "getattr",
     "setattr",
@@ -114,6 +117,7 @@ const TIMED: [&str; 33] = [
     "fsyncdir",
     "opendir",
     "readdir",
+    "readdirplus",
     "releasedir",
     "statfs",
     "access",
@@ -390,6 +394,45 @@ fn xattr_reply(reply: ReplyXattr, size: u32, data: &[u8]) {
 
 fn bytes(name: &OsStr) -> Vec<u8> {
     name.as_bytes().to_vec()
+}
+
+/// Entries looked up at once in a readdirplus (Linux 6.18 asks for
+/// thousands of entries per call; a small batch would wait for one round
+/// of lookups after another). Leases taken for entries the reply has no
+/// room for are used by the next call.
+const PLUS_BATCH: u32 = 128;
+
+/// The kernel's readdirplus buffer: an entry the client looked up goes
+/// with its attributes (kept for the TTL, its name for `name_ttl`), any
+/// other as a plain listing has it.
+struct PlusSink<'a> {
+    reply: &'a mut ReplyDirectoryPlus,
+    shared: &'a Shared,
+    dir: FileId,
+}
+
+impl dirents::DirSink<(DirEntry, Option<Inode>)> for PlusSink<'_> {
+    fn add(
+        &mut self,
+        ino: u64,
+        offset: u64,
+        kind: FileType,
+        name: &[u8],
+        item: Option<&(DirEntry, Option<Inode>)>,
+    ) -> bool {
+        let shown = OsStr::from_bytes(name);
+        match item.and_then(|(_, i)| i.as_ref()) {
+            Some(inode) => self.reply.add_with_ttls(
+                offset,
+                shown,
+                &self.shared.name_ttl(self.dir, name, inode),
+                &self.shared.ttl,
+                &file_attr(inode, self.shared.blksize),
+                Generation(u64::from(inode.gen)),
+            ),
+            None => self.reply.add_bare(INodeNo(ino), offset, kind, shown),
+        }
+    }
 }
 
 /// Whether an open with `flags` may write.
@@ -960,6 +1003,49 @@ impl Filesystem for MorrisFs {
             let client = &s.client;
             let res = dirents::fill(&mut reply, dir, parent, offset, |cookie, max| {
                 client.readdir(dir, cookie, max)
+            })
+            .await;
+            match res {
+                Ok(()) => reply.ok(),
+                Err(errno) => refuse!(reply, errno),
+            }
+        });
+    }
+
+    /// A listing with each entry's attributes, so that the kernel need not
+    /// look the names up one by one (`ls -l`). The kernel asks for it for a
+    /// directory's first batch and while lookups follow its listings
+    /// (`FUSE_READDIRPLUS_AUTO`); the client looks a batch's names up at
+    /// once (`Client::readdir_plus`), taking their read leases as lookups do.
+    /// Entries the mount looked up before go without attributes: the
+    /// kernel has them, and would drop their cached ACLs on being given
+    /// them again (so `ls -l` would ask for each one's ACL anew).
+    fn readdirplus(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        self.spawn("readdirplus", req, ino.0, move |s| async move {
+            let dir = ino.0;
+            let parent = if dirents::resume(offset).dotdot {
+                match s.parent_of(dir).await {
+                    Ok(p) => p,
+                    Err(e) => return refuse!(reply, fail("readdirplus", dir, &e)),
+                }
+            } else {
+                dir
+            };
+            let client = &s.client;
+            let mut sink = PlusSink {
+                reply: &mut reply,
+                shared: &s,
+                dir,
+            };
+            let res = dirents::fill(&mut sink, dir, parent, offset, |cookie, max| {
+                client.readdir_plus(dir, cookie, max.min(PLUS_BATCH))
             })
             .await;
             match res {

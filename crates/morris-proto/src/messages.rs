@@ -114,7 +114,9 @@ pub enum Request {
     Statfs,
     /// Keeps this client's leases alive. Answered by [`Reply::Ok`].
     Renew,
-    /// Takes the read lease on `ino` (paper: `acquire_read`) and returns the inode.
+    /// Takes the read lease on `ino` (paper: `acquire_read`) and returns the
+    /// inode and, if they are few, its extended attributes
+    /// ([`Reply::ReadLeased`]).
     AcquireRead {
         /// The inode.
         ino: Handle,
@@ -1468,7 +1470,20 @@ pub enum Reply {
     Usage(Vec<RangeUsage>),
     /// Answer to [`Request::Quotas`].
     Quotas(Vec<QuotaLimit>),
+    /// Answer to [`Request::AcquireRead`]: the inode, and its extended
+    /// attributes as [`Request::GetXattrs`] would answer them under this
+    /// lease when they are few ([`XATTRS_WITH_LEASE`] bytes of names and
+    /// values at most; else `None`: ask for them).
+    ReadLeased {
+        /// The inode.
+        inode: Inode,
+        /// Every extended attribute, in name order, if they are few.
+        xattrs: Option<Vec<Xattr>>,
+    },
 }
+
+/// Most bytes of names and values a [`Reply::ReadLeased`] carries.
+pub const XATTRS_WITH_LEASE: usize = 4096;
 
 /// One lease on an inode and the client holding it ([`Reply::Holders`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

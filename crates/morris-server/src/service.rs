@@ -1076,20 +1076,28 @@ impl Server {
                 Self::check_owner(vol, morris_proto::ROOT_ID)?;
                 metadata(move || store.quotas()).map(Reply::Quotas)
             }
-            Request::AcquireRead { ino } | Request::AcquireWrite { ino } => {
-                let mode = if matches!(req, Request::AcquireRead { .. }) {
-                    LeaseMode::Read
-                } else {
-                    LeaseMode::Write
-                };
+            Request::AcquireRead { ino } => {
+                Self::check_owner(vol, ino.id)?;
+                // The attributes come with the lease (read in the inode's
+                // transaction), so that the `getxattr` a listing's `ls -l`
+                // sends for each file needs no request of its own.
+                let ((inode, list), _) = self
+                    .leased_fenced(client, conn_id, ino, LeaseMode::Read, move || {
+                        store.get_xattrs(ino)
+                    })
+                    .await?;
+                let bytes: usize = list.iter().map(|x| x.name.len() + x.value.len()).sum();
+                let xattrs = (bytes <= morris_proto::messages::XATTRS_WITH_LEASE).then_some(list);
+                Ok(Reply::ReadLeased { inode, xattrs })
+            }
+            Request::AcquireWrite { ino } => {
                 Self::check_owner(vol, ino.id)?;
                 let (inode, fence) = self
-                    .leased_fenced(client, conn_id, ino, mode, move || store.get_handle(ino))
+                    .leased_fenced(client, conn_id, ino, LeaseMode::Write, move || {
+                        store.get_handle(ino)
+                    })
                     .await?;
-                Ok(match mode {
-                    LeaseMode::Read => Reply::Inode(inode),
-                    LeaseMode::Write => Reply::Leased { inode, fence },
-                })
+                Ok(Reply::Leased { inode, fence })
             }
             Request::Holders { ino } => {
                 Self::check_owner(vol, ino)?;

@@ -98,7 +98,9 @@ impl Client {
 
     async fn inode(&self, req: Request) -> Inode {
         match self.ok(req).await {
-            Reply::Inode(i) | Reply::Leased { inode: i, .. } => i,
+            Reply::Inode(i)
+            | Reply::Leased { inode: i, .. }
+            | Reply::ReadLeased { inode: i, .. } => i,
             r => panic!("expected an inode, got {r:?}"),
         }
     }

@@ -781,6 +781,44 @@ impl ReplyDirectoryPlus {
         ))
     }
 
+    /// morris patch: [`ReplyDirectoryPlus::add`] with the entry's own TTL
+    /// (`entry_ttl`) apart from its attributes' (`attr_ttl`). Returns true
+    /// if the buffer is full.
+    pub fn add_with_ttls<T: AsRef<OsStr>>(
+        &mut self,
+        offset: u64,
+        name: T,
+        entry_ttl: &Duration,
+        attr_ttl: &Duration,
+        attr: &FileAttr,
+        generation: Generation,
+    ) -> bool {
+        self.buf.push(&DirEntryPlus::new(
+            attr.ino,
+            generation,
+            DirEntOffset(offset),
+            name.as_ref(),
+            *entry_ttl,
+            attr.into(),
+            *attr_ttl,
+        ))
+    }
+
+    /// morris patch: an entry without attributes, as a plain readdir lists
+    /// it (the kernel looks the name up when it is used). Returns true if
+    /// the buffer is full.
+    pub fn add_bare<T: AsRef<OsStr>>(
+        &mut self,
+        ino: INodeNo,
+        offset: u64,
+        kind: FileType,
+        name: T,
+    ) -> bool {
+        use std::os::unix::ffi::OsStrExt;
+        self.buf
+            .push_bare(ino, DirEntOffset(offset), kind, name.as_ref().as_bytes())
+    }
+
     /// Reply to a request with the filled directory buffer
     pub fn ok(self) {
         let response: ll::ResponseData = self.buf.into();

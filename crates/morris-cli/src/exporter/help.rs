@@ -83,6 +83,7 @@ pub(super) const METRICS: &[(&str, Kind, Unit, &str)] = &[
     // Front ends.
     ("morris_fuse_request_duration_seconds", Histogram, Unit::Seconds, "Time to answer a FUSE request, by operation (op)"),
     ("morris_fuse_request_errors_total", Counter, Unit::Count, "FUSE requests answered with an error, by operation (op)"),
+    ("morris_fuse_names_dropped_total", Counter, Unit::Count, "Times the mount had the kernel drop every name it kept at once (a lease given back before its names' invalidations took effect)"),
     ("morris_nfs_request_duration_seconds", Histogram, Unit::Seconds, "Time to answer an NFS, MOUNT or NLM call, by procedure (op)"),
 ];
 

@@ -510,6 +510,30 @@ impl DirEntPlusList {
     pub(crate) fn new(max_size: usize) -> Self {
         Self(EntListBuf::new(max_size))
     }
+
+    /// morris patch: an entry without attributes (`nodeid` 0): the kernel
+    /// links nothing for it and looks the name up when it is used.
+    #[must_use]
+    pub(crate) fn push_bare(
+        &mut self,
+        ino: INodeNo,
+        offset: DirEntOffset,
+        kind: FileType,
+        name: &[u8],
+    ) -> bool {
+        let Ok(namelen) = name.len().try_into() else {
+            return true;
+        };
+        let dirent = abi::fuse_dirent {
+            ino: ino.into(),
+            off: offset.0,
+            namelen,
+            typ: mode_from_kind_and_perm(kind, 0) >> 12,
+        };
+        let mut header = vec![0u8; size_of::<abi::fuse_entry_out>()];
+        header.extend_from_slice(dirent.as_bytes());
+        self.0.push([&header, name])
+    }
     /// Add an entry to the directory reply buffer. Returns true if the buffer is full.
     /// A transparent offset value can be provided for each entry. The kernel uses these
     /// value to request the next entries in further readdir calls
