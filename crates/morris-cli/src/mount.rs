@@ -60,10 +60,16 @@ pub struct MountTuning {
     pub fsname: Option<String>,
     /// How long the kernel may cache attributes, in milliseconds (default:
     /// the volume's lease time; other clients' changes invalidate sooner).
-    /// Names are not cached by the kernel: the client answers them from its
-    /// lease-protected cache.
+    /// Names the kernel keeps while the client's directory lease protects
+    /// them (Linux 6.16 and later; before, it asks the client each time).
     #[arg(long, value_name = "MS")]
     pub attr_ttl_ms: Option<u64>,
+    /// List directories without attributes (plain `READDIR`): a program
+    /// that lists without looking at what it lists (`find -name`) then
+    /// takes no leases for it, but `ls -l`, `du` and the like look each
+    /// name up one at a time.
+    #[arg(long)]
+    pub no_readdirplus: bool,
     /// Largest readahead window per open file (e.g. 64M).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub readahead: Option<u64>,
@@ -151,6 +157,7 @@ impl MountTuning {
         o.noatime = self.noatime;
         o.strictatime = self.strictatime;
         o.access_log.clone_from(&self.access_log);
+        o.readdirplus = !self.no_readdirplus;
         o
     }
 

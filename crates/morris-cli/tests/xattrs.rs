@@ -342,3 +342,92 @@ fn morris_layout_says_where_a_file_lives_and_is_read_only() {
     );
     assert!(list(&f).unwrap().is_empty());
 }
+
+/// Whether the running kernel is at least `major.minor`.
+fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (major, minor)
+}
+
+/// `(operation, inode)` of each line of an access log.
+fn logged(text: &str) -> Vec<(String, u64)> {
+    text.lines()
+        .filter_map(|l| {
+            let (_, rest) = l.split_once("] ")?;
+            let (op, rest) = rest.split_once(" (")?;
+            let (ino, _) = rest.split_once(')')?;
+            Some((op.to_string(), ino.parse().ok()?))
+        })
+        .collect()
+}
+
+/// A directory another mount made, listed and stat'ed as `ls -l` does on
+/// mounts that have seen none of it: with `READDIRPLUS` (the default) the
+/// listing brings every entry's attributes, and its extended attributes
+/// come with the leases, so that no name is looked up one at a time on
+/// kernels that keep names; `--no-readdirplus` lists names only, and each
+/// is looked up. Both see the same sizes and attributes.
+#[test]
+fn a_listing_brings_attributes_unless_turned_off() {
+    common::require_fuse();
+    let c = Cluster::start(2, ClusterOpts::default());
+    let a = c.mount();
+    let d = a.path.join("d");
+    fs::create_dir(&d).unwrap();
+    for i in 0..50u64 {
+        fs::write(d.join(format!("f{i}")), vec![7u8; i as usize]).unwrap();
+    }
+    set(&d.join("f7"), "user.tag", b"seven", 0).unwrap();
+    let dir_ino = fs::metadata(&d).unwrap().ino();
+    let logs = tempfile::tempdir().unwrap();
+    for plus in [true, false] {
+        let log = logs.path().join(format!("access-{plus}.log"));
+        let mut args = vec!["--access-log".to_string(), log.display().to_string()];
+        if !plus {
+            args.push("--no-readdirplus".into());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let m = common::Mount::start(c.addr(1), &args);
+        let seen = m.path.join("d");
+        let mut sizes = Vec::new();
+        for e in fs::read_dir(&seen).unwrap() {
+            let e = e.unwrap();
+            let md = fs::symlink_metadata(e.path()).unwrap();
+            sizes.push((e.file_name().into_string().unwrap(), md.len()));
+            let _ = get(&e.path(), "security.selinux");
+        }
+        sizes.sort();
+        let mut want: Vec<(String, u64)> = (0..50u64).map(|i| (format!("f{i}"), i)).collect();
+        want.sort();
+        assert_eq!(sizes, want, "readdirplus {plus}");
+        assert_eq!(get(&seen.join("f7"), "user.tag").unwrap(), b"seven");
+        let text = wait_for(Duration::from_secs(10), "the access log", || {
+            let t = fs::read_to_string(&log).unwrap_or_default();
+            if t.contains("releasedir (") {
+                Ok(t)
+            } else {
+                Err(t)
+            }
+        });
+        let ops = logged(&text);
+        let count = |op: &str, ino: u64| ops.iter().filter(|(o, i)| o == op && *i == ino).count();
+        let lookups = count("lookup", dir_ino);
+        if plus {
+            assert!(count("readdirplus", dir_ino) >= 1, "{text}");
+            if kernel_at_least(6, 16) {
+                assert!(
+                    lookups < 5,
+                    "{lookups} lookups in a listed directory:\n{text}"
+                );
+            }
+        } else {
+            assert_eq!(count("readdirplus", dir_ino), 0, "{text}");
+            assert!(count("readdir", dir_ino) >= 1, "{text}");
+            assert!(lookups >= 50, "{lookups} lookups:\n{text}");
+        }
+    }
+}

@@ -49,7 +49,18 @@ const CONGESTION_THRESHOLD: u16 = 48;
 /// Kernel capabilities asked for when the kernel offers them.
 /// `FUSE_WRITEBACK_CACHE` is deliberately absent: writes must reach the client
 /// library (and its leases) in order, not be batched by the kernel.
-fn wanted_capabilities() -> InitFlags {
+fn wanted_capabilities(readdirplus: bool) -> InitFlags {
+    let plus = if readdirplus {
+        // Listings with attributes when lookups follow them (`ls -l`).
+        InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO
+    } else {
+        InitFlags::empty()
+    };
+    plus | always_wanted()
+}
+
+/// [`wanted_capabilities`] but `READDIRPLUS`.
+fn always_wanted() -> InitFlags {
     InitFlags::FUSE_ASYNC_READ
         | InitFlags::FUSE_BIG_WRITES
         | InitFlags::FUSE_MAX_PAGES
@@ -59,9 +70,6 @@ fn wanted_capabilities() -> InitFlags {
         | InitFlags::FUSE_AUTO_INVAL_DATA
         | InitFlags::FUSE_ASYNC_DIO
         | InitFlags::FUSE_CACHE_SYMLINKS
-        // Listings with attributes when lookups follow them (`ls -l`).
-        | InitFlags::FUSE_DO_READDIRPLUS
-        | InitFlags::FUSE_READDIRPLUS_AUTO
         // The mount clears set-user-ID bits on write, truncate and chown
         // itself; in return the kernel stops asking for
         // `security.capability` before every write of a file it has
@@ -167,6 +175,16 @@ impl Shared {
         reply.attr(&self.ttl, &file_attr(inode, self.blksize));
     }
 
+    /// The id a listing of `dir` from `offset` shows for `..`: its parent's
+    /// if `..` is still to be listed (else it is not needed: `dir`).
+    async fn listed_parent(&self, dir: FileId, offset: u64) -> Result<FileId, Error> {
+        if dirents::resume(offset).dotdot {
+            self.parent_of(dir).await
+        } else {
+            Ok(dir)
+        }
+    }
+
     /// The inode of `dir`'s parent directory (the root is its own parent).
     async fn parent_of(&self, dir: FileId) -> Result<FileId, Error> {
         let inode = self.client.getattr_by_id(dir).await?;
@@ -184,6 +202,8 @@ impl Shared {
 pub(crate) struct MorrisFs {
     shared: Arc<Shared>,
     rt: Handle,
+    /// Ask the kernel for `READDIRPLUS` (`MountOptions::readdirplus`).
+    readdirplus: bool,
     /// Requests handed to tasks and not answered yet.
     in_flight: Arc<AtomicUsize>,
 }
@@ -267,8 +287,15 @@ impl MorrisFs {
                 access,
             }),
             rt,
+            readdirplus: true,
             in_flight,
         }
+    }
+
+    /// Whether to ask the kernel for `READDIRPLUS` (default `true`).
+    pub(crate) fn with_readdirplus(mut self, on: bool) -> Self {
+        self.readdirplus = on;
+        self
     }
 
     /// Runs `work` on the runtime with the shared state. If the runtime has
@@ -409,6 +436,8 @@ struct PlusSink<'a> {
     reply: &'a mut ReplyDirectoryPlus,
     shared: &'a Shared,
     dir: FileId,
+    /// Entries this reply may still take.
+    left: usize,
 }
 
 impl dirents::DirSink<(DirEntry, Option<Inode>)> for PlusSink<'_> {
@@ -421,6 +450,12 @@ impl dirents::DirSink<(DirEntry, Option<Inode>)> for PlusSink<'_> {
         item: Option<&(DirEntry, Option<Inode>)>,
     ) -> bool {
         let shown = OsStr::from_bytes(name);
+        if item.is_some() {
+            if self.left == 0 {
+                return true;
+            }
+            self.left -= 1;
+        }
         match item.and_then(|(_, i)| i.as_ref()) {
             Some(inode) => self.reply.add_with_ttls(
                 offset,
@@ -487,8 +522,8 @@ fn statfs_numbers(st: &morris_client::FsStat) -> (u64, u64, u64, u64, u64, u32) 
 
 /// Negotiates the FUSE connection: capabilities, 1 MiB requests, and how
 /// many asynchronous requests the kernel keeps outstanding.
-pub(crate) fn configure(config: &mut KernelConfig) {
-    let wanted = wanted_capabilities();
+pub(crate) fn configure(config: &mut KernelConfig, readdirplus: bool) {
+    let wanted = wanted_capabilities(readdirplus);
     let offered = wanted & config.capabilities();
     if let Err(missing) = config.add_capabilities(offered) {
         tracing::warn!(?missing, "kernel refused FUSE capabilities it offered");
@@ -512,7 +547,7 @@ pub(crate) fn configure(config: &mut KernelConfig) {
 
 impl Filesystem for MorrisFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
-        configure(config);
+        configure(config, self.readdirplus);
         Ok(())
     }
 
@@ -992,13 +1027,9 @@ impl Filesystem for MorrisFs {
     ) {
         self.spawn("readdir", req, ino.0, move |s| async move {
             let dir = ino.0;
-            let parent = if dirents::resume(offset).dotdot {
-                match s.parent_of(dir).await {
-                    Ok(p) => p,
-                    Err(e) => return refuse!(reply, fail("readdir", dir, &e)),
-                }
-            } else {
-                dir
+            let parent = match s.listed_parent(dir, offset).await {
+                Ok(p) => p,
+                Err(e) => return refuse!(reply, fail("readdir", dir, &e)),
             };
             let client = &s.client;
             let res = dirents::fill(&mut reply, dir, parent, offset, |cookie, max| {
@@ -1030,19 +1061,24 @@ impl Filesystem for MorrisFs {
     ) {
         self.spawn("readdirplus", req, ino.0, move |s| async move {
             let dir = ino.0;
-            let parent = if dirents::resume(offset).dotdot {
-                match s.parent_of(dir).await {
-                    Ok(p) => p,
-                    Err(e) => return refuse!(reply, fail("readdirplus", dir, &e)),
-                }
-            } else {
-                dir
+            let parent = match s.listed_parent(dir, offset).await {
+                Ok(p) => p,
+                Err(e) => return refuse!(reply, fail("readdirplus", dir, &e)),
             };
             let client = &s.client;
             let mut sink = PlusSink {
                 reply: &mut reply,
                 shared: &s,
                 dir,
+                // The kernel asks for a listing's first buffer with
+                // attributes whether or not the program looks at them
+                // (`ls -f`, `find -name`): one batch, then. It asks for
+                // the next ones so only if the program stat'ed these.
+                left: if offset == 0 {
+                    PLUS_BATCH as usize
+                } else {
+                    usize::MAX
+                },
             };
             let res = dirents::fill(&mut sink, dir, parent, offset, |cookie, max| {
                 client.readdir_plus(dir, cookie, max.min(PLUS_BATCH))
@@ -1436,8 +1472,13 @@ mod tests {
 
     #[test]
     fn writeback_cache_is_never_requested() {
-        let caps = wanted_capabilities();
+        let caps = wanted_capabilities(true);
         assert!(!caps.contains(InitFlags::FUSE_WRITEBACK_CACHE));
+        // READDIRPLUS as the mount asks.
+        let plus = InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO;
+        assert!(caps.contains(plus));
+        assert!(!wanted_capabilities(false).intersects(plus));
+        assert_eq!(wanted_capabilities(false) | plus, caps);
         assert!(caps.contains(
             InitFlags::FUSE_ASYNC_READ | InitFlags::FUSE_BIG_WRITES | InitFlags::FUSE_MAX_PAGES
         ));

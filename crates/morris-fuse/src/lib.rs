@@ -91,6 +91,9 @@ pub struct MountOptions {
     pub noatime: bool,
     /// Show the mount as `strictatime` (likewise only shown).
     pub strictatime: bool,
+    /// Answer `READDIRPLUS` (default `true`): listings carry attributes,
+    /// their names looked up a batch at a time (`fs.rs` `readdirplus`).
+    pub readdirplus: bool,
     /// Append a line per answered request to this file (`access.rs`).
     pub access_log: Option<std::path::PathBuf>,
 }
@@ -107,6 +110,7 @@ impl Default for MountOptions {
             dev: false,
             noatime: false,
             strictatime: false,
+            readdirplus: true,
             access_log: None,
         }
     }
@@ -479,7 +483,8 @@ pub fn mount(
         in_flight.clone(),
         access,
         names.clone(),
-    );
+    )
+    .with_readdirplus(opts.readdirplus);
     let method = if is_root() {
         Method::Direct
     } else {

@@ -53,7 +53,7 @@ fn attr(ino: INodeNo) -> FileAttr {
 
 impl Filesystem for RootOnly {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
-        fs::configure(config);
+        fs::configure(config, true);
         Ok(())
     }
 
