@@ -685,6 +685,7 @@ fn a_first_lookup_and_listing_of_a_home_directory_take_few_requests() {
         "AcquireRead",
         "AcquireCached",
         "Seed",
+        "Seeds",
         "CreateCached",
         "ReadDir",
     ];
@@ -749,14 +750,30 @@ fn a_first_lookup_and_listing_of_a_home_directory_take_few_requests() {
         assert_eq!(fs::read_dir(cdir.join(d)).expect("list").count(), 20);
     });
     assert_eq!(n(&got, "ReadDir"), 1, "{got:?}");
-    // A name known only from the listing (a placeholder): its seed, then
-    // the object made with its lease.
+    // A name known only from the listing (a placeholder): the seeds of
+    // the names listed with it, then the object made with its lease.
     let got = served_during(&c, &ops, || {
         assert_eq!(fs::read(cdir.join(d).join("f7")).expect("read"), b"x");
     });
-    assert_eq!(n(&got, "Seed"), 1, "{got:?}");
+    assert_eq!(n(&got, "Seeds"), 1, "{got:?}");
+    assert_eq!(n(&got, "Seed"), 0, "{got:?}");
     assert_eq!(n(&got, "AcquireCached"), 1, "{got:?}");
     assert_eq!(n(&got, "CreateCached"), 0, "{got:?}");
+    // The next names need one request each: their seeds came with it.
+    let got = served_during(&c, &ops, || {
+        for i in [3, 11, 19] {
+            assert_eq!(
+                fs::read(cdir.join(d).join(format!("f{i}"))).expect("read"),
+                b"x"
+            );
+        }
+    });
+    assert_eq!(n(&got, "AcquireCached"), 3, "{got:?}");
+    assert_eq!(
+        n(&got, "Seeds") + n(&got, "Seed") + n(&got, "HomeLookup"),
+        0,
+        "{got:?}"
+    );
     // Another mount finds what the first made: no seed needed, no home.
     let m2 = c.mount();
     let got = served_during(&c, &["HomeLookup", "Seed", "CreateCached"], || {

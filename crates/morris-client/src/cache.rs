@@ -10,8 +10,9 @@
 //! * a name whose object has no inode yet (a placeholder) is made real
 //!   from its seed the first time it is looked up: `AcquireCached` at the
 //!   object's owner makes the inode and takes its read lease in one
-//!   request (the seed comes with `HomeLookup`, or from `Seed` at the
-//!   directory's owner for a name known from a listing);
+//!   request (the seed comes with `HomeLookup`, or for a name known from
+//!   a listing with the seeds of the names listed with it, `Seeds` at the
+//!   directory's owner, kept for the lookups that follow);
 //! * after the binding's validity lag, the first lookup, `getattr`, `open`
 //!   or listing of a cached object sends `Revalidate` to its owner, which
 //!   compares it with home and, if home changed it, recalls every lease on
@@ -26,7 +27,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use morris_proto::home::{is_cache_id, Binding, CacheMode, HomeLink, HomeRef, OnDisconnect};
-use morris_proto::{ErrorCode, FileId, Handle, Inode, Reply, Request};
+use morris_proto::messages::SEED_BLOCK;
+use morris_proto::{DirEntry, ErrorCode, FileId, Handle, Inode, Reply, Request};
 
 use crate::leases::{FastMap, Mode};
 use crate::pool::unexpected;
@@ -43,28 +45,44 @@ pub(crate) struct CacheView {
     /// When this client last had each cached object compared with home.
     validated: parking_lot::Mutex<HashMap<FileId, Instant>>,
     /// Seeds of placeholders this client is about to look up (from
-    /// `HomeLookup` or `Seed`), by object id: the lookup's lease is taken
-    /// with `AcquireCached`, which makes the inode if it is not made yet.
-    seeds: parking_lot::Mutex<FastMap<FileId, Inode>>,
+    /// `HomeLookup`, `Seed` or `Seeds`), by object id: the lookup's lease
+    /// is taken with `AcquireCached`, which makes the inode if it is not
+    /// made yet.
+    seeds: parking_lot::Mutex<FastMap<FileId, KeptSeed>>,
+    /// Blocks of seeds being fetched: (directory, first cookie).
+    seeds_asked: parking_lot::Mutex<std::collections::HashSet<(FileId, u64)>>,
+}
+
+/// A seed kept for a lookup: with the directory it came from and that
+/// directory's content version then. A directory found changed at home
+/// gets a new version and new seeds; the old ones are not used (making an
+/// object from one could put back what home replaced).
+struct KeptSeed {
+    seed: Inode,
+    dir: FileId,
+    version: u32,
 }
 
 impl CacheView {
-    /// Keeps `seed` for the next lookup of its object.
-    pub(crate) fn keep_seed(&self, seed: Inode) {
+    /// Keeps `seed` (an entry of `dir` at content version `version`) for
+    /// the next lookup of its object.
+    pub(crate) fn keep_seed(&self, seed: Inode, dir: FileId, version: u32) {
         let mut s = self.seeds.lock();
         if s.len() >= SEEDS_KEEP {
             s.clear();
         }
-        s.insert(seed.id, seed);
+        s.insert(seed.id, KeptSeed { seed, dir, version });
     }
 
-    /// The seed kept for `h`, if it is `h`'s (same generation).
-    pub(crate) fn take_seed(&self, h: Handle) -> Option<Inode> {
+    /// The seed kept for `h` (same generation) from `dir` at `version`.
+    pub(crate) fn take_seed(&self, h: Handle, dir: FileId, version: u32) -> Option<Inode> {
         let mut s = self.seeds.lock();
         if s.is_empty() {
             return None;
         }
-        s.remove(&h.id).filter(|i| i.gen == h.gen)
+        s.remove(&h.id)
+            .filter(|k| k.seed.gen == h.gen && k.dir == dir && k.version == version)
+            .map(|k| k.seed)
     }
 }
 
@@ -88,7 +106,7 @@ const VALIDATED_KEEP: usize = 100_000;
 
 /// Most seeds kept for lookups under way (a seed not used is only a lost
 /// shortcut: the lookup then asks for it again).
-const SEEDS_KEEP: usize = 10_000;
+const SEEDS_KEEP: usize = 65_536;
 
 impl Client {
     /// The settings of the binding rooted at `binding` (read once from the
@@ -435,7 +453,7 @@ impl Client {
         // its inode in one request.
         if let (Some(e), Some(seed)) = (&entry, seed) {
             if seed.handle() == e.child {
-                self.cache.keep_seed(seed);
+                self.cache.keep_seed(seed, dir, link.version);
             }
         }
         if let Some(before) = held {
@@ -471,6 +489,144 @@ impl Client {
             Err(e) if e.code == ErrorCode::NotFound => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// The seed of entry `e` of `dir` (at content version `version`), if it
+    /// names a placeholder: read with the seeds of the names listed beside
+    /// it (one `Seeds` for up to [`SEED_BLOCK`] names), which are kept for
+    /// their lookups, so that a program stat'ing a listed directory name
+    /// by name sends one request per name (`AcquireCached`), not three.
+    pub(crate) async fn seed_near(
+        &self,
+        dir: FileId,
+        version: u32,
+        e: &DirEntry,
+    ) -> Result<Option<Inode>> {
+        if !is_cache_id(e.child.id) {
+            return Ok(None);
+        }
+        let block = e.cookie - e.cookie % SEED_BLOCK;
+        // Another lookup is reading this block: ask for this one alone.
+        if e.cookie == 0 || !self.cache.seeds_asked.lock().insert((dir, block)) {
+            return self.seed_of(dir, &e.name, e.child).await;
+        }
+        let r = self.fetch_seeds(dir, e.cookie).await;
+        self.cache.seeds_asked.lock().remove(&(dir, block));
+        let seeds = r?;
+        self.make_cached_behind(&seeds);
+        let mut mine = None;
+        for s in seeds {
+            if s.id == e.child.id && mine.is_none() {
+                mine = Some(s);
+            } else {
+                self.cache.keep_seed(s, dir, version);
+            }
+        }
+        match mine {
+            Some(s) => Ok(Some(s)),
+            // Stored apart from its block (fetched by name): by name.
+            None => self.seed_of(dir, &e.name, e.child).await,
+        }
+    }
+
+    /// Keeps the seeds of the placeholders among `entries` of `dir` (at
+    /// content version `version`) that this client holds nothing of, for
+    /// their lookups: one `Seeds` per block of names they are in.
+    pub(crate) async fn keep_seeds_of(&self, dir: FileId, version: u32, entries: &[DirEntry]) {
+        let blocks: std::collections::BTreeMap<u64, u64> = entries
+            .iter()
+            .filter(|e| {
+                is_cache_id(e.child.id)
+                    && e.cookie != 0
+                    && self.leases.cached_inode(e.child.id).is_none()
+            })
+            .map(|e| (e.cookie - e.cookie % SEED_BLOCK, e.cookie))
+            .collect();
+        for (block, cookie) in blocks {
+            if !self.cache.seeds_asked.lock().insert((dir, block)) {
+                continue;
+            }
+            let r = self.fetch_seeds(dir, cookie).await;
+            self.cache.seeds_asked.lock().remove(&(dir, block));
+            match r {
+                Ok(seeds) => {
+                    for s in seeds {
+                        self.cache.keep_seed(s, dir, version);
+                    }
+                }
+                // Only a shortcut lost: each lookup asks for its own.
+                Err(err) => tracing::debug!(dir, error = %err, "seeds not read"),
+            }
+        }
+    }
+
+    /// Has the owners of `seeds` make their objects (those not made yet)
+    /// in the background, one request per owner: a program that looks up
+    /// one placeholder of a listing is likely to look up the names listed
+    /// with it, and each lookup then takes a lease on an existing object
+    /// instead of writing one. Failures only lose the shortcut.
+    fn make_cached_behind(&self, seeds: &[Inode]) {
+        let mut by_owner: std::collections::BTreeMap<u32, Vec<Inode>> = Default::default();
+        for s in seeds {
+            if self.leases.cached_inode(s.id).is_none() {
+                by_owner
+                    .entry(self.layout.inode_server(s.id))
+                    .or_default()
+                    .push(s.clone());
+            }
+        }
+        for (range, seeds) in by_owner {
+            let pool = self.pool.clone();
+            tokio::spawn(async move {
+                let n = seeds.len();
+                let req = Request::CreateCachedMany { seeds };
+                if let Err(e) = pool.call_range(range, req, Bytes::new()).await {
+                    tracing::debug!(range, seeds = n, error = %e, "placeholders not made ahead");
+                }
+            });
+        }
+    }
+
+    /// `Seeds` of the block of `dir`'s cookies holding `cookie`.
+    async fn fetch_seeds(&self, dir: FileId, cookie: u64) -> Result<Vec<Inode>> {
+        let dh = self.leases.handle(dir)?;
+        match self
+            .call_owner(dir, Request::Seeds { dir: dh, cookie })
+            .await?
+        {
+            Reply::Inodes(v) => Ok(v),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// How long what this client has of cached object `i` may still go
+    /// without being compared with home ([`Duration::MAX`]: for good — not
+    /// from home, or a binding whose home changes only through this cache;
+    /// zero when unknown). Front ends keep names no longer than that.
+    pub(crate) fn unchecked_left(&self, i: &Inode) -> Duration {
+        let Some(link) = i.home.as_deref().filter(|l| !l.is_local()) else {
+            return Duration::MAX;
+        };
+        let Some(spec) = self
+            .cache
+            .specs
+            .lock()
+            .get(&link.binding)
+            .filter(|(_, at)| at.elapsed() < SPEC_FOR)
+            .map(|(b, _)| b.clone())
+        else {
+            return Duration::ZERO;
+        };
+        if spec.writable() && spec.mode != CacheMode::Iw {
+            return Duration::MAX;
+        }
+        let validity = Duration::from_millis(spec.validity_ms);
+        if let Some(t) = self.cache.validated.lock().get(&i.id) {
+            return validity.saturating_sub(t.elapsed());
+        }
+        let age =
+            Duration::from_millis(morris_proto::home::wall_ms().saturating_sub(link.checked_ms));
+        validity.saturating_sub(age)
     }
 
     /// Cache work after a lookup or `getattr` found `i`: revalidated if

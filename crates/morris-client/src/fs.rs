@@ -368,16 +368,17 @@ impl Client {
         }
         check_name(name)?;
         for _ in 0..RETRIES {
-            let entry = {
+            let (entry, version) = {
                 let g = self.dir_guard(dir, Mode::Read).await?;
-                self.entry_in(&g, name).await?
+                let version = g.inode().home.map_or(0, |l| l.version);
+                (self.entry_in(&g, name).await?, version)
             };
             let Some(e) = entry else {
                 return Err(Error::new(ErrorCode::NotFound, "no such entry"));
             };
             // Another name of it removed a moment ago (`deferred.rs`).
             self.deferred.settled(e.child.id).await;
-            let seed = self.cache.take_seed(e.child);
+            let seed = self.cache.take_seed(e.child, dir, version);
             let tried_seed = seed.is_some();
             match self
                 .leases
@@ -409,12 +410,17 @@ impl Client {
                     // one that replaced another object at the same id (this
                     // client may still hold the old one's lease): make it
                     // from its seed, which recalls the old one's leases.
-                    if let Some(seed) = self.seed_of(dir, name, e.child).await? {
+                    let seed = if tried_seed {
+                        self.seed_of(dir, name, e.child).await?
+                    } else {
+                        self.seed_near(dir, version, &e).await?
+                    };
+                    if let Some(seed) = seed {
                         if !tried_seed
                             && seed.handle() == e.child
                             && !self.leases.holds_other(e.child)
                         {
-                            self.cache.keep_seed(seed);
+                            self.cache.keep_seed(seed, dir, version);
                         } else {
                             self.make_cached(seed).await?;
                         }

@@ -542,10 +542,6 @@ impl Leases {
         };
         {
             let st = e.state.lock();
-            // Cache mode: names are checked against home when looked up.
-            if st.inode.home.as_ref().is_some_and(|l| !l.is_local()) {
-                return zero;
-            }
             if !matches!(st.names.get(name), Some(Some(d)) if d.child == child) {
                 return zero;
             }

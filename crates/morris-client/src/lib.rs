@@ -643,10 +643,20 @@ impl Client {
     /// this client's lease on `dir`, whose recall drops it from the front
     /// end ([`Invalidator::entry`], or [`Invalidator::all_names`] when
     /// that cannot be waited for); never longer than the lease may be
-    /// trusted without hearing from its server. Names under a cache
-    /// binding are never kept (they are compared with home when looked up).
+    /// trusted without hearing from its server. Under a cache binding,
+    /// never longer than the directory and the object may go without
+    /// being compared with home (a lookup after that compares them).
     pub fn name_ttl(&self, dir: FileId, name: &[u8], child: Handle) -> std::time::Duration {
-        self.leases.name_ttl(dir, name, child)
+        let ttl = self.leases.name_ttl(dir, name, child);
+        if ttl.is_zero() {
+            return ttl;
+        }
+        let left = |id| {
+            self.leases
+                .cached_inode(id)
+                .map_or(std::time::Duration::ZERO, |i| self.unchecked_left(&i))
+        };
+        ttl.min(left(dir)).min(left(child.id))
     }
 
     /// Looks `name` up in `dir` (`.` and `..` included).
@@ -845,8 +855,11 @@ impl Client {
     /// its attributes as after a lookup). `None` for an entry whose object
     /// this client holds a lease on already (it was looked up before: the
     /// front end has been given it), for one that could not be looked up
-    /// or names another object by now, and for every entry of a directory
-    /// under a cache binding. The lookups of one batch run at once.
+    /// or names another object by now, for every entry of a cached
+    /// directory's first reply (from cookie 0), and for a cached object
+    /// due to be compared with home (its lookup would ask; the lookups
+    /// here never do).
+    /// The lookups of one batch run at once.
     pub async fn readdir_plus(
         &self,
         dir: FileId,
@@ -854,21 +867,44 @@ impl Client {
         max: u32,
     ) -> Result<(Vec<(DirEntry, Option<Inode>)>, bool)> {
         let (entries, complete) = self.readdir(dir, cookie, max).await?;
-        // Under a cache binding a lookup may make an object from its seed
-        // or ask home: only when a program asks for that name.
-        let cached = self
+        let link = self
             .leases
             .cached_inode(dir)
-            .is_some_and(|d| d.home.as_ref().is_some_and(|l| !l.is_local()));
-        if cached {
-            return Ok((entries.into_iter().map(|e| (e, None)).collect(), complete));
+            .and_then(|d| d.home.filter(|l| !l.is_local()));
+        if let Some(link) = &link {
+            // A listing's first reply names no object of a cached
+            // directory: making objects from their seeds costs more than a
+            // listing of names, and most listings do not look further (a
+            // program that does, looking names up as it lists, gets the
+            // next replies with attributes).
+            if cookie == 0 {
+                return Ok((entries.into_iter().map(|e| (e, None)).collect(), complete));
+            }
+            // The placeholders' seeds, a block at a time, so that each
+            // lookup below is one request.
+            self.keep_seeds_of(dir, link.version, &entries).await;
         }
+        let cached = link.is_some();
         let lookups = entries.iter().map(|e| async move {
             if self.leases.cached_inode(e.child.id).is_some() {
                 return None;
             }
-            match self.lookup(dir, &e.name).await {
-                Ok(i) if i.handle() == e.child => Some(i),
+            let found = if cached {
+                // As `lookup`, less the comparisons with home: an object
+                // due for one is left for the front end to look up.
+                self.do_lookup(dir, &e.name)
+                    .await
+                    .map(|i| (!self.unchecked_left(&i).is_zero()).then_some(i))
+            } else {
+                self.lookup(dir, &e.name).await.map(Some)
+            };
+            match found {
+                Ok(Some(i)) if i.handle() == e.child => {
+                    if cached && i.attr.kind == morris_proto::FileKind::File {
+                        self.looked_up.lock().insert(i.handle());
+                    }
+                    Some(i)
+                }
                 Ok(_) => None,
                 Err(err) => {
                     tracing::debug!(dir, name = ?String::from_utf8_lossy(&e.name), error = %err, "listed entry not looked up");

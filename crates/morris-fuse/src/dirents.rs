@@ -66,6 +66,12 @@ pub(crate) trait DirSink<T> {
     /// `.` and `..`); `true` means the buffer is full.
     fn add(&mut self, ino: u64, offset: u64, kind: FileType, name: &[u8], item: Option<&T>)
         -> bool;
+
+    /// Whether another entry could be added: a sink that takes no more
+    /// ends the listing's reply before the next batch is fetched.
+    fn takes_more(&self) -> bool {
+        true
+    }
 }
 
 impl DirSink<DirEntry> for ReplyDirectory {
@@ -170,7 +176,7 @@ where
             added_any = true;
             cursor = entry.cookie;
         }
-        if complete {
+        if complete || !sink.takes_more() {
             return Ok(());
         }
     }
@@ -275,6 +281,48 @@ mod tests {
         .enumerate()
         .map(|(i, (c, n))| entry(n, 20 + i as u64, *c))
         .collect()
+    }
+
+    /// A reply that takes `left` entries and says so before it is full.
+    struct Capped {
+        left: usize,
+        got: usize,
+    }
+
+    impl DirSink<DirEntry> for Capped {
+        fn add(&mut self, _: u64, _: u64, _: FileType, _: &[u8], item: Option<&DirEntry>) -> bool {
+            if item.is_some() {
+                if self.left == 0 {
+                    return true;
+                }
+                self.left -= 1;
+            }
+            self.got += 1;
+            false
+        }
+
+        fn takes_more(&self) -> bool {
+            self.left > 0
+        }
+    }
+
+    #[test]
+    fn a_reply_that_takes_no_more_fetches_no_next_batch() {
+        let mut sink = Capped { left: 3, got: 0 };
+        let mut calls = Vec::new();
+        let mut inner = dir(sample(), 3);
+        let fetch = |cookie, max| {
+            calls.push(cookie);
+            inner(cookie, max)
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        rt.block_on(fill(&mut sink, 10, 4, 0, fetch)).expect("fill");
+        // ".", "..", and the first batch of three; the second batch (which
+        // a listing with attributes would look up) never asked for.
+        assert_eq!(sink.got, 5);
+        assert_eq!(calls, vec![0]);
     }
 
     #[test]

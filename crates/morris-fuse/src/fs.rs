@@ -468,6 +468,11 @@ impl dirents::DirSink<(DirEntry, Option<Inode>)> for PlusSink<'_> {
             None => self.reply.add_bare(INodeNo(ino), offset, kind, shown),
         }
     }
+
+    /// A reply that has its batch ends before the next batch is looked up.
+    fn takes_more(&self) -> bool {
+        self.left > 0
+    }
 }
 
 /// Whether an open with `flags` may write.

@@ -1008,6 +1008,29 @@ pub enum Request {
     },
     /// Every limit set. [`Reply::Quotas`].
     Quotas,
+    /// The seeds of the placeholders of cached directory `dir` whose
+    /// entries' cookies lie in the block of [`SEED_BLOCK`] cookies holding
+    /// `cookie` (a listing from home stores names at consecutive cookies,
+    /// so that is up to `SEED_BLOCK` names listed together), in cookie
+    /// order, at the directory's owner: a client that met one placeholder
+    /// after a listing makes the next ones with one request each
+    /// (`AcquireCached`), not three. [`Reply::Inodes`].
+    Seeds {
+        /// The directory.
+        dir: Handle,
+        /// A cookie of the block.
+        cookie: u64,
+    },
+    /// Creates, at their owner (every seed's id must be one of its
+    /// range), the inodes of those cached objects that have none, from
+    /// their seeds, in one transaction (an object already made is left as
+    /// it is). Sent in the background by a client that met placeholders
+    /// of a block ([`Request::Seeds`]), so that the lookups of their names
+    /// that follow take no write each. [`Reply::Ok`].
+    CreateCachedMany {
+        /// The seeds.
+        seeds: Vec<Inode>,
+    },
 }
 
 /// A change to one object not yet pushed home (cache mode II), kept by the
@@ -1115,7 +1138,7 @@ impl Request {
     }
 
     /// Every request name [`Request::name`] returns (for metrics).
-    pub const NAMES: [&'static str; 85] = [
+    pub const NAMES: [&'static str; 87] = [
         "Hello",
         "Format",
         "Replace",
@@ -1201,6 +1224,8 @@ impl Request {
         "Usage",
         "SetQuota",
         "Quotas",
+        "Seeds",
+        "CreateCachedMany",
     ];
 
     /// The request's name, for counters and logs.
@@ -1291,6 +1316,8 @@ impl Request {
             Request::Usage => "Usage",
             Request::SetQuota { .. } => "SetQuota",
             Request::Quotas => "Quotas",
+            Request::Seeds { .. } => "Seeds",
+            Request::CreateCachedMany { .. } => "CreateCachedMany",
         }
     }
 }
@@ -1374,7 +1401,7 @@ pub enum Reply {
         /// Its moving-average block read service time, µs.
         service_us: u32,
     },
-    /// Answer to `ScanInodes`.
+    /// Answer to `ScanInodes` and [`Request::Seeds`].
     Inodes(Vec<Inode>),
     /// Answer to `ScanEntries`: (directory id, entry).
     ScanEntries(Vec<(FileId, DirEntry)>),
@@ -1484,6 +1511,10 @@ pub enum Reply {
 
 /// Most bytes of names and values a [`Reply::ReadLeased`] carries.
 pub const XATTRS_WITH_LEASE: usize = 4096;
+
+/// How many consecutive cookies of a cached directory one
+/// [`Request::Seeds`] covers.
+pub const SEED_BLOCK: u64 = 512;
 
 /// One lease on an inode and the client holding it ([`Reply::Holders`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -176,9 +176,11 @@ fn subject(req: &Request) -> Option<FileId> {
         Request::Bind { dir, .. }
         | Request::Unbind { dir }
         | Request::HomeLookup { dir, .. }
-        | Request::Seed { dir, .. } => Some(dir.id),
+        | Request::Seed { dir, .. }
+        | Request::Seeds { dir, .. } => Some(dir.id),
         Request::Revalidate { ino } | Request::Detach { ino, .. } => Some(ino.id),
         Request::CreateCached { inode } => Some(inode.id),
+        Request::CreateCachedMany { seeds } => seeds.first().map(|s| s.id),
         Request::CreateInodeAt { id, .. } => Some(*id),
         Request::AcquireCached { seed } => Some(seed.id),
         // Kept with the root directory's range.
@@ -912,7 +914,9 @@ impl Server {
             | Request::Quotas
             | Request::HomeLookup { .. }
             | Request::Seed { .. }
+            | Request::Seeds { .. }
             | Request::CreateCached { .. }
+            | Request::CreateCachedMany { .. }
             | Request::AcquireCached { .. }
             | Request::Revalidate { .. }
             | Request::Detach { .. }
@@ -953,6 +957,7 @@ impl Server {
                 | Request::SetQuota { .. }
                 | Request::HomeLookup { .. }
                 | Request::CreateCached { .. }
+                | Request::CreateCachedMany { .. }
                 | Request::AcquireCached { .. }
                 | Request::Revalidate { .. }
                 | Request::Detach { .. }
@@ -1520,19 +1525,37 @@ impl Server {
                     None => Err(err(ErrorCode::NotFound, "no seed: not fetched from home")),
                 }
             }
+            Request::Seeds { dir, cookie } => {
+                Self::check_owner(vol, dir.id)?;
+                let from = cookie - cookie % morris_proto::messages::SEED_BLOCK;
+                let to = from.saturating_add(morris_proto::messages::SEED_BLOCK);
+                metadata(|| store.seeds_between(dir, from, to)).map(Reply::Inodes)
+            }
             Request::CreateCached { inode } => {
                 Self::check_owner(vol, inode.id)?;
                 self.create_cached(store, inode).await.map(Reply::Inode)
+            }
+            Request::CreateCachedMany { seeds } => {
+                for s in &seeds {
+                    Self::check_owner(vol, s.id)?;
+                }
+                let made = metadata(|| store.create_cached_many(&seeds))?;
+                tracing::debug!(asked = seeds.len(), made, "cached objects made from seeds");
+                Ok(Reply::Ok)
             }
             Request::AcquireCached { seed } => {
                 Self::check_owner(vol, seed.id)?;
                 let ino = seed.handle();
                 self.create_cached(store.clone(), seed).await?;
-                self.leased(client, conn_id, ino, LeaseMode::Read, move || {
-                    store.get_handle(ino)
-                })
-                .await
-                .map(Reply::Inode)
+                // Its extended attributes with it, as for `AcquireRead`.
+                let ((inode, list), _) = self
+                    .leased_fenced(client, conn_id, ino, LeaseMode::Read, move || {
+                        store.get_xattrs(ino)
+                    })
+                    .await?;
+                let bytes: usize = list.iter().map(|x| x.name.len() + x.value.len()).sum();
+                let xattrs = (bytes <= morris_proto::messages::XATTRS_WITH_LEASE).then_some(list);
+                Ok(Reply::ReadLeased { inode, xattrs })
             }
             Request::Revalidate { ino } => {
                 Self::check_owner(vol, ino.id)?;

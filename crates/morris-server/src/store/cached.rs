@@ -493,6 +493,37 @@ impl Store {
         })
     }
 
+    /// The seeds of `dir`'s entries at cookies `from..to`, in cookie order.
+    pub fn seeds_between(&self, dir: Handle, from: u64, to: u64) -> Result<Vec<Inode>, WireError> {
+        self.with_reader(|c| {
+            let d = check_dir(check_handle(dir, load_inode(c, dir.id)?)?)?;
+            if d.home.is_none() {
+                return Ok(Vec::new());
+            }
+            let mut st = c
+                .prepare_cached(
+                    "SELECT seed FROM cache_seeds_at WHERE dir = ?1 AND cookie >= ?2 AND cookie < ?3
+                     ORDER BY cookie",
+                )
+                .map_err(db_err)?;
+            let rows = st
+                .query_map(
+                    params![
+                        sql_id(dir.id),
+                        from.min(i64::MAX as u64) as i64,
+                        to.min(i64::MAX as u64) as i64
+                    ],
+                    |r| r.get::<_, Vec<u8>>(0),
+                )
+                .map_err(db_err)?;
+            let mut out = Vec::new();
+            for b in rows {
+                out.push(decode("seed", &b.map_err(db_err)?)?);
+            }
+            Ok(out)
+        })
+    }
+
     /// Creates the cached inode `seed` describes, here (its owner), unless
     /// it exists; returns the inode as stored. An inode at that id with
     /// another generation caches another home object (home reused the file
@@ -552,21 +583,50 @@ impl Store {
                 put_link(tx, new.id, &link)?;
                 return Ok((new, false));
             }
-            let mut new = seed.clone();
-            new.stale.clear();
-            tx.exec(
-                "INSERT INTO inodes (id, gen, data, next_cookie) VALUES (?1, ?2, ?3, 1)",
-                params![sql_id(new.id), i64::from(new.gen), encode_inode(&new)?],
-            )
-            .map_err(db_err)?;
-            put_link(tx, new.id, &link)?;
-            Ok((new, true))
+            Ok((insert_cached(tx, seed, &link)?, true))
         })?;
         if created {
             self.inodes
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         Ok(ino)
+    }
+
+    /// Creates, here (their owner), in one transaction, the inodes of
+    /// those of `seeds` that have none; an inode at a seed's id is left as
+    /// it is (another generation is [`Store::create_cached`]'s case, one
+    /// at a time). Returns how many were made.
+    pub fn create_cached_many(&self, seeds: &[Inode]) -> Result<u64, WireError> {
+        let mut checked = Vec::with_capacity(seeds.len());
+        for seed in seeds {
+            if !is_cache_id(seed.id) {
+                return Err(WireError::new(
+                    ErrorCode::Invalid,
+                    format!("{} is not an id of a cached object", seed.id),
+                ));
+            }
+            checked.push((seed, cached_link(seed, "seed")?));
+        }
+        let made = self.write_txn(|tx| {
+            let mut made = 0u64;
+            for (seed, link) in &checked {
+                let exists: Option<i64> = tx
+                    .prepare_cached("SELECT 1 FROM inodes WHERE id = ?1")
+                    .and_then(|mut st| {
+                        st.query_row(params![sql_id(seed.id)], |r| r.get(0))
+                            .optional()
+                    })
+                    .map_err(db_err)?;
+                if exists.is_none() {
+                    insert_cached(tx, seed, link)?;
+                    made += 1;
+                }
+            }
+            Ok(made)
+        })?;
+        self.inodes
+            .fetch_add(made, std::sync::atomic::Ordering::Relaxed);
+        Ok(made)
     }
 
     /// Records that home's object behind `h` changed: home's attributes
@@ -1026,6 +1086,19 @@ fn unit_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Evictable> {
         block: super::from_sql_id(r.get(2)?),
         bytes: u64::try_from(r.get::<_, i64>(3)?).unwrap_or(0),
     })
+}
+
+/// Inserts the inode `seed` describes, linked by `link` (its id is free).
+fn insert_cached(tx: &Transaction<'_>, seed: &Inode, link: &HomeLink) -> Result<Inode, WireError> {
+    let mut new = seed.clone();
+    new.stale.clear();
+    tx.exec(
+        "INSERT INTO inodes (id, gen, data, next_cookie) VALUES (?1, ?2, ?3, 1)",
+        params![sql_id(new.id), i64::from(new.gen), encode_inode(&new)?],
+    )
+    .map_err(db_err)?;
+    put_link(tx, new.id, link)?;
+    Ok(new)
 }
 
 /// Adds entry `s.name` → `s.inode` to `dir` with its seed.

@@ -315,6 +315,72 @@ fn a_listing_under_way_sees_every_name_filled_after_it_began() {
     assert_eq!(s.fill(r, &names(0, 10), true).unwrap(), 0);
 }
 
+#[test]
+fn seeds_are_read_a_block_of_cookies_at_a_time_and_made_many_at_once() {
+    use morris_proto::messages::SEED_BLOCK;
+    let (_d, s) = store();
+    let r = bound_root(&s);
+    let n = SEED_BLOCK + 100;
+    let seeds: Vec<Seed> = (0..n)
+        .map(|i| seed(r.id, &format!("f{i}"), i + 10, &i.to_le_bytes()))
+        .collect();
+    assert_eq!(s.fill(r, &seeds, false).unwrap() as u64, n);
+    let page = s.read_dir_page(r, 0, u32::MAX).unwrap();
+    let cookie_of = |name: &str| {
+        page.entries
+            .iter()
+            .find(|e| e.name == name.as_bytes())
+            .map(|e| e.cookie)
+            .unwrap()
+    };
+    // Every seed of the block holding a name's cookie, in cookie order,
+    // that name's among them; the blocks cover each name once.
+    let mut seen = Vec::new();
+    let mut blocks = std::collections::BTreeSet::new();
+    for e in &page.entries {
+        let from = e.cookie - e.cookie % SEED_BLOCK;
+        if blocks.insert(from) {
+            let got = s.seeds_between(r, from, from + SEED_BLOCK).unwrap();
+            assert!(got.len() as u64 <= SEED_BLOCK);
+            seen.extend(got.into_iter().map(|i| i.id));
+        }
+    }
+    let mut want: Vec<FileId> = seeds.iter().map(|x| x.inode.id).collect();
+    seen.sort_unstable();
+    want.sort_unstable();
+    assert_eq!(seen, want);
+    let c = cookie_of("f7");
+    let from = c - c % SEED_BLOCK;
+    let block = s.seeds_between(r, from, from + SEED_BLOCK).unwrap();
+    assert!(block.contains(&seeds[7].inode));
+    // Made many at once: those with no inode only, and again nothing.
+    let one = s.create_cached(&seeds[0].inode).unwrap();
+    let all: Vec<Inode> = seeds.iter().map(|x| x.inode.clone()).collect();
+    assert_eq!(s.create_cached_many(&all).unwrap(), n - 1);
+    assert_eq!(s.create_cached_many(&all).unwrap(), 0);
+    assert_eq!(s.get_inode(one.id).unwrap().unwrap(), one);
+    assert_eq!(s.get_inode(all[9].id).unwrap().unwrap().attr, all[9].attr);
+    // An ordinary id is refused, and nothing of the request is made.
+    let mut low = seed(r.id, "low", 99_999, b"x").inode;
+    low.id = 5;
+    let fresh = seed(r.id, "fresh", 88_888, b"y").inode;
+    assert_eq!(
+        s.create_cached_many(&[fresh.clone(), low])
+            .unwrap_err()
+            .code,
+        ErrorCode::Invalid
+    );
+    assert!(s.get_inode(fresh.id).unwrap().is_none());
+    // Not a cached directory: no seeds.
+    let plain = s
+        .create_inode(ROOT_ID, &attr(FileKind::Dir), None, 1, None, None)
+        .unwrap();
+    assert!(s
+        .seeds_between(plain.handle(), 0, u64::MAX)
+        .unwrap()
+        .is_empty());
+}
+
 /// A link stored by the code before bindings had a sync lag (record
 /// format 1) still reads, with the default lag.
 #[test]
