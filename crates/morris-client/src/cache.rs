@@ -588,7 +588,7 @@ impl Client {
     }
 
     /// `Seeds` of the block of `dir`'s cookies holding `cookie`.
-    async fn fetch_seeds(&self, dir: FileId, cookie: u64) -> Result<Vec<Inode>> {
+    pub(crate) async fn fetch_seeds(&self, dir: FileId, cookie: u64) -> Result<Vec<Inode>> {
         let dh = self.leases.handle(dir)?;
         match self
             .call_owner(dir, Request::Seeds { dir: dh, cookie })

@@ -1337,7 +1337,7 @@ impl Client {
         drop(st);
         Ok(self
             .dir_pages
-            .split(dir, entries, eof, generation, version, max as usize))
+            .split(dir, cookie, entries, eof, generation, version, max as usize))
     }
 
     /// `req` to every server at once, each answer (or why none came within

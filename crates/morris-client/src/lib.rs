@@ -36,6 +36,7 @@ mod rebuild;
 mod replicas;
 mod resync;
 mod slow;
+mod snapshots;
 mod space;
 mod usage;
 mod xattrs;

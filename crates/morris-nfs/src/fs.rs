@@ -73,6 +73,9 @@ impl FileHandle for NfsHandle {
 /// Entries fetched per directory listing request.
 const DIR_BATCH: u32 = 256;
 
+/// Entries of a READDIRPLUS listing whose attributes are read at once.
+const PLUS_CHUNK: usize = 64;
+
 /// The volume as an NFS file system.
 pub struct MorrisNfs {
     pub(crate) client: Arc<Client>,
@@ -289,11 +292,13 @@ pub struct Listing {
     /// The morris cookie the next morris batch is listed after.
     cookie: u64,
     buf: VecDeque<MDirEntry>,
-    /// READDIRPLUS: the attributes of the entries in `buf`, fetched for a
-    /// whole batch at once.
+    /// READDIRPLUS: the attributes of the first entries in `buf`, fetched
+    /// a chunk ([`PLUS_CHUNK`]) at a time.
     attrs: VecDeque<Option<fattr3>>,
     plus: bool,
     done: bool,
+    /// A batch was listed already.
+    listed_any: bool,
     fsid: u64,
 }
 
@@ -303,16 +308,29 @@ impl Listing {
             return NextResult::Ok(dot);
         }
         if self.buf.is_empty() && !self.done {
-            match self.client.readdir(self.dir, self.cookie, DIR_BATCH).await {
+            // A READDIRPLUS reply of libnfs holds ~50 entries: its first
+            // batch no bigger than a chunk of attributes.
+            let max = if self.plus && !self.listed_any {
+                PLUS_CHUNK as u32
+            } else {
+                DIR_BATCH
+            };
+            self.listed_any = true;
+            match self.client.readdir(self.dir, self.cookie, max).await {
                 Ok((entries, complete)) => {
                     self.done = complete || entries.is_empty();
-                    if self.plus {
-                        self.attrs = self.batch_attrs(&entries).await;
-                    }
                     self.buf.extend(entries);
                 }
                 Err(e) => return NextResult::Err(fail("readdir", self.dir, &e)),
             }
+        }
+        if self.plus && self.attrs.is_empty() && !self.buf.is_empty() {
+            // A reply holds what the client's byte count allows (libnfs:
+            // ~50 entries): attributes a chunk at a time, not the batch.
+            let n = self.buf.len().min(PLUS_CHUNK);
+            self.buf.make_contiguous();
+            let chunk = &self.buf.as_slices().0[..n];
+            self.attrs = self.batch_attrs(chunk).await;
         }
         let Some(e) = self.buf.pop_front() else {
             return NextResult::Eof;
@@ -347,16 +365,12 @@ impl Listing {
         })
     }
 
-    /// Attributes of a batch of entries, fetched concurrently and without
-    /// leases (a listing of a million files must not take a million locks);
-    /// `None` for an entry removed or replaced meanwhile.
+    /// Attributes of a batch of entries, fetched without leases (a listing
+    /// of a million files must not take a million locks), one request per
+    /// server; `None` for an entry removed or replaced meanwhile.
     async fn batch_attrs(&self, entries: &[MDirEntry]) -> VecDeque<Option<fattr3>> {
-        let fetches = entries.iter().map(|e| {
-            let client = self.client.clone();
-            let dir = self.dir;
-            async move { client.entry_snapshot(dir, e).await.ok() }
-        });
-        futures::future::join_all(fetches)
+        self.client
+            .entries_snapshot(self.dir, entries)
             .await
             .into_iter()
             .map(|i| i.map(|i| fattr_with(self.fsid, &i)))
@@ -531,6 +545,7 @@ impl MorrisNfs {
             attrs: VecDeque::new(),
             plus,
             done: false,
+            listed_any: false,
             fsid: self.fsid,
         })
     }

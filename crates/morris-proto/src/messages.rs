@@ -1031,6 +1031,14 @@ pub enum Request {
         /// The seeds.
         seeds: Vec<Inode>,
     },
+    /// Reads inodes without taking leases (a listing's attributes: the NFS
+    /// gateway's READDIRPLUS), at their owner: every id must be of its
+    /// range. [`Reply::Inodes`]: those found with the handle's generation,
+    /// in the order asked (the others are gone or replaced: left out).
+    GetInodes {
+        /// The inodes.
+        inos: Vec<Handle>,
+    },
 }
 
 /// A change to one object not yet pushed home (cache mode II), kept by the
@@ -1138,7 +1146,7 @@ impl Request {
     }
 
     /// Every request name [`Request::name`] returns (for metrics).
-    pub const NAMES: [&'static str; 87] = [
+    pub const NAMES: [&'static str; 88] = [
         "Hello",
         "Format",
         "Replace",
@@ -1226,6 +1234,7 @@ impl Request {
         "Quotas",
         "Seeds",
         "CreateCachedMany",
+        "GetInodes",
     ];
 
     /// The request's name, for counters and logs.
@@ -1318,6 +1327,7 @@ impl Request {
             Request::Quotas => "Quotas",
             Request::Seeds { .. } => "Seeds",
             Request::CreateCachedMany { .. } => "CreateCachedMany",
+            Request::GetInodes { .. } => "GetInodes",
         }
     }
 }
@@ -1401,7 +1411,7 @@ pub enum Reply {
         /// Its moving-average block read service time, µs.
         service_us: u32,
     },
-    /// Answer to `ScanInodes` and [`Request::Seeds`].
+    /// Answer to `ScanInodes`, [`Request::Seeds`] and [`Request::GetInodes`].
     Inodes(Vec<Inode>),
     /// Answer to `ScanEntries`: (directory id, entry).
     ScanEntries(Vec<(FileId, DirEntry)>),

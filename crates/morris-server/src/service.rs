@@ -181,6 +181,7 @@ fn subject(req: &Request) -> Option<FileId> {
         Request::Revalidate { ino } | Request::Detach { ino, .. } => Some(ino.id),
         Request::CreateCached { inode } => Some(inode.id),
         Request::CreateCachedMany { seeds } => seeds.first().map(|s| s.id),
+        Request::GetInodes { inos } => inos.first().map(|h| h.id),
         Request::CreateInodeAt { id, .. } => Some(*id),
         Request::AcquireCached { seed } => Some(seed.id),
         // Kept with the root directory's range.
@@ -888,6 +889,7 @@ impl Server {
             Request::AcquireRead { .. }
             | Request::AcquireWrite { .. }
             | Request::GetInode { .. }
+            | Request::GetInodes { .. }
             | Request::Holders { .. }
             | Request::CreateInodeAt { .. }
             | Request::SetAttr { .. }
@@ -1107,6 +1109,12 @@ impl Server {
             Request::Holders { ino } => {
                 Self::check_owner(vol, ino)?;
                 Ok(Reply::Holders(self.holders(ino)))
+            }
+            Request::GetInodes { inos } => {
+                for h in &inos {
+                    Self::check_owner(vol, h.id)?;
+                }
+                metadata(move || store.get_inodes(&inos)).map(Reply::Inodes)
             }
             Request::GetInode { ino } => {
                 Self::check_owner(vol, ino)?;

@@ -724,6 +724,24 @@ impl Store {
         self.with_reader(|c| load_inode(c, id))
     }
 
+    /// The inodes of `handles` that exist with the handle's generation, in
+    /// the order given (one read transaction).
+    pub fn get_inodes(&self, handles: &[Handle]) -> Result<Vec<Inode>, WireError> {
+        self.with_reader(|c| {
+            let tx = c.unchecked_transaction().map_err(db_err)?;
+            let mut out = Vec::with_capacity(handles.len());
+            for h in handles {
+                if let Some(i) = load_inode(&tx, h.id)? {
+                    if i.gen == h.gen {
+                        out.push(i);
+                    }
+                }
+            }
+            tx.finish().map_err(db_err)?;
+            Ok(out)
+        })
+    }
+
     /// Reads the inode a handle names; `Stale` if it is gone or was reused.
     pub fn get_handle(&self, h: Handle) -> Result<Inode, WireError> {
         check_handle(h, self.get_inode(h.id)?)

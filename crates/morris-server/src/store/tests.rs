@@ -111,6 +111,34 @@ fn ids_follow_the_layout_and_survive_reopen() {
     assert_eq!(s.inode_count(), 3);
 }
 
+#[test]
+fn inodes_are_read_many_at_once_and_only_with_their_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Store::open(&dir.path().join("m.sqlite")).unwrap();
+    s.format(&descriptor(1), 0, 1).unwrap();
+    let a = s
+        .create_inode(0, &attr(FileKind::File), None, 9, None, None)
+        .unwrap();
+    let b = s
+        .create_inode(0, &attr(FileKind::Dir), None, 9, None, None)
+        .unwrap();
+    let old = Handle {
+        id: a.id,
+        gen: a.gen.wrapping_add(1),
+    };
+    let gone = Handle {
+        id: b.id + 1000,
+        gen: 1,
+    };
+    let got = s.get_inodes(&[b.handle(), old, gone, a.handle()]).unwrap();
+    assert_eq!(
+        got,
+        vec![b.clone(), a.clone()],
+        "in the order asked, the others left out"
+    );
+    assert!(s.get_inodes(&[]).unwrap().is_empty());
+}
+
 /// Every id handed out is below a reservation that was made durable
 /// before it: the counter's own last updates may be lost to power loss,
 /// the reservation not.
