@@ -527,6 +527,13 @@ impl Leases {
         self.usable(&e, Mode::Read).then_some(e)
     }
 
+    /// How long the lease this client holds on `id` may still be trusted
+    /// without hearing from its server; `None` if it holds none.
+    pub(crate) fn trust_left(&self, id: FileId) -> Option<std::time::Duration> {
+        let e = self.held_entry(id)?;
+        Some(self.pool.trust_left(e.owner, e.epoch))
+    }
+
     /// How long a front end may keep `dir`'s entry `name` (naming `child`)
     /// without asking again: while this client's lease on `dir` may still
     /// be trusted, if the name is cached under that lease (so that giving

@@ -188,9 +188,16 @@ async fn names_are_kept_for_a_front_end_only_under_a_trusted_lease() {
     };
     assert_eq!(a.name_ttl(d.id, b"f", other), Duration::ZERO);
     assert_eq!(a.name_ttl(d.id, b"absent", f.handle()), Duration::ZERO);
+    // The object's attributes: as long as its lease is trusted.
+    let t = a.attr_trust(f.id).expect("f's lease is held");
+    assert!(
+        t > Duration::ZERO && t <= Duration::from_millis(1313),
+        "{t:?}"
+    );
     // Not looked up here: not kept.
     let g = b.lookup(d.id, b"g").await.unwrap();
     assert_eq!(a.name_ttl(d.id, b"g", g.handle()), Duration::ZERO);
+    assert_eq!(a.attr_trust(g.id), None);
 
     // Another client's removal recalls the directory's lease: the name
     // goes, from the front end first.

@@ -660,6 +660,14 @@ impl Client {
         ttl.min(left(dir)).min(left(child.id))
     }
 
+    /// How long a front end may keep `id`'s attributes without asking
+    /// again, at most: while this client's lease on it may be trusted
+    /// without hearing from its server (its recall drops the front end's
+    /// copy); `None` if this client holds no lease on it.
+    pub fn attr_trust(&self, id: FileId) -> Option<std::time::Duration> {
+        self.leases.trust_left(id)
+    }
+
     /// Looks `name` up in `dir` (`.` and `..` included).
     pub async fn lookup(&self, dir: FileId, name: &[u8]) -> Result<Inode> {
         if name != b"." && name != b".." {

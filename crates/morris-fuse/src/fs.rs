@@ -146,7 +146,7 @@ impl Shared {
     fn reply_entry(&self, reply: ReplyEntry, dir: FileId, name: &[u8], inode: &Inode) {
         let attr = file_attr(inode, self.blksize);
         reply.entry_with_ttls(
-            &self.ttl,
+            &self.attr_ttl(inode),
             &self.name_ttl(dir, name, inode),
             &attr,
             Generation(u64::from(inode.gen)),
@@ -158,10 +158,11 @@ impl Shared {
     /// be trusted with the name cached under it, so that its recall
     /// invalidates the kernel's copy first (`invalidate.rs`; a recall
     /// that cannot wait for that drops every name the kernel keeps at
-    /// once). Zero — the kernel asks for the name each time it resolves a
-    /// path, and the client answers from its own cache — when the kernel
-    /// cannot drop all names at once, for `.` and `..`, and under cache
-    /// bindings.
+    /// once); under a cache binding, no longer than the binding's validity
+    /// lets the name go unchecked. Zero — the kernel asks for the name
+    /// each time it resolves a path, and the client answers from its own
+    /// cache — when the kernel cannot drop all names at once, and for `.`
+    /// and `..`.
     fn name_ttl(&self, dir: FileId, name: &[u8], inode: &Inode) -> Duration {
         if !self.names.load(Ordering::Relaxed) || name == b"." || name == b".." {
             return Duration::ZERO;
@@ -172,7 +173,17 @@ impl Shared {
     }
 
     fn reply_attr(&self, reply: ReplyAttr, inode: &Inode) {
-        reply.attr(&self.ttl, &file_attr(inode, self.blksize));
+        reply.attr(&self.attr_ttl(inode), &file_attr(inode, self.blksize));
+    }
+
+    /// How long the kernel may keep `inode`'s attributes: the TTL, and no
+    /// longer than the client's lease on it may be trusted (a server that
+    /// stops answering cannot leave them kept past the moment another
+    /// mount could be granted the object).
+    fn attr_ttl(&self, inode: &Inode) -> Duration {
+        self.client
+            .attr_trust(inode.id)
+            .map_or(self.ttl, |t| t.min(self.ttl))
     }
 
     /// The id a listing of `dir` from `offset` shows for `..`: its parent's
@@ -461,7 +472,7 @@ impl dirents::DirSink<(DirEntry, Option<Inode>)> for PlusSink<'_> {
                 offset,
                 shown,
                 &self.shared.name_ttl(self.dir, name, inode),
-                &self.shared.ttl,
+                &self.shared.attr_ttl(inode),
                 &file_attr(inode, self.shared.blksize),
                 Generation(u64::from(inode.gen)),
             ),
