@@ -512,7 +512,13 @@ impl Client {
         }
         let r = self.fetch_seeds(dir, e.cookie).await;
         self.cache.seeds_asked.lock().remove(&(dir, block));
-        let seeds = r?;
+        let seeds = match r {
+            Ok(seeds) => seeds,
+            Err(err) => {
+                tracing::debug!(dir, error = %err, "seeds not read; this one by name");
+                return self.seed_of(dir, &e.name, e.child).await;
+            }
+        };
         self.make_cached_behind(&seeds);
         let mut mine = None;
         for s in seeds {

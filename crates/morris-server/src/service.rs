@@ -762,6 +762,27 @@ impl Server {
         }
     }
 
+    /// Takes `client`'s read lease on `ino` and answers it with the inode
+    /// and, when they are few, its extended attributes (read in the
+    /// inode's transaction), so that the `getxattr` a listing's `ls -l`
+    /// sends for each file needs no request of its own.
+    async fn read_leased(
+        &self,
+        store: Arc<Store>,
+        client: ClientId,
+        conn_id: u64,
+        ino: morris_proto::Handle,
+    ) -> Result<Reply, WireError> {
+        let ((inode, list), _) = self
+            .leased_fenced(client, conn_id, ino, LeaseMode::Read, move || {
+                store.get_xattrs(ino)
+            })
+            .await?;
+        let bytes: usize = list.iter().map(|x| x.name.len() + x.value.len()).sum();
+        let xattrs = (bytes <= morris_proto::messages::XATTRS_WITH_LEASE).then_some(list);
+        Ok(Reply::ReadLeased { inode, xattrs })
+    }
+
     fn check_owner(vol: &Formatted, id: FileId) -> Result<(), WireError> {
         let owner = vol.layout.inode_server(id);
         if owner != vol.index {
@@ -1085,17 +1106,7 @@ impl Server {
             }
             Request::AcquireRead { ino } => {
                 Self::check_owner(vol, ino.id)?;
-                // The attributes come with the lease (read in the inode's
-                // transaction), so that the `getxattr` a listing's `ls -l`
-                // sends for each file needs no request of its own.
-                let ((inode, list), _) = self
-                    .leased_fenced(client, conn_id, ino, LeaseMode::Read, move || {
-                        store.get_xattrs(ino)
-                    })
-                    .await?;
-                let bytes: usize = list.iter().map(|x| x.name.len() + x.value.len()).sum();
-                let xattrs = (bytes <= morris_proto::messages::XATTRS_WITH_LEASE).then_some(list);
-                Ok(Reply::ReadLeased { inode, xattrs })
+                self.read_leased(store, client, conn_id, ino).await
             }
             Request::AcquireWrite { ino } => {
                 Self::check_owner(vol, ino.id)?;
@@ -1555,15 +1566,7 @@ impl Server {
                 Self::check_owner(vol, seed.id)?;
                 let ino = seed.handle();
                 self.create_cached(store.clone(), seed).await?;
-                // Its extended attributes with it, as for `AcquireRead`.
-                let ((inode, list), _) = self
-                    .leased_fenced(client, conn_id, ino, LeaseMode::Read, move || {
-                        store.get_xattrs(ino)
-                    })
-                    .await?;
-                let bytes: usize = list.iter().map(|x| x.name.len() + x.value.len()).sum();
-                let xattrs = (bytes <= morris_proto::messages::XATTRS_WITH_LEASE).then_some(list);
-                Ok(Reply::ReadLeased { inode, xattrs })
+                self.read_leased(store, client, conn_id, ino).await
             }
             Request::Revalidate { ino } => {
                 Self::check_owner(vol, ino.id)?;
