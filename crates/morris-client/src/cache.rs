@@ -505,19 +505,15 @@ impl Client {
         if !is_cache_id(e.child.id) {
             return Ok(None);
         }
-        let block = e.cookie - e.cookie % SEED_BLOCK;
-        // Another lookup is reading this block: ask for this one alone.
-        if e.cookie == 0 || !self.cache.seeds_asked.lock().insert((dir, block)) {
-            return self.seed_of(dir, &e.name, e.child).await;
-        }
-        let r = self.fetch_seeds(dir, e.cookie).await;
-        self.cache.seeds_asked.lock().remove(&(dir, block));
-        let seeds = match r {
-            Ok(seeds) => seeds,
-            Err(err) => {
+        // Another lookup reading this block, or no block to read: ask for
+        // this one alone.
+        let seeds = match self.seeds_block_once(dir, e.cookie).await {
+            Some(Ok(seeds)) => seeds,
+            Some(Err(err)) => {
                 tracing::debug!(dir, error = %err, "seeds not read; this one by name");
                 return self.seed_of(dir, &e.name, e.child).await;
             }
+            None => return self.seed_of(dir, &e.name, e.child).await,
         };
         self.make_cached_behind(&seeds);
         let mut mine = None;
@@ -548,20 +544,16 @@ impl Client {
             })
             .map(|e| (e.cookie - e.cookie % SEED_BLOCK, e.cookie))
             .collect();
-        for (block, cookie) in blocks {
-            if !self.cache.seeds_asked.lock().insert((dir, block)) {
-                continue;
-            }
-            let r = self.fetch_seeds(dir, cookie).await;
-            self.cache.seeds_asked.lock().remove(&(dir, block));
-            match r {
-                Ok(seeds) => {
+        for cookie in blocks.into_values() {
+            match self.seeds_block_once(dir, cookie).await {
+                Some(Ok(seeds)) => {
                     for s in seeds {
                         self.cache.keep_seed(s, dir, version);
                     }
                 }
                 // Only a shortcut lost: each lookup asks for its own.
-                Err(err) => tracing::debug!(dir, error = %err, "seeds not read"),
+                Some(Err(err)) => tracing::debug!(dir, error = %err, "seeds not read"),
+                None => {}
             }
         }
     }
@@ -593,8 +585,24 @@ impl Client {
         }
     }
 
+    /// [`Client::fetch_seeds`], unless this client is reading that block
+    /// already or `cookie` is 0 (`None`: the caller asks for its own seed).
+    pub(crate) async fn seeds_block_once(
+        &self,
+        dir: FileId,
+        cookie: u64,
+    ) -> Option<Result<Vec<Inode>>> {
+        let block = cookie - cookie % SEED_BLOCK;
+        if cookie == 0 || !self.cache.seeds_asked.lock().insert((dir, block)) {
+            return None;
+        }
+        let r = self.fetch_seeds(dir, cookie).await;
+        self.cache.seeds_asked.lock().remove(&(dir, block));
+        Some(r)
+    }
+
     /// `Seeds` of the block of `dir`'s cookies holding `cookie`.
-    pub(crate) async fn fetch_seeds(&self, dir: FileId, cookie: u64) -> Result<Vec<Inode>> {
+    async fn fetch_seeds(&self, dir: FileId, cookie: u64) -> Result<Vec<Inode>> {
         let dh = self.leases.handle(dir)?;
         match self
             .call_owner(dir, Request::Seeds { dir: dh, cookie })
@@ -610,7 +618,12 @@ impl Client {
     /// from home, or a binding whose home changes only through this cache;
     /// zero when unknown). Front ends keep names no longer than that.
     pub(crate) fn unchecked_left(&self, i: &Inode) -> Duration {
-        let Some(link) = i.home.as_deref().filter(|l| !l.is_local()) else {
+        self.unchecked_left_of(i.id, i.home.as_deref())
+    }
+
+    /// [`Client::unchecked_left`] of object `id`, linked by `link`.
+    pub(crate) fn unchecked_left_of(&self, id: FileId, link: Option<&HomeLink>) -> Duration {
+        let Some(link) = link.filter(|l| !l.is_local()) else {
             return Duration::MAX;
         };
         let Some(spec) = self
@@ -627,7 +640,7 @@ impl Client {
             return Duration::MAX;
         }
         let validity = Duration::from_millis(spec.validity_ms);
-        if let Some(t) = self.cache.validated.lock().get(&i.id) {
+        if let Some(t) = self.cache.validated.lock().get(&id) {
             return validity.saturating_sub(t.elapsed());
         }
         let age =

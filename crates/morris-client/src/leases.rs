@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use morris_proto::home::HomeLink;
 use morris_proto::layout::Layout;
 use morris_proto::messages::LeaseMode;
 use morris_proto::{
@@ -496,6 +497,17 @@ impl Leases {
         }
         let inode = e.state.lock().inode.clone();
         Some(inode)
+    }
+
+    /// The home link of `id`'s cached inode, if its lease is usable:
+    /// `Some(None)` for an object not cached from a home (no copy made).
+    pub(crate) fn cached_home(&self, id: FileId) -> Option<Option<HomeLink>> {
+        let e = self.map.lock().get(&id).cloned()?;
+        if !self.usable(&e, Mode::Read) {
+            return None;
+        }
+        let home = e.state.lock().inode.home.as_deref().cloned();
+        Some(home)
     }
 
     /// The inode of `id` if its lease is cached and the copy is current

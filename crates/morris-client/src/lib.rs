@@ -652,10 +652,13 @@ impl Client {
         if ttl.is_zero() {
             return ttl;
         }
+        // (The home link only: no copy of the inode per lookup answer.)
         let left = |id| {
             self.leases
-                .cached_inode(id)
-                .map_or(std::time::Duration::ZERO, |i| self.unchecked_left(&i))
+                .cached_home(id)
+                .map_or(std::time::Duration::ZERO, |l| {
+                    self.unchecked_left_of(id, l.as_ref())
+                })
         };
         ttl.min(left(dir)).min(left(child.id))
     }

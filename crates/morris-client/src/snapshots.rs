@@ -44,12 +44,15 @@ impl Client {
             blocks.insert(c - c % SEED_BLOCK, c);
         }
         let fetched =
-            futures::future::join_all(blocks.values().map(|&c| self.fetch_seeds(dir, c))).await;
+            futures::future::join_all(blocks.values().map(|&c| self.seeds_block_once(dir, c)))
+                .await;
         let mut seeds: HashMap<FileId, Inode> = HashMap::new();
         for r in fetched {
             match r {
-                Ok(v) => seeds.extend(v.into_iter().map(|s| (s.id, s))),
-                Err(err) => tracing::debug!(dir, error = %err, "seeds not read"),
+                Some(Ok(v)) => seeds.extend(v.into_iter().map(|s| (s.id, s))),
+                Some(Err(err)) => tracing::debug!(dir, error = %err, "seeds not read"),
+                // Being read by another listing: these go one at a time below.
+                None => {}
             }
         }
         let mut by_owner: BTreeMap<u32, Vec<Inode>> = Default::default();
