@@ -625,34 +625,6 @@ fn unbind_removes_the_cached_tree_and_leaves_a_plain_empty_directory() {
     ));
 }
 
-/// Requests of `op` served so far, summed over the servers.
-fn served(c: &Cluster, op: &str) -> u64 {
-    let st = status(c);
-    st["servers"]
-        .as_array()
-        .expect("servers")
-        .iter()
-        .flat_map(|s| {
-            s["stats"]["requests_by_op"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-        })
-        .filter(|p| p[0] == op)
-        .filter_map(|p| p[1].as_u64())
-        .sum()
-}
-
-/// Requests of each op in `ops` served while `f` ran.
-fn served_during(c: &Cluster, ops: &[&str], f: impl FnOnce()) -> BTreeMap<String, u64> {
-    let before: Vec<u64> = ops.iter().map(|op| served(c, op)).collect();
-    f();
-    ops.iter()
-        .zip(before)
-        .map(|(op, b)| (op.to_string(), served(c, op) - b))
-        .collect()
-}
-
 #[test]
 fn a_first_lookup_and_listing_of_a_home_directory_take_few_requests() {
     let home = tempdir();

@@ -369,7 +369,8 @@ fn logged(text: &str) -> Vec<(String, u64)> {
 /// mounts that have seen none of it: with `READDIRPLUS` (the default) the
 /// listing brings every entry's attributes, and its extended attributes
 /// come with the leases, so that no name is looked up one at a time on
-/// kernels that keep names; `--no-readdirplus` lists names only, and each
+/// kernels that keep names, and the listing's leases are taken with one
+/// request per server; `--no-readdirplus` lists names only, and each
 /// is looked up. Both see the same sizes and attributes.
 #[test]
 fn a_listing_brings_attributes_unless_turned_off() {
@@ -394,12 +395,14 @@ fn a_listing_brings_attributes_unless_turned_off() {
         let m = common::Mount::start(c.addr(1), &args);
         let seen = m.path.join("d");
         let mut sizes = Vec::new();
-        for e in fs::read_dir(&seen).unwrap() {
-            let e = e.unwrap();
-            let md = fs::symlink_metadata(e.path()).unwrap();
-            sizes.push((e.file_name().into_string().unwrap(), md.len()));
-            let _ = get(&e.path(), "security.selinux");
-        }
+        let leases = common::served_during(&c, &["AcquireRead", "AcquireReadMany"], || {
+            for e in fs::read_dir(&seen).unwrap() {
+                let e = e.unwrap();
+                let md = fs::symlink_metadata(e.path()).unwrap();
+                sizes.push((e.file_name().into_string().unwrap(), md.len()));
+                let _ = get(&e.path(), "security.selinux");
+            }
+        });
         sizes.sort();
         let mut want: Vec<(String, u64)> = (0..50u64).map(|i| (format!("f{i}"), i)).collect();
         want.sort();
@@ -418,6 +421,11 @@ fn a_listing_brings_attributes_unless_turned_off() {
         let lookups = count("lookup", dir_ino);
         if plus {
             assert!(count("readdirplus", dir_ino) >= 1, "{text}");
+            // The listing's leases: a request per server for the batch, not
+            // one per file (the directory's own lease, taken again under
+            // load, may add one or two).
+            assert!(leases["AcquireRead"] < 10, "{leases:?}");
+            assert!(leases["AcquireReadMany"] <= 8, "{leases:?}");
             if kernel_at_least(6, 16) {
                 assert!(
                     lookups < 5,

@@ -770,12 +770,7 @@ impl Leases {
         // recall handled in between must see one or the other (`on_recall`).
         let (entry, old, recalled) = {
             let mut inflight = self.inflight.lock();
-            if let Some(n) = inflight.get_mut(&h.id) {
-                *n -= 1;
-                if *n == 0 {
-                    inflight.remove(&h.id);
-                }
-            }
+            many::out_of_flight(&mut inflight, h.id);
             let (owner, reply, _) = res?;
             let (inode, fence, xattrs) = match reply {
                 Reply::Inode(inode) => (inode, 0, None),
@@ -1342,6 +1337,9 @@ impl Leases {
             .collect()
     }
 }
+
+#[path = "leases_many.rs"]
+mod many;
 
 #[cfg(test)]
 #[path = "leases_tests.rs"]

@@ -897,8 +897,25 @@ impl Client {
             self.keep_seeds_of(dir, link.version, &entries).await;
         }
         let cached = link.is_some();
-        let lookups = entries.iter().map(|e| async move {
-            if self.leases.cached_inode(e.child.id).is_some() {
+        // Objects this mount knew before go without attributes (the kernel
+        // has them, and would drop their cached ACLs on being given them).
+        let known: Vec<bool> = entries
+            .iter()
+            .map(|e| self.leases.cached_inode(e.child.id).is_some())
+            .collect();
+        if !cached {
+            // The others' leases with one request per server: each lookup
+            // below then finds its lease here.
+            let handles: Vec<Handle> = entries
+                .iter()
+                .zip(&known)
+                .filter(|(e, known)| !**known && e.name != b"." && e.name != b"..")
+                .map(|(e, _)| e.child)
+                .collect();
+            self.leases.take_reads(&handles).await;
+        }
+        let lookups = entries.iter().zip(known).map(|(e, known)| async move {
+            if known {
                 return None;
             }
             let found = if cached {

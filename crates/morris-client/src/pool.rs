@@ -237,6 +237,7 @@ fn retryable(req: &Request) -> bool {
                 | Request::Statfs
                 | Request::Status
                 | Request::AcquireRead { .. }
+                | Request::AcquireReadMany { .. }
                 | Request::AcquireWrite { .. }
                 | Request::Release { .. }
                 | Request::GetInode { .. }

@@ -38,4 +38,4 @@ pub use types::*;
 pub const MAX_REPLICAS: u8 = 3;
 
 /// Version of the wire protocol; a `Hello` with another version is refused.
-pub const PROTOCOL_VERSION: u32 = 27;
+pub const PROTOCOL_VERSION: u32 = 28;

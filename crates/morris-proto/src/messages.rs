@@ -1039,6 +1039,16 @@ pub enum Request {
         /// The inodes.
         inos: Vec<Handle>,
     },
+    /// Takes the read lease on each of `inos`, as an
+    /// [`Request::AcquireRead`] of each would (recalling what other clients
+    /// hold; answered once every lease is granted), at their owner: every
+    /// id must be of its range. [`Reply::ReadLeasedMany`]. A FUSE
+    /// listing's attributes (`READDIRPLUS`): one request per server for a
+    /// batch of names instead of an `AcquireRead` each.
+    AcquireReadMany {
+        /// The inodes.
+        inos: Vec<Handle>,
+    },
 }
 
 /// A change to one object not yet pushed home (cache mode II), kept by the
@@ -1146,7 +1156,7 @@ impl Request {
     }
 
     /// Every request name [`Request::name`] returns (for metrics).
-    pub const NAMES: [&'static str; 88] = [
+    pub const NAMES: [&'static str; 89] = [
         "Hello",
         "Format",
         "Replace",
@@ -1235,6 +1245,7 @@ impl Request {
         "Seeds",
         "CreateCachedMany",
         "GetInodes",
+        "AcquireReadMany",
     ];
 
     /// The request's name, for counters and logs.
@@ -1328,6 +1339,7 @@ impl Request {
             Request::Seeds { .. } => "Seeds",
             Request::CreateCachedMany { .. } => "CreateCachedMany",
             Request::GetInodes { .. } => "GetInodes",
+            Request::AcquireReadMany { .. } => "AcquireReadMany",
         }
     }
 }
@@ -1517,6 +1529,21 @@ pub enum Reply {
         /// Every extended attribute, in name order, if they are few.
         xattrs: Option<Vec<Xattr>>,
     },
+    /// Answer to [`Request::AcquireReadMany`], in the order asked: the
+    /// read lease granted with what [`Reply::ReadLeased`] carries, or
+    /// `None` where no lease was granted (refused, or the object is gone
+    /// or replaced: `AcquireRead` says why).
+    ReadLeasedMany(Vec<Option<ReadLease>>),
+}
+
+/// One read lease granted by [`Request::AcquireReadMany`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadLease {
+    /// The inode.
+    pub inode: Inode,
+    /// Every extended attribute, in name order, if they are few (as
+    /// [`Reply::ReadLeased`]).
+    pub xattrs: Option<Vec<Xattr>>,
 }
 
 /// Most bytes of names and values a [`Reply::ReadLeased`] carries.

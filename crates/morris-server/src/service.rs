@@ -181,7 +181,9 @@ fn subject(req: &Request) -> Option<FileId> {
         Request::Revalidate { ino } | Request::Detach { ino, .. } => Some(ino.id),
         Request::CreateCached { inode } => Some(inode.id),
         Request::CreateCachedMany { seeds } => seeds.first().map(|s| s.id),
-        Request::GetInodes { inos } => inos.first().map(|h| h.id),
+        Request::GetInodes { inos } | Request::AcquireReadMany { inos } => {
+            inos.first().map(|h| h.id)
+        }
         Request::CreateInodeAt { id, .. } => Some(*id),
         Request::AcquireCached { seed } => Some(seed.id),
         // Kept with the root directory's range.
@@ -911,6 +913,7 @@ impl Server {
             | Request::AcquireWrite { .. }
             | Request::GetInode { .. }
             | Request::GetInodes { .. }
+            | Request::AcquireReadMany { .. }
             | Request::Holders { .. }
             | Request::CreateInodeAt { .. }
             | Request::SetAttr { .. }
@@ -1107,6 +1110,14 @@ impl Server {
             Request::AcquireRead { ino } => {
                 Self::check_owner(vol, ino.id)?;
                 self.read_leased(store, client, conn_id, ino).await
+            }
+            Request::AcquireReadMany { inos } => {
+                for h in &inos {
+                    Self::check_owner(vol, h.id)?;
+                }
+                self.read_leased_many(&store, client, conn_id, &inos)
+                    .await
+                    .map(Reply::ReadLeasedMany)
             }
             Request::AcquireWrite { ino } => {
                 Self::check_owner(vol, ino.id)?;

@@ -798,6 +798,82 @@ async fn recall_flow_between_two_clients() {
     h.shutdown().await;
 }
 
+/// `AcquireReadMany` takes every lease of its batch as an `AcquireRead` of
+/// each would: the recalls go out together and the answer waits until the
+/// holder gave back; an object replaced (another generation) is answered
+/// `None`.
+#[tokio::test]
+async fn read_leases_taken_many_at_once_wait_for_their_holders() {
+    let dir = tempfile::tempdir().unwrap();
+    let (h, d, mut a) = formatted(dir.path(), 100).await;
+    let b = connect(&h).await;
+    b.hello(Some(d.uuid), 200).await.unwrap();
+    // A holds the write leases of f1 and f2 (a create grants it).
+    let (f1, _) = a.create_leased().await;
+    let (f2, _) = a.create_leased().await;
+    let own = b.create(FileKind::File).await;
+    let other = b.create(FileKind::File).await;
+    let replaced = Handle {
+        id: other.id,
+        gen: other.gen + 1,
+    };
+    let inos = vec![f1.handle(), own.handle(), f2.handle(), replaced];
+    let b_task = {
+        let rpc = b.rpc;
+        tokio::spawn(async move {
+            let r = rpc
+                .call(&Request::AcquireReadMany { inos }, Bytes::new())
+                .await;
+            r.map(|x| x.0)
+        })
+    };
+    let mut recalled = Vec::new();
+    for _ in 0..2 {
+        match a.push(Duration::from_secs(5)).await.expect("recall push") {
+            Push::Recall {
+                ino,
+                want: LeaseMode::Read,
+            } => recalled.push(ino),
+            p => panic!("unexpected push {p:?}"),
+        }
+    }
+    recalled.sort();
+    assert_eq!(recalled, vec![f1.id, f2.id]);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!b_task.is_finished(), "answered while A held f1 and f2");
+    a.ok(Request::Release { ino: f1.id }).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!b_task.is_finished(), "answered while A held f2");
+    a.ok(Request::Release { ino: f2.id }).await;
+    let got = match b_task.await.unwrap() {
+        Ok(Reply::ReadLeasedMany(v)) => v,
+        other => panic!("unexpected {other:?}"),
+    };
+    let ids: Vec<Option<u64>> = got.iter().map(|g| g.as_ref().map(|l| l.inode.id)).collect();
+    assert_eq!(ids, vec![Some(f1.id), Some(own.id), Some(f2.id), None]);
+    assert!(got.iter().flatten().all(|l| l.xattrs == Some(vec![])));
+    // An id nobody made: no lease, no error.
+    let b2 = connect(&h).await;
+    b2.hello(Some(d.uuid), 300).await.unwrap();
+    let none = Handle {
+        id: f1.id + 1000,
+        gen: 1,
+    };
+    match b2
+        .ok(Request::AcquireReadMany {
+            inos: vec![none, f1.handle()],
+        })
+        .await
+    {
+        Reply::ReadLeasedMany(v) => {
+            assert!(v[0].is_none());
+            assert_eq!(v[1].as_ref().map(|l| l.inode.id), Some(f1.id));
+        }
+        r => panic!("unexpected {r:?}"),
+    }
+    h.shutdown().await;
+}
+
 /// A block change carries the fence number of the write grant it was made
 /// under; once the next holder's change has reached a data server, a late
 /// change of the previous holder is refused there (server-side fencing).

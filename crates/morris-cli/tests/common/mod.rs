@@ -968,6 +968,38 @@ pub fn status(c: &Cluster) -> serde_json::Value {
 }
 
 /// Waits until `morris status` calls the volume healthy (the resync done).
+/// Requests of `op` served so far, summed over the servers.
+pub fn served(c: &Cluster, op: &str) -> u64 {
+    let st = status(c);
+    st["servers"]
+        .as_array()
+        .expect("servers")
+        .iter()
+        .flat_map(|s| {
+            s["stats"]["requests_by_op"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter(|p| p[0] == op)
+        .filter_map(|p| p[1].as_u64())
+        .sum()
+}
+
+/// Requests of each op in `ops` served while `f` ran.
+pub fn served_during(
+    c: &Cluster,
+    ops: &[&str],
+    f: impl FnOnce(),
+) -> std::collections::BTreeMap<String, u64> {
+    let before: Vec<u64> = ops.iter().map(|op| served(c, op)).collect();
+    f();
+    ops.iter()
+        .zip(before)
+        .map(|(op, b)| (op.to_string(), served(c, op) - b))
+        .collect()
+}
+
 pub fn wait_healthy(c: &Cluster) {
     wait_for(
         Duration::from_secs(90),

@@ -69,6 +69,7 @@ pub(super) fn takes_lease(req: &Request) -> bool {
     matches!(
         req,
         Request::AcquireRead { .. }
+            | Request::AcquireReadMany { .. }
             | Request::AcquireWrite { .. }
             | Request::CreateInode { .. }
             | Request::CreateInodeAt { .. }
@@ -313,6 +314,60 @@ impl Server {
             Self::settle(&mut st, fx)
         };
         self.push_recalls(recalls);
+    }
+
+    /// `AcquireReadMany`: the read lease on each of `inos`, all asked at
+    /// once (the recalls they need go out together; the answer waits for
+    /// every grant, as a client's concurrent `AcquireRead`s of them would
+    /// each wait for their own), each with its inode and (if few) its
+    /// extended attributes as `AcquireRead` answers; `None` for an object
+    /// not granted (its lease refused, or the object gone or replaced: the
+    /// client asks `AcquireRead` for the reason).
+    pub(super) async fn read_leased_many(
+        &self,
+        store: &crate::store::Store,
+        client: ClientId,
+        conn_id: u64,
+        inos: &[Handle],
+    ) -> Result<Vec<Option<morris_proto::messages::ReadLease>>, WireError> {
+        let grants = futures::future::join_all(
+            inos.iter()
+                .map(|h| self.lease(client, conn_id, h.id, LeaseMode::Read)),
+        )
+        .await;
+        let mut out = Vec::with_capacity(inos.len());
+        for (k, (h, granted)) in inos.iter().zip(grants).enumerate() {
+            if let Err(e) = granted {
+                debug!(client, ino = h.id, error = %e, "lease of a batch not granted");
+                out.push(None);
+                continue;
+            }
+            match metadata(|| store.get_xattrs(*h)) {
+                Ok((inode, list)) => {
+                    let bytes: usize = list.iter().map(|x| x.name.len() + x.value.len()).sum();
+                    let xattrs =
+                        (bytes <= morris_proto::messages::XATTRS_WITH_LEASE).then_some(list);
+                    out.push(Some(morris_proto::messages::ReadLease { inode, xattrs }));
+                }
+                Err(e) if matches!(e.code, ErrorCode::Stale | ErrorCode::NotFound) => {
+                    // Gone or replaced: nobody needs a lease on it (unless
+                    // the batch names its id again).
+                    if inos.iter().filter(|x| x.id == h.id).count() == 1 {
+                        self.release(client, h.id);
+                    }
+                    out.push(None);
+                }
+                Err(e) => {
+                    // The store failed: give back what this request took
+                    // and does not answer.
+                    for h in &inos[k..] {
+                        self.release(client, h.id);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Expires silent clients and overdue recalls; run periodically.
