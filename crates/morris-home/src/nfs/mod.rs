@@ -50,11 +50,16 @@ const MAX_WRITE: u32 = 1 << 20;
 /// WRITE size when the server's FSINFO gives none.
 const DEFAULT_WRITE: u32 = 32 << 10;
 
-/// Bytes of a READDIR reply per entry asked for (an entry is 24 bytes and
-/// its name, padded), and for the reply's header and the `.`/`..` entries.
-const DIR_ENTRY_BYTES: usize = 64;
-/// What READDIRPLUS adds per entry: attributes (4 + 84) and a handle (4 + 4 + 64).
-const PLUS_ENTRY_BYTES: usize = 160;
+/// Bytes of a READDIR reply per entry asked for before any reply was
+/// seen (an entry is 24 bytes and its name, padded: here an 8-byte one;
+/// later requests use the size of the entries the server sent,
+/// [`EntrySizes`]: a guess too small costs a shorter first page, one too
+/// big a first page partly sent again), and for the reply's header and
+/// the `.`/`..` entries.
+const DIR_ENTRY_BYTES: usize = 32;
+/// What READDIRPLUS adds per entry: attributes (4 + 84) and a handle
+/// (4 + 4 + 24 here; NFSv3 allows 64).
+const PLUS_ENTRY_BYTES: usize = 120;
 const DIR_HEADER_BYTES: usize = 512;
 /// Largest READDIR(PLUS) reply asked for.
 const MAX_DIR_REPLY: usize = 1 << 20;
@@ -69,6 +74,62 @@ pub struct NfsHome {
     max_write: u32,
     /// Write verifiers of the writes not yet committed.
     verifiers: write::Verifiers,
+    /// How big the listing entries this server sends are.
+    entry_sizes: EntrySizes,
+}
+
+/// The mean size of the entries of the last READDIR and READDIRPLUS
+/// replies, in bytes (0: none seen yet). A server fills a reply up to the
+/// byte count asked for (nfs-ganesha does), and entries past the ones
+/// asked for are thrown away and sent again in the next page; so the byte
+/// count asked for follows what the entries really take (with 24-byte
+/// handles and short names, a READDIRPLUS entry takes ~150 bytes; with
+/// 224 bytes asked per entry, a third of every page was sent twice).
+#[derive(Debug, Default)]
+struct EntrySizes {
+    plain: std::sync::atomic::AtomicUsize,
+    plus: std::sync::atomic::AtomicUsize,
+}
+
+impl EntrySizes {
+    /// Bytes to ask for `max` entries: `(count or dircount, maxcount)`.
+    fn counts(&self, max: usize, plus: bool) -> (u32, u32) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let or = |seen: usize, guess: usize| if seen == 0 { guess } else { seen };
+        let plain = or(self.plain.load(Relaxed), DIR_ENTRY_BYTES);
+        let whole = if plus {
+            or(self.plus.load(Relaxed), DIR_ENTRY_BYTES + PLUS_ENTRY_BYTES)
+        } else {
+            plain
+        };
+        let bytes = |per: usize| (max * per + DIR_HEADER_BYTES).min(MAX_DIR_REPLY) as u32;
+        (bytes(plain), bytes(whole))
+    }
+
+    /// Records the sizes of one reply's entries: `(directory part, whole
+    /// entry)` each.
+    fn saw(&self, sizes: impl Iterator<Item = (usize, usize)>, plus: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (mut n, mut plain, mut whole) = (0, 0, 0);
+        for (p, w) in sizes {
+            n += 1;
+            plain += p;
+            whole += w;
+        }
+        if n == 0 {
+            return;
+        }
+        self.plain.store(plain.div_ceil(n), Relaxed);
+        if plus {
+            self.plus.store(whole.div_ceil(n), Relaxed);
+        }
+    }
+}
+
+/// XDR bytes of a listing entry's fixed part (value-follows, fileid,
+/// name length, cookie) and name.
+fn dir_entry_bytes(name: &[u8]) -> usize {
+    24 + name.len().div_ceil(4) * 4
 }
 
 /// AUTH_UNIX's flavor number, and AUTH_NULL's (both of which we can send).
@@ -162,6 +223,7 @@ impl NfsHome {
             max_read: DEFAULT_READ,
             max_write: DEFAULT_WRITE,
             verifiers: write::Verifiers::default(),
+            entry_sizes: EntrySizes::default(),
         };
         let mut root = home.root.clone();
         for comp in subdir.split('/').filter(|c| !c.is_empty()) {
@@ -223,7 +285,7 @@ impl NfsHome {
         verf: [u8; 8],
         max: usize,
     ) -> Result<(DirPage, Option<u64>)> {
-        let count = (max * DIR_ENTRY_BYTES + DIR_HEADER_BYTES).min(MAX_DIR_REPLY) as u32;
+        let (count, _) = self.entry_sizes.counts(max, false);
         let dir = dir.clone();
         let ok = self
             .pool
@@ -239,6 +301,13 @@ impl NfsHome {
             .await?;
         let raw = ok.reply.entries.into_inner();
         let last = raw.last().map(|e| e.cookie);
+        self.entry_sizes.saw(
+            raw.iter().map(|e| {
+                let b = dir_entry_bytes(e.name.as_ref());
+                (b, b)
+            }),
+            false,
+        );
         let entries = raw
             .into_iter()
             .filter(|e| !is_dot(e.name.as_ref()))
@@ -267,9 +336,7 @@ impl NfsHome {
         verf: [u8; 8],
         max: usize,
     ) -> Result<(DirPage, Option<u64>)> {
-        let dircount = (max * DIR_ENTRY_BYTES + DIR_HEADER_BYTES).min(MAX_DIR_REPLY) as u32;
-        let maxcount = (max * (DIR_ENTRY_BYTES + PLUS_ENTRY_BYTES) + DIR_HEADER_BYTES)
-            .min(MAX_DIR_REPLY) as u32;
+        let (dircount, maxcount) = self.entry_sizes.counts(max, true);
         let dir = dir.clone();
         let ok = self
             .pool
@@ -286,6 +353,21 @@ impl NfsHome {
             .await?;
         let raw = ok.reply.entries.into_inner();
         let last = raw.last().map(|e| e.cookie);
+        self.entry_sizes.saw(
+            raw.iter().map(|e| {
+                let plain = dir_entry_bytes(e.name.as_ref());
+                let attrs = match &e.name_attributes {
+                    Nfs3Option::Some(_) => 4 + 84,
+                    _ => 4,
+                };
+                let handle = match &e.name_handle {
+                    post_op_fh3::Some(fh) => 8 + fh.data.len().div_ceil(4) * 4,
+                    _ => 4,
+                };
+                (plain, plain + attrs + handle)
+            }),
+            true,
+        );
         let mut entries = Vec::with_capacity(raw.len());
         for e in raw {
             if is_dot(e.name.as_ref()) {
@@ -609,5 +691,40 @@ impl Home for NfsHome {
 
     fn max_write(&self) -> u32 {
         self.max_write
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listing_pages_ask_for_the_bytes_entries_were_seen_to_take() {
+        let s = EntrySizes::default();
+        // Before any reply: the guesses.
+        assert_eq!(
+            s.counts(256, true),
+            (
+                (256 * DIR_ENTRY_BYTES + DIR_HEADER_BYTES) as u32,
+                (256 * (DIR_ENTRY_BYTES + PLUS_ENTRY_BYTES) + DIR_HEADER_BYTES) as u32
+            )
+        );
+        // A READDIRPLUS reply of 7-byte names with 24-byte handles: 32
+        // bytes of directory part, 152 in all, per entry.
+        let name = b"f000001";
+        let plain = dir_entry_bytes(name);
+        assert_eq!(plain, 32);
+        s.saw((0..300).map(|_| (plain, plain + 88 + 32)), true);
+        assert_eq!(
+            s.counts(256, true),
+            ((256 * 32 + 512) as u32, (256 * 152 + 512) as u32)
+        );
+        // A plain READDIR reply moves only the directory part; an empty one
+        // nothing; the most asked for is bounded.
+        s.saw((0..10).map(|_| (40, 40)), false);
+        s.saw(std::iter::empty(), true);
+        assert_eq!(s.counts(256, false).0, (256 * 40 + 512) as u32);
+        assert_eq!(s.counts(256, true).1, (256 * 152 + 512) as u32);
+        assert_eq!(s.counts(1 << 20, true).1, MAX_DIR_REPLY as u32);
     }
 }
