@@ -336,7 +336,7 @@ impl Server {
         )
         .await;
         let mut out = Vec::with_capacity(inos.len());
-        for (k, (h, granted)) in inos.iter().zip(grants).enumerate() {
+        for (h, granted) in inos.iter().zip(grants) {
             if let Err(e) = granted {
                 debug!(client, ino = h.id, error = %e, "lease of a batch not granted");
                 out.push(None);
@@ -357,14 +357,10 @@ impl Server {
                     }
                     out.push(None);
                 }
-                Err(e) => {
-                    // The store failed: give back what this request took
-                    // and does not answer.
-                    for h in &inos[k..] {
-                        self.release(client, h.id);
-                    }
-                    return Err(e);
-                }
+                // The store failed. The leases granted stay: this
+                // client may have held some before, and one it does not
+                // know it holds is given back when it is recalled.
+                Err(e) => return Err(e),
             }
         }
         Ok(out)
