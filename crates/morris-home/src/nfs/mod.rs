@@ -60,12 +60,12 @@ const DIR_ENTRY_BYTES: usize = 64;
 const PLUS_ENTRY_BYTES: usize = 160;
 const DIR_HEADER_BYTES: usize = 512;
 /// Pages of fewer entries than this ask for the room of the guesses
-/// below whatever the entries seen took: nfs-ganesha 6 answered
-/// `NFS3ERR_SERVERFAULT` to a READDIR(PLUS) of 2 entries from a cookie in
-/// the middle of a listing read in pages of 7 sized to their entries
-/// (`tests/nfs_home.rs`), and not with pages of the old room (why is not
-/// known). A cached directory is listed in pages of 256 or more, from the
-/// start.
+/// below whatever the entries seen took, and a sized page that fails is
+/// asked again so: nfs-ganesha 6 answered `NFS3ERR_SERVERFAULT` to a
+/// READDIR(PLUS) of 2 entries from a cookie in the middle of a listing
+/// read in pages of 7 sized to their entries (`tests/nfs_home.rs`), and
+/// not with pages of the old room (why is not known). A cached directory
+/// is listed in pages of 256 or more, from the start.
 const SIZED_PAGES: usize = 64;
 /// Largest READDIR(PLUS) reply asked for.
 const MAX_DIR_REPLY: usize = 1 << 20;
@@ -98,12 +98,12 @@ struct EntrySizes {
 }
 
 impl EntrySizes {
-    /// Bytes to ask for `max` entries: `(count or dircount, maxcount)`.
-    fn counts(&self, max: usize, plus: bool) -> (u32, u32) {
+    /// Bytes to ask for `max` entries: `(count or dircount, maxcount)`,
+    /// with room for the entries seen if `sized` (else as guessed).
+    fn counts(&self, max: usize, plus: bool, sized: bool) -> (u32, u32) {
         use std::sync::atomic::Ordering::Relaxed;
-        // Small pages keep the old room per entry (see [`SIZED_PAGES`]).
         let or = |seen: usize, guess: usize| {
-            if seen == 0 || max < SIZED_PAGES {
+            if seen == 0 || !sized {
                 guess
             } else {
                 seen
@@ -290,15 +290,16 @@ impl NfsHome {
     }
 
     /// One READDIR page from `cookie`: the entries but `.` and `..`, the
-    /// verifier, eof, and the last cookie of the page as sent.
+    /// verifier, eof, and the last cookie of the page as sent. `sized`:
+    /// the room asked for follows the entries seen ([`EntrySizes`]).
     async fn readdir_page(
         &self,
         dir: &nfs_fh3,
         cookie: u64,
         verf: [u8; 8],
-        max: usize,
+        (max, sized): (usize, bool),
     ) -> Result<(DirPage, Option<u64>)> {
-        let (count, _) = self.entry_sizes.counts(max, false);
+        let (count, _) = self.entry_sizes.counts(max, false, sized);
         let dir = dir.clone();
         let ok = self
             .pool
@@ -347,9 +348,9 @@ impl NfsHome {
         dir: &nfs_fh3,
         cookie: u64,
         verf: [u8; 8],
-        max: usize,
+        (max, sized): (usize, bool),
     ) -> Result<(DirPage, Option<u64>)> {
-        let (dircount, maxcount) = self.entry_sizes.counts(max, true);
+        let (dircount, maxcount) = self.entry_sizes.counts(max, true, sized);
         let dir = dir.clone();
         let ok = self
             .pool
@@ -582,10 +583,24 @@ impl Home for NfsHome {
         let max = max_entries.max(1);
         let (mut cookie, mut verifier) = (cookie, verifier);
         loop {
-            let (mut page, last) = if plus {
-                self.readdirplus_page(&fh, cookie, verifier, max).await?
-            } else {
-                self.readdir_page(&fh, cookie, verifier, max).await?
+            let fh = &fh;
+            let page = |sized| async move {
+                if plus {
+                    self.readdirplus_page(fh, cookie, verifier, (max, sized))
+                        .await
+                } else {
+                    self.readdir_page(fh, cookie, verifier, (max, sized)).await
+                }
+            };
+            let sized = max >= SIZED_PAGES;
+            let (mut page, last) = match page(sized).await {
+                // A failure of a page sized to the entries seen is asked
+                // again with the room guessed (see [`SIZED_PAGES`]).
+                Err(HomeError::Io(e)) if sized => {
+                    tracing::debug!(error = %e, max, plus, "a sized listing page failed; asked again with the room guessed");
+                    page(false).await?
+                }
+                r => r?,
             };
             if page.entries.len() > max {
                 page.entries.truncate(max);
@@ -716,7 +731,7 @@ mod tests {
         let s = EntrySizes::default();
         // Before any reply: the guesses.
         assert_eq!(
-            s.counts(256, true),
+            s.counts(256, true, true),
             (
                 (256 * DIR_ENTRY_BYTES + DIR_HEADER_BYTES) as u32,
                 (256 * (DIR_ENTRY_BYTES + PLUS_ENTRY_BYTES) + DIR_HEADER_BYTES) as u32
@@ -729,17 +744,17 @@ mod tests {
         assert_eq!(plain, 32);
         s.saw((0..300).map(|_| (plain, plain + 88 + 32)), true);
         assert_eq!(
-            s.counts(256, true),
+            s.counts(256, true, true),
             ((256 * 32 + 512) as u32, (256 * 152 + 512) as u32)
         );
         // A plain READDIR reply moves only the directory part; an empty one
         // nothing; the most asked for is bounded.
         s.saw((0..10).map(|_| (40, 40)), false);
         s.saw(std::iter::empty(), true);
-        assert_eq!(s.counts(256, false).0, (256 * 40 + 512) as u32);
-        assert_eq!(s.counts(256, true).1, (256 * 152 + 512) as u32);
-        assert_eq!(s.counts(1 << 20, true).1, MAX_DIR_REPLY as u32);
-        // Small pages ask for the room guessed.
-        assert_eq!(s.counts(7, false).0, (7 * 64 + 512) as u32);
+        assert_eq!(s.counts(256, false, true).0, (256 * 40 + 512) as u32);
+        assert_eq!(s.counts(256, true, true).1, (256 * 152 + 512) as u32);
+        assert_eq!(s.counts(1 << 20, true, true).1, MAX_DIR_REPLY as u32);
+        // Unsized pages ask for the room guessed.
+        assert_eq!(s.counts(7, false, false).0, (7 * 64 + 512) as u32);
     }
 }
