@@ -770,7 +770,7 @@ impl Leases {
         // recall handled in between must see one or the other (`on_recall`).
         let (entry, old, recalled) = {
             let mut inflight = self.inflight.lock();
-            many::out_of_flight(&mut inflight, h.id);
+            out_of_flight(&mut inflight, h.id);
             let (owner, reply, _) = res?;
             let (inode, fence, xattrs) = match reply {
                 Reply::Inode(inode) => (inode, 0, None),
@@ -1335,6 +1335,16 @@ impl Leases {
             .filter(|e| e.state.lock().dirty)
             .cloned()
             .collect()
+    }
+}
+
+/// One acquire of `id` fewer in flight.
+fn out_of_flight(inflight: &mut HashMap<FileId, usize>, id: FileId) {
+    if let Some(n) = inflight.get_mut(&id) {
+        *n -= 1;
+        if *n == 0 {
+            inflight.remove(&id);
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use morris_proto::messages::ReadLease;
 use morris_proto::{FileId, Handle, Reply, Request};
 use tracing::debug;
 
-use super::{Leases, Mode, ACQUIRE_SHARDS};
+use super::{out_of_flight, Leases, Mode, ACQUIRE_SHARDS};
 
 /// One lease asked for: its handle and the recall count when asked.
 struct Asked {
@@ -147,16 +147,6 @@ impl Leases {
                 let me = self.clone();
                 tokio::spawn(async move { me.process_recall(entry).await });
             }
-        }
-    }
-}
-
-/// One acquire of `id` fewer in flight.
-pub(super) fn out_of_flight(inflight: &mut HashMap<FileId, usize>, id: FileId) {
-    if let Some(n) = inflight.get_mut(&id) {
-        *n -= 1;
-        if *n == 0 {
-            inflight.remove(&id);
         }
     }
 }

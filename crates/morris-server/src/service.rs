@@ -780,9 +780,10 @@ impl Server {
                 store.get_xattrs(ino)
             })
             .await?;
-        let bytes: usize = list.iter().map(|x| x.name.len() + x.value.len()).sum();
-        let xattrs = (bytes <= morris_proto::messages::XATTRS_WITH_LEASE).then_some(list);
-        Ok(Reply::ReadLeased { inode, xattrs })
+        Ok(Reply::ReadLeased {
+            inode,
+            xattrs: leasing::with_lease(list),
+        })
     }
 
     fn check_owner(vol: &Formatted, id: FileId) -> Result<(), WireError> {

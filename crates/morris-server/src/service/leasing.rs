@@ -64,6 +64,14 @@ pub(super) fn check_lease_caps(table: &LeaseTable, client: ClientId) -> Result<(
     }
 }
 
+/// An object's extended attributes as a read grant carries them: all of
+/// them if they are few ([`morris_proto::messages::XATTRS_WITH_LEASE`]
+/// bytes of names and values at most), else none (the client asks).
+pub(super) fn with_lease(list: Vec<morris_proto::Xattr>) -> Option<Vec<morris_proto::Xattr>> {
+    let bytes: usize = list.iter().map(|x| x.name.len() + x.value.len()).sum();
+    (bytes <= morris_proto::messages::XATTRS_WITH_LEASE).then_some(list)
+}
+
 /// Whether a request takes a lease (and so waits out the grace period).
 pub(super) fn takes_lease(req: &Request) -> bool {
     matches!(
@@ -344,10 +352,10 @@ impl Server {
             }
             match metadata(|| store.get_xattrs(*h)) {
                 Ok((inode, list)) => {
-                    let bytes: usize = list.iter().map(|x| x.name.len() + x.value.len()).sum();
-                    let xattrs =
-                        (bytes <= morris_proto::messages::XATTRS_WITH_LEASE).then_some(list);
-                    out.push(Some(morris_proto::messages::ReadLease { inode, xattrs }));
+                    out.push(Some(morris_proto::messages::ReadLease {
+                        inode,
+                        xattrs: with_lease(list),
+                    }));
                 }
                 Err(e) if matches!(e.code, ErrorCode::Stale | ErrorCode::NotFound) => {
                     // Gone or replaced: nobody needs a lease on it (unless
