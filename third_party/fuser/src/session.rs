@@ -548,7 +548,11 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                         ));
                     }
                 },
-                Err(nix::errno::Errno::ENODEV) => return Ok(()),
+                // morris patch: a read that took a request off the queue
+                // as the connection was shut down (the last mount went, or
+                // it was aborted) answers ECONNABORTED instead of ENODEV;
+                // either way the connection has ended.
+                Err(nix::errno::Errno::ENODEV | nix::errno::Errno::ECONNABORTED) => return Ok(()),
                 Err(err) => return Err(err.into()),
             }
         }
