@@ -158,6 +158,56 @@ fn a_same_size_rewrite_with_its_mtime_put_back_is_still_seen() {
 }
 
 #[test]
+fn a_file_opened_again_is_read_from_the_kernels_cache_until_another_mount_changes_it() {
+    // B reads a file whole, closes it and opens it again: the kernel keeps
+    // its pages (B's read lease never left it), so no block is read from
+    // the servers. A then rewrites it in place with the same size and puts
+    // the old mtime back, so that nothing in its attributes tells B's
+    // kernel: B's next open must still drop the old pages (its lease was
+    // recalled and taken anew) and read the new bytes.
+    let t = Two::long_ttl();
+    let old = pattern(31, 0, 3 * 1024 * 1024 + 17);
+    let (p_a, p_b) = (t.a.path.join("again"), t.b.path.join("again"));
+    write_closed(&p_a, &old);
+    same(
+        &t,
+        &fs::read(&p_b).expect("read on B"),
+        &old,
+        "first read on B",
+    );
+    let reads = common::served_during(&t.c, &["Read"], || {
+        for round in 0..3 {
+            same(
+                &t,
+                &fs::read(&p_b).expect("read on B again"),
+                &old,
+                &format!("read {round} on B from its cache"),
+            );
+        }
+    });
+    assert_eq!(reads["Read"], 0, "B's kernel kept the pages it had");
+
+    let mtime = fs::metadata(&p_b)
+        .expect("stat on B")
+        .modified()
+        .expect("mtime");
+    let new = pattern(32, 0, old.len());
+    let f = OpenOptions::new()
+        .write(true)
+        .open(&p_a)
+        .expect("open on A");
+    f.write_all_at(&new, 0).expect("rewrite on A");
+    f.set_modified(mtime).expect("put the mtime back on A");
+    close_checked(f).expect("close on A");
+    same(
+        &t,
+        &fs::read(&p_b).expect("read on B after A's rewrite"),
+        &new,
+        "B after a same-size rewrite with the old mtime",
+    );
+}
+
+#[test]
 fn namespace_changes_on_one_mount_are_seen_on_the_other_at_once() {
     let t = Two::long_ttl();
     let (a, b) = (&t.a.path, &t.b.path);

@@ -48,6 +48,9 @@ pub(crate) struct OpenFile {
     /// [`crate::behind::Behind::errors_now`] when it was opened: writes of
     /// the file lost after that are this open file's errors.
     pub errors_seen: u64,
+    /// Whether the kernel may keep the pages it cached of the file at this
+    /// open ([`Client::open_keeps_cache`]).
+    pub keep_cache: bool,
 }
 
 #[cfg(test)]
@@ -63,6 +66,7 @@ impl OpenFile {
             ra: tokio::sync::Mutex::new(ReadAhead::default()),
             lockers: parking_lot::Mutex::new(Default::default()),
             errors_seen: 0,
+            keep_cache: false,
         })
     }
 }
@@ -280,6 +284,14 @@ impl Client {
             .ok_or_else(|| Error::new(ErrorCode::Invalid, format!("bad open-file number {fh}")))
     }
 
+    /// Whether the kernel may keep what it has cached of open file `fh`'s
+    /// pages rather than drop them as it opens it (`FOPEN_KEEP_CACHE`):
+    /// the file was opened under the same lease grant before, so no other
+    /// mount has changed it since the kernel cached them.
+    pub fn open_keeps_cache(&self, fh: u64) -> bool {
+        self.open_file(fh).is_ok_and(|f| f.keep_cache)
+    }
+
     /// Whether open file `fh` is a cached file (cache mode).
     pub(crate) fn open_file_is_cached(&self, fh: u64) -> bool {
         self.open_file(fh)
@@ -297,7 +309,7 @@ impl Client {
             self.make_local(id, |_| truncate).await?;
         }
         let h = self.leases.handle(id)?;
-        let (empty, record) = {
+        let (empty, record, keep_cache) = {
             let g = self
                 .leases
                 .get(h, if write { Mode::Write } else { Mode::Read })
@@ -329,6 +341,11 @@ impl Client {
             }
             let record = self.opens.open(h, orphan);
             let mut st = g.entry.state.lock();
+            // Pages the kernel cached under this very grant are current (a
+            // change by another mount recalls the grant first); a
+            // truncating open changes them.
+            let keep = st.kernel_pages && !truncate;
+            st.kernel_pages = !(write && append);
             let empty = st.inode.attr.size == 0;
             if empty && truncate && write {
                 // Truncating an empty file only touches its times: do that
@@ -339,7 +356,7 @@ impl Client {
                 st.inode.attr.ctime = now;
                 self.leases.local_change(id, &mut st);
             }
-            (empty, record)
+            (empty, record, keep)
         };
         if record {
             // Opened through a name that was just removed: the owner must
@@ -377,6 +394,7 @@ impl Client {
                 ra: tokio::sync::Mutex::new(ReadAhead::default()),
                 lockers: parking_lot::Mutex::new(Default::default()),
                 errors_seen: self.behind.errors_now(),
+                keep_cache,
             }),
         );
         Ok(fh)
@@ -699,7 +717,10 @@ impl Client {
             .await;
         let g = self.leases.get(f.h, Mode::Write).await?;
         let (offset, flags, uid, gid) = {
-            let a = &g.entry.state.lock().inode.attr;
+            let mut st = g.entry.state.lock();
+            // Written past the kernel's page cache (`FOPEN_DIRECT_IO`).
+            st.kernel_pages = false;
+            let a = &st.inode.attr;
             (a.size, a.flags, a.uid, a.gid)
         };
         if flags & inode_flags::IMMUTABLE != 0 {

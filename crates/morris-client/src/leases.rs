@@ -66,6 +66,13 @@ pub(crate) struct EntryState {
     pub version: u64,
     /// The object's extended attributes, once read under this lease.
     pub xattrs: Option<std::sync::Arc<Vec<morris_proto::Xattr>>>,
+    /// The file was opened under this grant before and nothing this
+    /// client wrote since went past the kernel's page cache (`O_APPEND`
+    /// writes do): whatever the kernel cached of it is current, and the
+    /// next open may keep it (`io.rs` `do_open`). A new grant starts
+    /// without it: what the kernel cached before may be another mount's
+    /// past.
+    pub kernel_pages: bool,
     recalled: bool,
     released: bool,
 }
@@ -889,6 +896,7 @@ impl Leases {
                 local_writes: 0,
                 version: 0,
                 xattrs: None,
+                kernel_pages: false,
                 recalled,
                 released: false,
             }),

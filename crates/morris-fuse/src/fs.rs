@@ -835,7 +835,12 @@ impl Filesystem for MorrisFs {
                             return refuse!(reply, fail("open", ino.0, &e));
                         }
                     }
-                    reply.opened(FileHandle(fh), how)
+                    let keep = if s.client.open_keeps_cache(fh) {
+                        FopenFlags::FOPEN_KEEP_CACHE
+                    } else {
+                        FopenFlags::empty()
+                    };
+                    reply.opened(FileHandle(fh), how | keep)
                 }
                 Err(e) => refuse!(reply, fail("open", ino.0, &e)),
             }
