@@ -26,6 +26,10 @@ each system's turn), one benchmark at a time:
         videoserver  4 jobs, a file of 256 MiB each, sequential 256 KiB reads (Filebench:
                      48 readers of 1 GiB videos and a writer of new ones; the paper's
                      "read only")
+      as Filebench's flows do, each I/O of the first three opens its file, does it and closes
+      it (fio `openfiles=1`, a random file each time), and nothing drops the page cache
+      while they run (`invalidate=0`: fio's default drops a file's cached pages each time
+      it starts on it, which makes every read of a small file an uncached one);
       where fio differs from Filebench: it neither creates nor deletes files while it runs
       (Filebench's fileserver and varmail do, and stat them), its writes overwrite whole
       files instead of appending, and it lays every file out before the clock starts
@@ -67,7 +71,9 @@ ioengine=psync
 runtime={secs}
 time_based=1
 group_reporting=1
+invalidate=0
 file_service_type=random
+openfiles=1
 [fileserver]
 numjobs=8
 nrfiles=200
@@ -83,7 +89,9 @@ ioengine=psync
 runtime={secs}
 time_based=1
 group_reporting=1
+invalidate=0
 file_service_type=random
+openfiles=1
 [varmail]
 numjobs=4
 nrfiles=250
@@ -100,6 +108,7 @@ ioengine=psync
 runtime={secs}
 time_based=1
 group_reporting=1
+invalidate=0
 [webserver]
 numjobs=8
 nrfiles=125
@@ -107,6 +116,7 @@ filesize=16k
 bs=16k
 rw=randread
 file_service_type=random
+openfiles=1
 [weblog]
 numjobs=1
 filename=weblog
@@ -122,6 +132,7 @@ ioengine=psync
 runtime={secs}
 time_based=1
 group_reporting=1
+invalidate=0
 [videoserver]
 numjobs=4
 nrfiles=1
