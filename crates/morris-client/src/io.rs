@@ -92,6 +92,8 @@ struct ReadAhead {
     window: u64,
     /// Consecutive non-sequential reads.
     misses: u32,
+    /// Sequential reads since the stream started.
+    stream_reads: u32,
     /// Whole blocks being fetched or fetched, by index.
     blocks: BTreeMap<u64, Fetch>,
     /// The furthest block this stream has fetched (read or prefetched):
@@ -108,7 +110,7 @@ impl ReadAhead {
     /// with several threads) arrive out of order within the window: while
     /// a stream runs, a read landing anywhere in it, or on a block already
     /// being fetched, is still the same stream. With no stream running a
-    /// read starts one only if it begins the file or lands within a few of
+    /// read starts one only if it begins the file or lands within two of
     /// its own lengths of where the last read ended: a random reader's
     /// reads would otherwise often land within the two units a running
     /// stream's slack allows (or near the last block read) and each such
@@ -122,7 +124,7 @@ impl ReadAhead {
         let slack = if streaming {
             self.window.max(2 * unit)
         } else {
-            (end - offset).saturating_mul(4)
+            (end - offset).saturating_mul(2)
         };
         let near = self.next > 0
             && offset <= self.next.saturating_add(slack)
@@ -137,8 +139,9 @@ impl ReadAhead {
 
     /// Takes a read of `[offset, end)` (starting in block `first`) into
     /// the stream's state: a sequential one grows the window (up to
-    /// [`ReadAhead::window_cap`] of `max` and `floor`), a second read in a
-    /// row that is not ends the stream. Returns whether it was sequential.
+    /// [`ReadAhead::window_cap`] of `max` and `floor`); one that is not
+    /// ends a stream of fewer than three reads, and a second in a row ends
+    /// any stream. Returns whether it was sequential.
     fn observe(
         &mut self,
         offset: u64,
@@ -151,6 +154,7 @@ impl ReadAhead {
         let sequential = self.is_sequential(offset, end, first, unit);
         if sequential {
             self.misses = 0;
+            self.stream_reads = self.stream_reads.saturating_add(1);
             if self.stream_start.is_none() {
                 self.stream_start = Some(std::time::Instant::now());
             }
@@ -160,7 +164,10 @@ impl ReadAhead {
             self.next = self.next.max(end);
         } else {
             self.misses += 1;
-            if self.misses >= 2 {
+            // A stream of one or two reads that a random read follows was
+            // most likely random reads landing close by: it ends at once
+            // instead of fetching whole units for the next read too.
+            if self.misses >= 2 || self.stream_reads < 3 {
                 self.window = 0;
                 self.clear();
             }
@@ -190,6 +197,7 @@ impl ReadAhead {
 
     fn clear(&mut self) {
         self.blocks.clear();
+        self.stream_reads = 0;
         self.fetched_to = 0;
         self.stream_start = None;
         self.stream_bytes = 0;
@@ -981,17 +989,20 @@ mod tests {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         let size = 256 * MIB;
-        let reads: Vec<(u64, u64)> = (0..20_000)
-            .map(|_| (rng.gen_range(1..size / 4096) * 4096, 4096))
-            .collect();
-        let (sequential, ahead) = replay(&reads, size, MIB);
-        // Before: ~4 % of them landed near the last read or its block,
-        // each fetching whole units and the window ahead.
-        assert!(
-            sequential <= 20,
-            "{sequential} of 20000 taken as sequential"
-        );
-        assert!(ahead <= 60, "{ahead} blocks fetched ahead");
+        for len in [4096, 128 * 1024, MIB] {
+            let reads: Vec<(u64, u64)> = (0..20_000)
+                .map(|_| (rng.gen_range(1..size / len) * len, len))
+                .collect();
+            let (sequential, ahead) = replay(&reads, size, MIB);
+            // Before: 2.5 % of 4 KiB ones landed near the last read or its
+            // block, each fetching whole units and the window ahead.
+            let most = 20_000 * 6 * len / size + 10;
+            assert!(
+                sequential as u64 <= most,
+                "{len}: {sequential} of 20000 taken as sequential"
+            );
+            assert!(ahead <= 3 * most, "{len}: {ahead} blocks fetched ahead");
+        }
     }
 
     #[test]
