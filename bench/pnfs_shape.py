@@ -42,6 +42,7 @@ figure and a PNG (--png). Needs root, iproute2, fuse3, fio, dbench, moosefs-mast
 moosefs-chunkserver, moosefs-client, python3-matplotlib (for the plot).
 
 Usage: python3 bench/pnfs_shape.py [--exe target/release/morris] [--runs 3] [--parts abc]
+       python3 bench/pnfs_shape.py --replot bench/results-pnfs-shape.json --png docs/pnfs-shape.png
 """
 
 import argparse
@@ -307,7 +308,15 @@ def main():
     ap.add_argument("--base-dir", default="/var/tmp")
     ap.add_argument("--out", default="bench/results-pnfs-shape.json")
     ap.add_argument("--png", default="docs/pnfs-shape.png")
+    ap.add_argument("--replot", metavar="JSON", help="draw --png from a results file of an earlier run, run nothing")
     a = ap.parse_args()
+    if a.replot:
+        with open(a.replot) as f:
+            res = json.load(f)
+        for k in ("runs", "parts", "sizes", "personalities"):
+            setattr(a, k, res["args"][k])
+        plot(res["median"], a, a.png)
+        return
     a.sizes = [x for x in a.sizes.split(",") if x]
     a.personalities = [x for x in a.personalities.split(",") if x]
     for n in a.personalities:
