@@ -64,8 +64,7 @@ SYSTEMS = ("local", "morris", "moosefs")
 RWS = ("write", "randwrite", "read", "randread")
 
 # Filebench personalities as fio job files (see the docstring for how they differ).
-PERSONALITIES = {
-    "fileserver": """
+GLOBAL = """
 [global]
 directory={dir}
 ioengine=psync
@@ -73,7 +72,9 @@ runtime={secs}
 time_based=1
 group_reporting=1
 invalidate=0
-file_service_type=random
+"""
+PERSONALITIES = {
+    "fileserver": GLOBAL + """file_service_type=random
 openfiles=1
 [fileserver]
 numjobs=8
@@ -83,15 +84,7 @@ bs=128k
 rw=randrw
 rwmixread=33
 """,
-    "varmail": """
-[global]
-directory={dir}
-ioengine=psync
-runtime={secs}
-time_based=1
-group_reporting=1
-invalidate=0
-file_service_type=random
+    "varmail": GLOBAL + """file_service_type=random
 openfiles=1
 [varmail]
 numjobs=4
@@ -102,15 +95,7 @@ rw=randrw
 rwmixread=50
 fsync=1
 """,
-    "webserver": """
-[global]
-directory={dir}
-ioengine=psync
-runtime={secs}
-time_based=1
-group_reporting=1
-invalidate=0
-[webserver]
+    "webserver": GLOBAL + """[webserver]
 numjobs=8
 nrfiles=125
 filesize=16k
@@ -126,15 +111,7 @@ bs=16k
 rw=write
 rate_iops=200
 """,
-    "videoserver": """
-[global]
-directory={dir}
-ioengine=psync
-runtime={secs}
-time_based=1
-group_reporting=1
-invalidate=0
-[videoserver]
+    "videoserver": GLOBAL + """[videoserver]
 numjobs=4
 nrfiles=1
 filesize=256m
@@ -331,10 +308,8 @@ def main():
     t0 = time.time()
     try:
         with Cluster(5, a.rate, prefix="ps-", subnet="10.79.0") as cl:
-            mo = systems.Morris(cl, cl.hosts[1:5], exe=exe)
-            mfs = systems.MooseFS(cl, cl.hosts[4], cl.hosts[1:4])
-            client = cl.hosts[0]
-            mnt = {"morris": mo.mount(client), "moosefs": mfs.mount(client), "local": local}
+            mo, mfs, mnt = systems.morris_beside_moosefs(cl, exe)
+            mnt["local"] = local
             try:
                 for run in range(a.runs):
                     # Rotate the order each run: whoever goes first finds the machine coolest.

@@ -109,10 +109,8 @@ def main():
     runs = []
     try:
         with Cluster(5, a.rate, prefix="sf-", subnet="10.78.0") as cl:
-            mo = systems.Morris(cl, cl.hosts[1:5], exe=exe)
-            mfs = systems.MooseFS(cl, cl.hosts[4], cl.hosts[1:4])
-            client = cl.hosts[0]
-            mnt = {"morris": mo.mount(client), "moosefs": mfs.mount(client), "local": local}
+            mo, mfs, mnt = systems.morris_beside_moosefs(cl, exe)
+            mnt["local"] = local
             try:
                 for run in range(a.runs):
                     for name in ("local", "morris", "moosefs"):

@@ -434,6 +434,16 @@ class MooseFS:
                 p.wait()
 
 
+def morris_beside_moosefs(cl, exe):
+    """On a Cluster of 5 hosts: 4 morris servers (one copy) on h1..h4 and MooseFS (master on h4,
+    chunkservers on h1..h3, goal 1), both mounted on h0. Returns (morris, moosefs,
+    {"morris": mount point, "moosefs": mount point})."""
+    mo = Morris(cl, cl.hosts[1:5], exe=exe)
+    mfs = MooseFS(cl, cl.hosts[4], cl.hosts[1:4])
+    client = cl.hosts[0]
+    return mo, mfs, {"morris": mo.mount(client), "moosefs": mfs.mount(client)}
+
+
 def cold():
     """Every page cache dropped (client and server side; all hosts share this kernel)."""
     drop_caches()

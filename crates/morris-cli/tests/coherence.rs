@@ -39,6 +39,21 @@ fn write_closed(p: &Path, data: &[u8]) {
     close_checked(f).unwrap_or_else(|e| panic!("close {}: {e}", p.display()));
 }
 
+/// Rewrites `p_a` in place with `new` (same size) and puts back the mtime
+/// `p_b` shows, as rsync or `touch -r` do: nothing in the attributes tells
+/// the other mount's kernel.
+fn rewrite_keeping_mtime(p_a: &Path, p_b: &Path, new: &[u8]) -> std::time::SystemTime {
+    let mtime = fs::metadata(p_b)
+        .expect("stat on B")
+        .modified()
+        .expect("mtime");
+    let f = OpenOptions::new().write(true).open(p_a).expect("open on A");
+    f.write_all_at(new, 0).expect("rewrite on A");
+    f.set_modified(mtime).expect("put the mtime back on A");
+    close_checked(f).expect("close on A");
+    mtime
+}
+
 #[test]
 fn data_written_on_one_mount_is_read_whole_on_the_other() {
     let t = Two::long_ttl();
@@ -126,19 +141,8 @@ fn a_same_size_rewrite_with_its_mtime_put_back_is_still_seen() {
         );
     }
     let mut got = vec![0u8; old.len()];
-    let mtime = fs::metadata(&p_b)
-        .expect("stat on B")
-        .modified()
-        .expect("mtime");
-
     let new = pattern(22, 0, old.len());
-    let f = OpenOptions::new()
-        .write(true)
-        .open(&p_a)
-        .expect("open on A");
-    f.write_all_at(&new, 0).expect("rewrite on A");
-    f.set_modified(mtime).expect("put the mtime back on A");
-    close_checked(f).expect("close on A");
+    let mtime = rewrite_keeping_mtime(&p_a, &p_b, &new);
     assert_eq!(
         fs::metadata(&p_a)
             .expect("stat on A")
@@ -187,18 +191,8 @@ fn a_file_opened_again_is_read_from_the_kernels_cache_until_another_mount_change
     });
     assert_eq!(reads["Read"], 0, "B's kernel kept the pages it had");
 
-    let mtime = fs::metadata(&p_b)
-        .expect("stat on B")
-        .modified()
-        .expect("mtime");
     let new = pattern(32, 0, old.len());
-    let f = OpenOptions::new()
-        .write(true)
-        .open(&p_a)
-        .expect("open on A");
-    f.write_all_at(&new, 0).expect("rewrite on A");
-    f.set_modified(mtime).expect("put the mtime back on A");
-    close_checked(f).expect("close on A");
+    rewrite_keeping_mtime(&p_a, &p_b, &new);
     same(
         &t,
         &fs::read(&p_b).expect("read on B after A's rewrite"),
