@@ -30,16 +30,8 @@ fn metered(n: usize, replicas: u8) -> Cluster {
 /// The bytes of `path`, read from the servers: the page cache's copy is
 /// dropped first.
 fn read_past_cache(path: &Path) -> Vec<u8> {
+    common::drop_kernel_pages(path);
     let mut f = std::fs::File::open(path).expect("open");
-    // SAFETY: posix_fadvise has no memory-safety preconditions.
-    unsafe {
-        libc::posix_fadvise(
-            std::os::fd::AsRawFd::as_raw_fd(&f),
-            0,
-            0,
-            libc::POSIX_FADV_DONTNEED,
-        )
-    };
     let mut back = Vec::new();
     f.read_to_end(&mut back).expect("read");
     back

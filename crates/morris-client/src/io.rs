@@ -328,12 +328,14 @@ impl Client {
             if write {
                 self.check_change(&g.inode()).await?;
                 crate::flags::may_write(&g.inode(), append && !truncate)?;
-            } else if g.inode().attr.kind == FileKind::File {
-                // Opened to read: reads the kernel serves from its page
-                // cache never reach this client, so `relatime` counts the
-                // open (as an NFS server counts the uncached READs).
-                self.relatime(&g);
             }
+            // Opened to read: reads the kernel serves from its page cache
+            // never reach this client, so `relatime` counts the open (as an
+            // NFS server counts the uncached READs). The kernel learns a
+            // moved access time only when it reads from the mount again
+            // (it then asks for the attributes anew): such an open drops
+            // the pages it kept.
+            let moved = !write && g.inode().attr.kind == FileKind::File && self.relatime(&g);
             // Counted while the lease is in use, so a recall of it (another
             // client about to remove the last name) sees this open.
             let orphan = g.inode().attr.nlink == 0;
@@ -352,7 +354,7 @@ impl Client {
             // Pages the kernel cached under this very grant are current (a
             // change by another mount recalls the grant first); a
             // truncating open changes them.
-            let keep = st.kernel_pages && !truncate;
+            let keep = st.kernel_pages && !truncate && !moved;
             st.kernel_pages = !(write && append);
             let empty = st.inode.attr.size == 0;
             if empty && truncate && write {
@@ -439,11 +441,11 @@ impl Client {
     /// later than its modification or change time, or is a day old). Sent
     /// in the background without a lease (`TouchAtime`: the owner only
     /// moves it forward); this client sees the new time at once, others
-    /// when they next fetch the inode.
-    pub(crate) fn relatime(&self, g: &LeaseGuard) {
+    /// when they next fetch the inode. Returns whether it moved.
+    pub(crate) fn relatime(&self, g: &LeaseGuard) -> bool {
         let atime = *self.atime.lock();
         if atime == Atime::Never {
-            return;
+            return false;
         }
         let now = Timestamp::now();
         let h = {
@@ -451,7 +453,7 @@ impl Client {
             let a = &st.inode.attr;
             if a.flags & inode_flags::NOATIME != 0 {
                 // `chattr +A`.
-                return;
+                return false;
             }
             let stale = match atime {
                 Atime::Strict => now.secs > a.atime.secs,
@@ -462,7 +464,7 @@ impl Client {
                 }
             };
             if !stale || st.inode.home.is_some() {
-                return;
+                return false;
             }
             st.inode.attr.atime = now;
             if self.leases.pending_attrs(g.entry.id).atime.is_some() {
@@ -477,7 +479,7 @@ impl Client {
             st.inode.handle()
         };
         let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
-            return;
+            return true;
         };
         tokio::spawn(async move {
             let req = Request::TouchAtime { ino: h, atime: now };
@@ -485,13 +487,14 @@ impl Client {
                 tracing::debug!(ino = h.id, error = %e, "access time not stored");
             }
         });
+        true
     }
 
     pub(crate) async fn do_read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes> {
         let f = self.open_file(fh)?;
         self.drain_file(&f).await?;
         let g = self.leases.get(f.h, Mode::Read).await?;
-        self.relatime(&g);
+        let _ = self.relatime(&g);
         let (file_size, mtime, ctime, local_writes, src) = {
             let st = g.entry.state.lock();
             let a = &st.inode.attr;

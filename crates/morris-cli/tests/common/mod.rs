@@ -986,6 +986,23 @@ pub fn served(c: &Cluster, op: &str) -> u64 {
         .sum()
 }
 
+/// Drops what the page cache holds of `path` (as memory pressure would),
+/// so that the next read reaches the mount: a mount's kernel keeps a
+/// file's pages across opens while its lease on the file stays.
+pub fn drop_kernel_pages(path: &Path) {
+    let f = std::fs::File::open(path).expect("open to drop its pages");
+    // SAFETY: posix_fadvise has no memory-safety preconditions.
+    let r = unsafe {
+        libc::posix_fadvise(
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            0,
+            0,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
+    assert_eq!(r, 0, "posix_fadvise DONTNEED of {}", path.display());
+}
+
 /// Requests of each op in `ops` served while `f` ran.
 pub fn served_during(
     c: &Cluster,
