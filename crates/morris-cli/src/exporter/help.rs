@@ -25,6 +25,7 @@ pub(super) const METRICS: &[(&str, Kind, Unit, &str)] = &[
     ("morris_server_written_bytes_total", Counter, Unit::Bytes, "Block bytes written to this server's disk, by copy number"),
     ("morris_server_store_commit_seconds", Histogram, Unit::Seconds, "Time to commit one metadata store transaction (SQLite)"),
     ("morris_server_fsync_seconds", Histogram, Unit::Seconds, "Time to flush one file's block data and checksums to stable storage (a sync write, fsync)"),
+    ("morris_server_store_flushes_total", Counter, Unit::Count, "Flushes of the metadata store to stable storage (an fsync that found something committed since the last one; one with nothing to flush is skipped)"),
     ("morris_server_inodes", Gauge, Unit::Count, "Inodes in this server's own metadata range"),
     ("morris_server_entries", Gauge, Unit::Count, "Directory entries in this server's own metadata range"),
     ("morris_server_data_files", Gauge, Unit::Count, "Files with blocks on this server"),

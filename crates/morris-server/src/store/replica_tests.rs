@@ -139,9 +139,14 @@ fn a_copy_follows_every_change_of_the_replicated_tables() {
     let caps = drain(&mut rx);
     let seqs: Vec<u64> = caps.iter().map(|c| c.seq).collect();
     assert_eq!(seqs, (base + 1..=seq).collect::<Vec<_>>());
+    c.sync().unwrap();
+    let flushed = c.flushes();
     for cap in &caps {
         c.apply_changeset(&cap.changeset).unwrap();
     }
+    // What a copy applied is flushed by its next sync, as its own commits.
+    c.sync().unwrap();
+    assert_eq!(c.flushes(), flushed + 1);
     let now = dump_all(&p);
     for (i, (table, _)) in TABLES.iter().enumerate() {
         assert_ne!(now[i], at_snapshot[i], "{table} changed after the snapshot");

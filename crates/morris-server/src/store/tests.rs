@@ -655,7 +655,15 @@ fn data_file_records_and_sync() {
     s.remove_data_files(&[5]).unwrap();
     assert_eq!(s.data_file_count(), 2);
     s.sync().unwrap();
+    let flushed = s.flushes();
+    // Nothing committed since: nothing to flush.
     s.sync().unwrap();
+    assert_eq!(s.flushes(), flushed);
+    s.add_data_file(11).unwrap();
+    s.sync().unwrap();
+    assert_eq!(s.flushes(), flushed + 1, "a commit since the last sync");
+    s.sync().unwrap();
+    assert_eq!(s.flushes(), flushed + 1);
     // Still NORMAL afterwards.
     let mode: i64 = s
         .write
