@@ -182,7 +182,11 @@ def dbench(d, a):
                        capture_output=True, text=True, timeout=a.secs_dbench * 10 + 300)
     for line in p.stdout.splitlines():
         if line.strip().startswith("Throughput"):
-            return float(line.split()[1])
+            mb = float(line.split()[1])
+            if mb <= 0:
+                raise RuntimeError(f"dbench measured nothing in {a.secs_dbench} s (its warm-up took the run): "
+                                   "give --secs-dbench more")
+            return mb
     raise RuntimeError(f"dbench printed no throughput (rc {p.returncode}): {p.stdout[-400:]} {p.stderr[-400:]}")
 
 
